@@ -1,0 +1,35 @@
+"""Sparse training core: select weights, build and apply masks, evolve them with RigL or GMP, and report.
+
+Plain PyTorch on purpose (nothing from ``transformers``): it works on any ``nn.Module`` whose parameter names
+the include/exclude regexes can address.
+"""
+
+from .config import DEFAULT_INCLUDE, GMPConfig, RigLConfig, SparsityConfig
+from .controller import SparsityController
+from .distribution import erk_densities, explicit_densities, layer_densities, uniform_densities
+from .gmp import gmp_sparsity, gmp_update_due
+from .report import layer_type, sparsity_report
+from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
+from .selection import select_parameters
+
+__all__ = [
+    "DEFAULT_INCLUDE",
+    "GMPConfig",
+    "MaskChange",
+    "RigLConfig",
+    "SparsityConfig",
+    "SparsityController",
+    "erk_densities",
+    "explicit_densities",
+    "gmp_sparsity",
+    "gmp_update_due",
+    "layer_densities",
+    "layer_type",
+    "rigl_drop_fraction",
+    "rigl_global_change",
+    "rigl_layer_change",
+    "rigl_update_due",
+    "select_parameters",
+    "sparsity_report",
+    "uniform_densities",
+]

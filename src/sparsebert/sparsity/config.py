@@ -1,0 +1,173 @@
+"""Typed config sections for sparse training: which weights, how sparse, and how masks evolve.
+
+Each section validates itself so a misconfiguration fails at startup with a one-line ``ValueError`` that
+names the offending key, instead of deep inside a training run.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+# Encoder Linear weights of a Hugging Face BERT. ``(^|\.)`` lets the same patterns match a bare ``BertModel``
+# (no prefix), task models (``bert.`` prefix) and wrapped models (``module.`` prefix).
+DEFAULT_INCLUDE: tuple[str, ...] = (
+    r"(^|\.)encoder\.layer\.\d+\.attention\.self\.(query|key|value)\.weight$",
+    r"(^|\.)encoder\.layer\.\d+\.attention\.output\.dense\.weight$",
+    r"(^|\.)encoder\.layer\.\d+\.intermediate\.dense\.weight$",
+    r"(^|\.)encoder\.layer\.\d+\.output\.dense\.weight$",
+)
+WORD_EMBEDDINGS_PATTERN = r"(^|\.)embeddings\.word_embeddings\.weight$"
+MLM_HEAD_PATTERN = r"(^|\.)predictions\.transform\.dense\.weight$"
+
+DISTRIBUTIONS = ("uniform", "erk", "explicit")
+MASK_INITS = ("random", "magnitude")
+DROP_SCHEDULES = ("cosine", "constant")
+
+
+@dataclass
+class SparsityConfig:
+    """Which weights are sparse and how sparse each one is."""
+
+    sparsity: float = 0.8
+    """Overall target sparsity over the selected weights, in [0, 1)."""
+    distribution: str = "uniform"
+    """How the overall target is split across layers: "uniform", "erk" (Erdős–Rényi-Kernel) or "explicit"."""
+    per_layer: dict[str, float] | None = None
+    """For "explicit": regex on the parameter name -> sparsity; first match wins; every selected layer must match."""
+    include: list[str] = field(default_factory=lambda: list(DEFAULT_INCLUDE))
+    """Regexes (``re.search``) selecting the sparse weights; by default the BERT encoder Linear weights."""
+    exclude: list[str] = field(default_factory=list)
+    """Regexes; a parameter matching any of them is never sparse."""
+    include_embeddings: bool = False
+    """Also make the word embeddings sparse (the tied MLM decoder shares them)."""
+    include_mlm_head: bool = False
+    """Also make the MLM head transform dense layer sparse."""
+    init: str = "random"
+    """Initial mask: "random" (seeded) or "magnitude" (keep the largest |w|, for a pretrained start)."""
+
+    def validate(self) -> None:
+        _check_fraction("sparsity.sparsity", self.sparsity)
+        _check_choice("sparsity.distribution", self.distribution, DISTRIBUTIONS)
+        _check_choice("sparsity.init", self.init, MASK_INITS)
+        if self.distribution == "explicit":
+            if not self.per_layer:
+                raise ValueError(
+                    'sparsity.per_layer must map regex -> sparsity when sparsity.distribution is "explicit"'
+                )
+            for pattern, value in self.per_layer.items():
+                _check_regex("sparsity.per_layer", pattern)
+                _check_fraction(f"sparsity.per_layer[{pattern!r}]", value)
+        elif self.per_layer is not None:
+            raise ValueError(
+                f'sparsity.per_layer is only used with sparsity.distribution "explicit", got "{self.distribution}"'
+            )
+        if not isinstance(self.include, (list, tuple)):
+            raise ValueError(f"sparsity.include must be a list of regexes, got {type(self.include).__name__}")
+        if not isinstance(self.exclude, (list, tuple)):
+            raise ValueError(f"sparsity.exclude must be a list of regexes, got {type(self.exclude).__name__}")
+        if not self.include and not self.include_embeddings and not self.include_mlm_head:
+            raise ValueError(
+                "sparsity.include is empty and no embeddings/head are included: nothing would be sparse"
+            )
+        for pattern in self.include:
+            _check_regex("sparsity.include", pattern)
+        for pattern in self.exclude:
+            _check_regex("sparsity.exclude", pattern)
+
+
+@dataclass
+class RigLConfig:
+    """Rigged Lottery (Evci et al. 2020): periodically drop small weights and regrow where gradients are large."""
+
+    update_freq: int = 100
+    """Optimizer steps between mask updates."""
+    begin_step: int = 0
+    end_step: int | None = None
+    """Last step (exclusive) with updates; None: ``end_fraction`` of the total optimizer steps."""
+    end_fraction: float = 0.75
+    drop_fraction: float = 0.3
+    """Fraction of each layer's active weights moved at ``begin_step``; decays per ``drop_schedule``."""
+    drop_schedule: str = "cosine"
+    """"cosine" (decays to 0 at ``end_step``) or "constant"."""
+    global_ranking: bool = False
+    """Rank all layers together, so layer densities may drift (the total stays fixed)."""
+
+    def validate(self) -> None:
+        _check_positive_int("rigl.update_freq", self.update_freq)
+        _check_step_range("rigl", self.begin_step, self.end_step, self.end_fraction)
+        if not 0.0 < self.drop_fraction < 1.0:
+            raise ValueError(f"rigl.drop_fraction must be in (0, 1), got {self.drop_fraction}")
+        _check_choice("rigl.drop_schedule", self.drop_schedule, DROP_SCHEDULES)
+
+    def resolved_end_step(self, total_steps: int) -> int:
+        return _resolve_end_step("rigl", self.begin_step, self.end_step, self.end_fraction, total_steps)
+
+
+@dataclass
+class GMPConfig:
+    """Gradual magnitude pruning (Zhu & Gupta 2017): sparsity rises on a cubic schedule from dense-ish to target."""
+
+    initial_sparsity: float = 0.0
+    """Sparsity of every layer at ``begin_step`` (capped at the layer's own target)."""
+    begin_step: int = 0
+    end_step: int | None = None
+    """Step at which every layer reaches its target; None: ``end_fraction`` of the total optimizer steps."""
+    end_fraction: float = 0.75
+    frequency: int = 100
+    """Prune every this many optimizer steps (counted from ``begin_step``), and at ``end_step``."""
+
+    def validate(self) -> None:
+        _check_fraction("gmp.initial_sparsity", self.initial_sparsity)
+        _check_step_range("gmp", self.begin_step, self.end_step, self.end_fraction)
+        _check_positive_int("gmp.frequency", self.frequency)
+
+    def resolved_end_step(self, total_steps: int) -> int:
+        return _resolve_end_step("gmp", self.begin_step, self.end_step, self.end_fraction, total_steps)
+
+
+def _resolve_end_step(section: str, begin: int, end: int | None, fraction: float, total_steps: int) -> int:
+    if end is None:
+        if total_steps <= 0:
+            raise ValueError(
+                f"{section}.end_step is None and total_steps is {total_steps}: set {section}.end_step"
+            )
+        end = round(fraction * total_steps)
+    if end <= begin:
+        raise ValueError(f"{section}.end_step (resolved to {end}) must be > {section}.begin_step ({begin})")
+    return end
+
+
+def _check_fraction(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{key} must be in [0, 1), got {value!r}")
+
+
+def _check_choice(key: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{key} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_positive_int(key: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{key} must be a positive integer, got {value!r}")
+
+
+def _check_step_range(section: str, begin: object, end: object, fraction: object) -> None:
+    if isinstance(begin, bool) or not isinstance(begin, int) or begin < 0:
+        raise ValueError(f"{section}.begin_step must be an integer >= 0, got {begin!r}")
+    if end is not None and (isinstance(end, bool) or not isinstance(end, int) or end <= begin):
+        raise ValueError(
+            f"{section}.end_step must be None or an integer > {section}.begin_step ({begin}), got {end!r}"
+        )
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction <= 1.0:
+        raise ValueError(f"{section}.end_fraction must be in (0, 1], got {fraction!r}")
+
+
+def _check_regex(key: str, pattern: object) -> None:
+    if not isinstance(pattern, str):
+        raise ValueError(f"{key} entries must be regex strings, got {pattern!r}")
+    try:
+        re.compile(pattern)
+    except re.error as err:
+        raise ValueError(f"{key} has an invalid regex {pattern!r}: {err}") from None

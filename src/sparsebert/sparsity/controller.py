@@ -1,0 +1,219 @@
+"""``SparsityController``: the one object the Trainer talks to.
+
+It owns the masks of the selected weights and keeps the invariant "a masked weight is exactly 0 after every
+optimizer step", and updates the masks on the RigL or GMP schedule. The Trainer calls ``on_optimizer_step()``
+once after every ``optimizer.step()``, with the (unscaled, all-reduced) gradients still in ``p.grad``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from .config import GMPConfig, RigLConfig, SparsityConfig
+from .distribution import kept_count, layer_densities
+from .gmp import gmp_prune, gmp_sparsity, gmp_update_due
+from .masks import apply_masks_, magnitude_mask, make_generator, random_mask
+from .optimizer_state import reset_optimizer_state
+from .persistence import load_sparsity_state, save_sparsity_state
+from .report import sparsity_report
+from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
+from .selection import select_parameters
+
+
+class SparsityController:
+    """Masks for the selected weights of ``model``, static or evolving with RigL or GMP (not both).
+
+    Build it after the model is on its device and before wrapping it (DDP adds a ``module.`` prefix that
+    would end up in the mask names). ``masks`` may be given instead of built (see ``from_zeros``).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        sparsity: SparsityConfig,
+        rigl: RigLConfig | None = None,
+        gmp: GMPConfig | None = None,
+        total_steps: int = 0,
+        seed: int = 42,
+        masks: Mapping[str, torch.Tensor] | None = None,
+    ) -> None:
+        sparsity.validate()
+        if rigl is not None and gmp is not None:
+            raise ValueError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
+        if rigl is not None:
+            rigl.validate()
+        if gmp is not None:
+            gmp.validate()
+        self.model = model
+        self.sparsity = sparsity
+        self.rigl = rigl
+        self.gmp = gmp
+        self.seed = seed
+        self.rigl_end_step = rigl.resolved_end_step(total_steps) if rigl is not None else None
+        self.gmp_end_step = gmp.resolved_end_step(total_steps) if gmp is not None else None
+        self.step = 0
+        self.optimizer: torch.optim.Optimizer | None = None
+
+        self.params = select_parameters(model, sparsity)
+        self.target_densities = layer_densities(sparsity, {n: tuple(p.shape) for n, p in self.params.items()})
+        self.masks = self._given_masks(masks) if masks is not None else self._initial_masks()
+        self.initial_masks = {n: m.clone() for n, m in self.masks.items()}
+        self.apply_masks()
+
+    @classmethod
+    def from_zeros(cls, model: nn.Module, sparsity: SparsityConfig, **kwargs: Any) -> SparsityController:
+        """Recover the masks as ``w != 0`` of the selected weights, e.g. to finetune an exported sparse model
+        without letting the optimizer fill the zeros back in. An active weight that is exactly 0 (RigL-regrown
+        and not stepped since) cannot be told from a pruned one and comes back inactive."""
+        masks = {name: param.detach() != 0 for name, param in select_parameters(model, sparsity).items()}
+        return cls(model, sparsity, masks=masks, **kwargs)
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Needed before a RigL update: regrown weights must not inherit the stale state of their position."""
+        self.optimizer = optimizer
+
+    def apply_masks(self) -> None:
+        apply_masks_(list(self.params.values()), [self.masks[name] for name in self.params])
+
+    def on_optimizer_step(self, skipped: bool = False) -> dict[str, float] | None:
+        """Call once after every ``optimizer.step()``; returns log stats when the masks changed, else None.
+
+        ``skipped``: the fp16 grad scaler skipped the step (inf/nan gradients). It does not count as a step and
+        never updates masks, but masks are still re-applied in case anything touched the weights.
+        """
+        if skipped:
+            self.apply_masks()
+            return None
+        self.step += 1
+        self.apply_masks()
+        if self.rigl is not None and rigl_update_due(self.step, self.rigl, self.rigl_end_step):
+            stats = self._rigl_update()
+        elif self.gmp is not None and gmp_update_due(self.step, self.gmp, self.gmp_end_step):
+            stats = self._gmp_update()
+        else:
+            return None
+        self.apply_masks()
+        return stats
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "masks": {n: m.detach().cpu().clone() for n, m in self.masks.items()},
+            "initial_masks": {n: m.detach().cpu().clone() for n, m in self.initial_masks.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore masks and step (e.g. on resume); the masks are applied to the weights right away."""
+        for key in ("masks", "initial_masks"):
+            if set(state[key]) != set(self.params):
+                missing = sorted(set(self.params) - set(state[key]))
+                unexpected = sorted(set(state[key]) - set(self.params))
+                raise ValueError(
+                    f"sparsity state {key} do not match the selected layers (missing {missing[:3]}, "
+                    f"unexpected {unexpected[:3]}): was it saved with another sparsity config or model?"
+                )
+        self.masks = self._given_masks(state["masks"])
+        self.initial_masks = self._given_masks(state["initial_masks"])
+        self.step = int(state["step"])
+        self.apply_masks()
+
+    def save(self, directory: str | os.PathLike) -> None:
+        """Write ``masks.safetensors`` and ``sparsity_state.json`` into ``directory``."""
+        save_sparsity_state(directory, self.state_dict())
+
+    def load(self, directory: str | os.PathLike) -> None:
+        self.load_state_dict(load_sparsity_state(directory))
+
+    def report(self) -> dict[str, Any]:
+        return sparsity_report(self.model, self.masks)
+
+    def _initial_masks(self) -> dict[str, torch.Tensor]:
+        # One generator for all layers, consumed in a fixed order: equal-shaped layers (Q, K, V) must not get
+        # identical random masks. The (seed, 0) stream is free: updates happen after step t >= 1.
+        generator = make_generator(self.seed, 0, self._device)
+        build = magnitude_mask if self.sparsity.init == "magnitude" else random_mask
+        masks = {}
+        for name, param in self.params.items():
+            density = self.target_densities[name]
+            if self.gmp is not None:
+                # GMP starts denser and prunes towards the target; a layer already sparser stays as is.
+                density = max(density, 1.0 - self.gmp.initial_sparsity)
+            masks[name] = build(param, kept_count(density, param.numel()), generator)
+        return masks
+
+    @property
+    def _device(self) -> torch.device:
+        # The generator lives where the weights are, so tie-break noise never crosses devices; sparse weights
+        # on several devices (model parallelism) are not supported.
+        return next(iter(self.params.values())).device
+
+    def _given_masks(self, masks: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        result = {}
+        for name, param in self.params.items():
+            if name not in masks:
+                raise ValueError(f"no mask given for selected layer {name!r}")
+            mask = masks[name]
+            if tuple(mask.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"mask for {name!r} has shape {tuple(mask.shape)}, the weight {tuple(param.shape)}"
+                )
+            result[name] = mask.to(device=param.device, dtype=torch.bool).clone()
+        return result
+
+    def _commit(self, name: str, change: MaskChange) -> None:
+        """Apply one layer's change: new positions start at 0 and with empty optimizer state."""
+        param = self.params[name]
+        with torch.no_grad():
+            param.masked_fill_(change.grown, 0)
+        self.masks[name] = (self.masks[name] & ~change.dropped) | change.grown
+        if self.optimizer is not None:
+            reset_optimizer_state(self.optimizer, param, change.dropped | change.grown)
+
+    def _rigl_update(self) -> dict[str, float]:
+        if self.optimizer is None:
+            raise RuntimeError(
+                "RigL needs the optimizer to reset regrown weights: call attach_optimizer() first"
+            )
+        grads = {}
+        for name, param in self.params.items():
+            if param.grad is None:
+                raise RuntimeError(
+                    f"RigL update at step {self.step} found no gradient for {name}: call on_optimizer_step() "
+                    "after optimizer.step() and before optimizer.zero_grad()"
+                )
+            grads[name] = param.grad
+        drop_fraction = rigl_drop_fraction(self.step, self.rigl, self.rigl_end_step)
+        generator = make_generator(self.seed, self.step, self._device)
+        if self.rigl.global_ranking:
+            changes = rigl_global_change(self.params, grads, self.masks, drop_fraction, generator)
+        else:
+            changes = {
+                name: rigl_layer_change(param, grads[name], self.masks[name], drop_fraction, generator)
+                for name, param in self.params.items()
+            }
+        stats = {"rigl/drop_fraction": drop_fraction}
+        for name, change in changes.items():
+            self._commit(name, change)
+            stats[f"rigl/moved/{name}"] = float(change.grown.sum())
+        stats["rigl/moved_total"] = float(sum(stats[f"rigl/moved/{name}"] for name in changes))
+        initially_active = sum(int(m.sum()) for m in self.initial_masks.values())
+        gone = sum(int((self.initial_masks[n] & ~self.masks[n]).sum()) for n in self.masks)
+        stats["rigl/mask_changed_since_start"] = gone / initially_active if initially_active else 0.0
+        return stats
+
+    def _gmp_update(self) -> dict[str, float]:
+        generator = make_generator(self.seed, self.step, self._device)
+        for name, param in self.params.items():
+            final = 1.0 - self.target_densities[name]
+            initial = min(self.gmp.initial_sparsity, final)
+            target = gmp_sparsity(self.step, initial, final, self.gmp.begin_step, self.gmp_end_step)
+            dropped = gmp_prune(param, self.masks[name], kept_count(1.0 - target, param.numel()), generator)
+            self._commit(name, MaskChange(dropped=dropped, grown=torch.zeros_like(dropped)))
+        active = sum(int(m.sum()) for m in self.masks.values())
+        total = sum(m.numel() for m in self.masks.values())
+        return {"gmp/sparsity": 1.0 - active / total}

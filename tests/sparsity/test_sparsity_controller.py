@@ -1,0 +1,162 @@
+"""SparsityController: masks from the start, skipped steps, checkpoints, recovery from zeros."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from sparsity_helpers import assert_masked_weights_zero, bert_loss, make_mlp, make_tiny_bert, mlp_loss, train
+
+from sparsebert.sparsity import RigLConfig, SparsityConfig, SparsityController
+
+
+def _rigl_bert(seed: int = 42):
+    model = make_tiny_bert()
+    controller = SparsityController(
+        model, SparsityConfig(sparsity=0.8), rigl=RigLConfig(update_freq=3, end_step=100), seed=seed
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    controller.attach_optimizer(optimizer)
+    return model, controller, optimizer
+
+
+def _same_masks(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n].cpu(), b[n].cpu()) for n in a)
+
+
+def test_masks_are_built_and_applied_at_construction(mlp):
+    controller = SparsityController(mlp, SparsityConfig(sparsity=0.75, include=["weight$"]))
+    assert {n: (m.dtype, int(m.sum())) for n, m in controller.masks.items()} == {
+        "0.weight": (torch.bool, 128),
+        "2.weight": (torch.bool, 256),
+        "4.weight": (torch.bool, 32),
+    }
+    assert_masked_weights_zero(controller)
+    assert all(
+        int(torch.count_nonzero(p)) == int(controller.masks[n].sum()) for n, p in controller.params.items()
+    )
+
+
+def test_static_masks_survive_adamw_with_weight_decay(mlp):
+    controller = SparsityController(mlp, SparsityConfig(sparsity=0.9, include=["weight$"]))
+    optimizer = torch.optim.AdamW(mlp.parameters(), lr=0.05, weight_decay=0.1)
+    controller.attach_optimizer(optimizer)
+    initial = {n: m.clone() for n, m in controller.masks.items()}
+    stats = []
+    train(
+        mlp,
+        controller,
+        optimizer,
+        20,
+        mlp_loss,
+        lambda s: (stats.append(s), assert_masked_weights_zero(controller)),
+    )
+    assert stats == [None] * 20 and controller.step == 20
+    assert _same_masks(initial, controller.masks)
+
+
+def test_magnitude_init_keeps_the_largest_weights(mlp):
+    magnitudes = mlp[2].weight.detach().abs().clone()
+    controller = SparsityController(
+        mlp, SparsityConfig(sparsity=0.5, include=[r"^2\.weight$"], init="magnitude")
+    )
+    mask = controller.masks["2.weight"]
+    assert magnitudes[mask].min() >= magnitudes[~mask].max()
+
+
+def test_skipped_steps_do_not_count_but_still_mask():
+    model, controller, optimizer = _rigl_bert()
+    name = next(iter(controller.masks))
+    bert_loss(model, torch.Generator().manual_seed(0)).backward()
+    for _ in range(2):
+        assert controller.on_optimizer_step() is None
+    masks_before = {n: m.clone() for n, m in controller.masks.items()}
+    with torch.no_grad():
+        controller.params[name].fill_(1.0)  # as if a skipped step still wrote into the weights
+    for _ in range(5):
+        assert controller.on_optimizer_step(skipped=True) is None
+    assert controller.step == 2
+    assert _same_masks(masks_before, controller.masks)
+    assert_masked_weights_zero(controller)
+    assert controller.on_optimizer_step() is not None  # step 3 is the first update
+
+
+def test_state_dict_round_trip():
+    model, controller, optimizer = _rigl_bert()
+    train(model, controller, optimizer, 10, bert_loss)
+    state = controller.state_dict()
+    _, other, _ = _rigl_bert(seed=1)
+    assert not _same_masks(other.masks, controller.masks)
+    other.load_state_dict(state)
+    assert other.step == 10
+    assert _same_masks(other.masks, controller.masks)
+    assert _same_masks(other.initial_masks, controller.initial_masks)
+    assert_masked_weights_zero(other)
+    state["masks"][next(iter(state["masks"]))][0, 0] ^= True  # the state is a copy, not a view
+    assert _same_masks(other.masks, controller.masks)
+
+
+def test_save_load_round_trip(tmp_path):
+    model, controller, optimizer = _rigl_bert()
+    train(model, controller, optimizer, 7, bert_loss)
+    controller.save(tmp_path / "ckpt")
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "masks.safetensors",
+        "sparsity_state.json",
+    ]
+    meta = json.loads((tmp_path / "ckpt" / "sparsity_state.json").read_text())
+    assert meta["step"] == 7 and meta["layers"]["bert.encoder.layer.0.intermediate.dense.weight"] == [64, 32]
+    with safe_open(tmp_path / "ckpt" / "masks.safetensors", framework="pt") as f:
+        assert f.get_tensor("mask/bert.encoder.layer.0.intermediate.dense.weight").dtype == torch.uint8
+
+    _, restored, _ = _rigl_bert(seed=3)
+    restored.load(tmp_path / "ckpt")
+    assert restored.step == 7
+    assert _same_masks(restored.masks, controller.masks)
+    assert _same_masks(restored.initial_masks, controller.initial_masks)
+
+
+def test_load_detects_a_torn_or_foreign_checkpoint(tmp_path):
+    model, controller, optimizer = _rigl_bert()
+    controller.save(tmp_path)
+    meta = json.loads((tmp_path / "sparsity_state.json").read_text())
+    (tmp_path / "sparsity_state.json").write_text(json.dumps({**meta, "step": 5}))
+    with pytest.raises(ValueError, match="is from step 0 but sparsity_state.json from step 5"):
+        controller.load(tmp_path)
+    mlp_controller = SparsityController(make_mlp(), SparsityConfig(include=["weight$"]))
+    with pytest.raises(ValueError, match="do not match the selected layers"):
+        mlp_controller.load_state_dict(controller.state_dict())
+    with pytest.raises(FileNotFoundError, match="no masks.safetensors"):
+        controller.load(tmp_path / "missing")
+
+
+def test_from_zeros_recovers_the_masks():
+    model, controller, optimizer = _rigl_bert()
+    # one update at step 3, then two steps so the regrown weights are no longer exactly 0
+    train(model, controller, optimizer, 5, bert_loss)
+    exported = copy.deepcopy(model)
+    recovered = SparsityController.from_zeros(exported, SparsityConfig(sparsity=0.8))
+    assert _same_masks(recovered.masks, controller.masks)
+    assert recovered.step == 0
+
+
+def test_given_masks_must_match_the_selection(mlp):
+    config = SparsityConfig(include=["weight$"])
+    with pytest.raises(ValueError, match="no mask given for selected layer '0.weight'"):
+        SparsityController(mlp, config, masks={})
+    bad = {n: torch.ones(3, 3, dtype=torch.bool) for n in ("0.weight", "2.weight", "4.weight")}
+    with pytest.raises(ValueError, match="mask for '0.weight' has shape"):
+        SparsityController(mlp, config, masks=bad)
+
+
+def test_explicit_distribution_sets_each_layer(mlp):
+    config = SparsityConfig(include=["weight$"], distribution="explicit", per_layer={r"^0\.": 0.5, ".": 0.9})
+    controller = SparsityController(mlp, config)
+    assert {n: int(m.sum()) for n, m in controller.masks.items()} == {
+        "0.weight": 256,
+        "2.weight": 102,
+        "4.weight": 13,
+    }
