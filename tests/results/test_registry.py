@@ -1,0 +1,206 @@
+"""The run registry: round trip, upsert, filters, SQL injection safety and several writer processes."""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from sparsebert.errors import SparseBertError
+from sparsebert.results import REGISTRY_FILENAME, Registry, RunRecord
+from sparsebert.results.registry import SCHEMA_VERSION
+
+
+def _rec(run_dir: str, **overrides) -> RunRecord:
+    fields = dict(
+        run_dir=run_dir,
+        experiment="exp",
+        task="glue:rte",
+        model="base",
+        seed=0,
+        status="done",
+        metrics={"accuracy": 0.66, "score": 0.66},
+    )
+    fields.update(overrides)
+    return RunRecord(**fields)
+
+
+def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
+    reg = Registry.in_output_root(tmp_path)
+    assert (tmp_path / REGISTRY_FILENAME).is_file()
+    rec = RunRecord(
+        run_dir="runs/exp/rte-s1",
+        experiment="exp",
+        task="glue:rte",
+        model="runs/pretrain/base",
+        seed=1,
+        status="done",
+        sparsity=0.9,
+        metrics={"accuracy": 0.6715, "score": 0.6715},
+        steps=1234,
+        wall_time_s=56.5,
+        samples_per_second=101.25,
+        git_commit="abc123",
+        pretrain_metrics={"perplexity": 4.5678, "eval_loss": 1.519},
+        group="sparse 90%",
+    )
+    reg.record(rec)
+    (got,) = reg.runs()
+    assert got.created_at  # filled in by the registry
+    assert got == RunRecord(**{**rec.__dict__, "created_at": got.created_at})
+    assert got.label == "sparse 90%"
+    assert reg.get("runs/exp/rte-s1") == got
+    assert reg.get("nope") is None
+    # None stays None (dense run, no group); NaN (a diverged run) survives the JSON round trip
+    reg.record(_rec("dense", metrics={"eval_loss": float("nan")}))
+    dense = reg.get("dense")
+    assert dense is not None
+    assert math.isnan(dense.metrics["eval_loss"])
+    assert (dense.sparsity, dense.steps, dense.group, dense.label, dense.pretrain_metrics) == (
+        None,
+        None,
+        None,
+        "exp",
+        {},
+    )
+
+
+def test_schema_version_and_wal(tmp_path: Path) -> None:
+    path = tmp_path / "reg.sqlite"
+    Registry(path)
+    Registry(path)  # reopening an existing registry is a no-op
+    con = sqlite3.connect(path)
+    try:
+        assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+        con.commit()
+    finally:
+        con.close()
+    with pytest.raises(SparseBertError, match="newer"):
+        Registry(path)
+
+
+def test_upsert_by_run_dir_keeps_created_at(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg.sqlite")
+    reg.record(_rec("r1", status="running", metrics={}))
+    first = reg.runs(status=None)
+    assert [r.status for r in first] == ["running"]
+    reg.record(_rec("r1", status="done", metrics={"accuracy": 0.7, "score": 0.7}, steps=10))
+    (row,) = reg.runs(status=None)
+    assert (row.status, row.metrics, row.steps) == ("done", {"accuracy": 0.7, "score": 0.7}, 10)
+    assert row.created_at == first[0].created_at  # the run's start time survives the update
+    reg.record(_rec("r1", created_at="2020-01-01T00:00:00+00:00"))  # an explicit time wins
+    assert reg.get("r1").created_at == "2020-01-01T00:00:00+00:00"
+    assert len(reg.runs(status=None)) == 1
+
+
+def test_filters(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg.sqlite")
+    reg.record(_rec("a1", experiment="a", task="glue:rte"))
+    reg.record(_rec("a2", experiment="a", task="squad_v1", status="failed"))
+    reg.record(_rec("a3", experiment="a", task="mlm", status="running"))
+    reg.record(_rec("b1", experiment="b", task="glue:cola"))
+    reg.record(_rec("c1", experiment="c", task="squadxv1"))  # "_" must not act as a LIKE wildcard
+
+    def dirs(**kw) -> list[str]:
+        return [r.run_dir for r in reg.runs(**kw)]
+
+    assert dirs() == ["a1", "b1", "c1"]  # default: done only, oldest first
+    assert dirs(status=None) == ["a1", "a2", "a3", "b1", "c1"]
+    assert dirs(status="failed") == ["a2"]
+    assert dirs(status="running") == ["a3"]
+    assert dirs(experiments=["b", "a"]) == ["a1", "b1"]
+    assert dirs(experiments="a") == ["a1"]  # a lone name is not split into characters
+    assert dirs(experiments=[]) == []
+    assert dirs(task_prefix="glue:") == ["a1", "b1"]
+    assert dirs(task_prefix="squad_", status=None) == ["a2"]
+    assert dirs(experiments=["a"], task_prefix="glue:cola") == []
+
+
+def test_sql_injection_is_stored_verbatim(tmp_path: Path) -> None:
+    reg = Registry(tmp_path / "reg.sqlite")
+    evil = "x'; DROP TABLE runs; --"
+    reg.record(_rec(f"runs/{evil}", experiment=evil, task=evil, model=evil, group=evil, git_commit=evil))
+    reg.record(_rec("other"))
+    assert [r.run_dir for r in reg.runs(experiments=[evil], task_prefix=evil)] == [f"runs/{evil}"]
+    got = reg.get(f"runs/{evil}")
+    assert (got.experiment, got.task, got.model, got.group, got.git_commit) == (evil,) * 5
+    assert len(reg.runs()) == 2  # the table is still there
+
+
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        ({"status": "finished"}, "status"),
+        ({"run_dir": ""}, "run_dir"),
+        ({"metrics": {"accuracy": "high"}}, "not a number"),
+        ({"pretrain_metrics": {"perplexity": None}}, "not a number"),
+        ({"sparsity": 1.5}, "sparsity"),
+        ({"steps": 2.5}, "integer"),
+    ],
+)
+def test_bad_records_are_rejected(tmp_path: Path, overrides: dict, match: str) -> None:
+    reg = Registry(tmp_path / "reg.sqlite")
+    with pytest.raises(SparseBertError, match=match):
+        reg.record(_rec(**{"run_dir": "r", **overrides}))
+    assert reg.runs(status=None) == []
+
+
+def test_numpy_scalars_are_stored_as_plain_numbers(tmp_path: Path) -> None:
+    np = pytest.importorskip("numpy")
+    reg = Registry(tmp_path / "reg.sqlite")
+    reg.record(_rec("r", metrics={"accuracy": np.float32(0.5)}, steps=np.int64(7), sparsity=np.float64(0.8)))
+    got = reg.get("r")
+    assert got.metrics == {"accuracy": 0.5} and type(got.metrics["accuracy"]) is float
+    assert got.steps == 7 and got.sparsity == 0.8
+
+
+# -- several writer processes --------------------------------------------------------------------------
+
+N_PROCS = 4
+N_PER_PROC = 50
+
+
+def _writer(db: str, worker: int, barrier, busy_timeout_s: float) -> None:
+    # Each process opens its own Registry (on a not-yet-created file, so schema creation races too) and
+    # records runs one transaction at a time, starting together to maximise lock contention.
+    barrier.wait()
+    reg = Registry(db, busy_timeout_s=busy_timeout_s, max_attempts=60)
+    for i in range(N_PER_PROC):
+        reg.record(
+            _rec(
+                f"runs/w{worker}/r{i}",
+                experiment=f"w{worker}",
+                seed=i,
+                metrics={"accuracy": i / 100, "score": i / 100},
+            )
+        )
+
+
+# busy_timeout 0 turns SQLite's own waiting off, so every collision goes through the retry/backoff loop.
+@pytest.mark.parametrize("busy_timeout_s", [30.0, 0.0], ids=["busy-timeout", "retry-loop-only"])
+def test_concurrent_writers_lose_nothing(tmp_path: Path, busy_timeout_s: float) -> None:
+    db = str(tmp_path / "out" / REGISTRY_FILENAME)
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(N_PROCS)
+    procs = [ctx.Process(target=_writer, args=(db, w, barrier, busy_timeout_s)) for w in range(N_PROCS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert [p.exitcode for p in procs] == [0] * N_PROCS
+
+    runs = Registry(db).runs()
+    assert len(runs) == N_PROCS * N_PER_PROC
+    assert {r.run_dir for r in runs} == {f"runs/w{w}/r{i}" for w in range(N_PROCS) for i in range(N_PER_PROC)}
+    assert all(r.metrics["score"] == r.seed / 100 for r in runs)
+    con = sqlite3.connect(db)
+    try:
+        assert con.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == N_PROCS * N_PER_PROC
+    finally:
+        con.close()
