@@ -1,0 +1,233 @@
+"""Text classification from any CSV/TSV file with a text column and a label column.
+
+Texts longer than the model's sequence length are *folded*: split into consecutive token chunks that all
+carry the row's label; at evaluation the chunk probabilities are averaged back per row.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from sparsebert.errors import SparseBertError
+from sparsebert.io import atomic_write_text
+
+if TYPE_CHECKING:
+    import datasets
+
+
+@dataclass
+class CsvTaskConfig:
+    """An experiment's ``csv`` section."""
+
+    path: str = ""  # relative to the data dir, or absolute
+    text_column: str = "text"
+    label_column: str = "label"
+    id_column: str | None = None  # row id column; default: the row number
+    delimiter: str | None = None  # None: by extension (.tsv -> tab, else comma)
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    fold_stride: int = 0  # token overlap between consecutive chunks of a folded text
+
+    def validate(self) -> None:
+        for key in ("path", "text_column", "label_column"):
+            if not getattr(self, key):
+                raise ValueError(f"csv.{key} must be set")
+        if self.id_column is not None and not self.id_column:
+            raise ValueError("csv.id_column must be a column name or null")
+        if self.delimiter is not None and len(self.delimiter) != 1:
+            raise ValueError(f"csv.delimiter must be one character or null, got {self.delimiter!r}")
+        for key in ("val_fraction", "test_fraction"):
+            value = getattr(self, key)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"csv.{key} must be in [0, 1), got {value}")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError("csv.val_fraction + csv.test_fraction must be below 1 (no training rows left)")
+        if self.fold_stride < 0:
+            raise ValueError(f"csv.fold_stride must be >= 0, got {self.fold_stride}")
+
+    def resolve_path(self, data_dir: str | Path) -> Path:
+        path = Path(self.path).expanduser()
+        return path if path.is_absolute() else Path(data_dir) / path
+
+    def resolve_delimiter(self, path: str | Path) -> str:
+        if self.delimiter is not None:
+            return self.delimiter
+        return "\t" if Path(path).suffix.lower() == ".tsv" else ","
+
+
+@dataclass
+class CsvData:
+    ids: list[str]  # the id column's values, or the 0-based data row number as a string
+    texts: list[str]
+    labels: list[int]  # index into label_names
+    label_names: list[str]  # distinct label strings, sorted
+
+
+def read_csv_task(path: str | Path, cfg: CsvTaskConfig) -> CsvData:
+    """Read a CSV/TSV; labels become ids in the sorted order of the distinct label strings."""
+    path = Path(path)
+    if not path.is_file():
+        raise SparseBertError(f"CSV file not found: {path} (csv.path)")
+    delimiter = cfg.resolve_delimiter(path)
+    # TSVs are read like GLUE files (texts may contain bare quotes); CSVs use standard quoting.
+    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+    ids: list[str] = []
+    texts: list[str] = []
+    raw_labels: list[str] = []
+    with open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
+        header = [h.strip() for h in next(reader, [])]
+        if not header:
+            raise SparseBertError(f"{path}: file is empty")
+        wanted = {"csv.text_column": cfg.text_column, "csv.label_column": cfg.label_column}
+        if cfg.id_column:
+            wanted["csv.id_column"] = cfg.id_column
+        for key, name in wanted.items():
+            if name not in header:
+                raise SparseBertError(f"{path}: no column {name!r} ({key}); columns are {header}")
+        text_col, label_col = header.index(cfg.text_column), header.index(cfg.label_column)
+        id_col = header.index(cfg.id_column) if cfg.id_column else None
+        seen_ids: set[str] = set()
+        for row in reader:
+            if not any(cell.strip() for cell in row):
+                continue  # blank line
+            where = f"{path}: line {reader.line_num}"
+            if len(row) != len(header):
+                raise SparseBertError(f"{where}: expected {len(header)} fields, found {len(row)}")
+            text, label = row[text_col], row[label_col].strip()
+            if not text.strip():
+                raise SparseBertError(f"{where}: empty text in column {cfg.text_column!r}")
+            if not label:
+                raise SparseBertError(f"{where}: missing label in column {cfg.label_column!r}")
+            row_id = row[id_col].strip() if id_col is not None else str(len(ids))
+            if id_col is not None:
+                # ids key the folded-chunk aggregation and the predictions file, so they must be unique
+                if not row_id or row_id in seen_ids:
+                    raise SparseBertError(f"{where}: {'duplicate' if row_id else 'empty'} id {row_id!r} "
+                                          f"in column {cfg.id_column!r}")
+                seen_ids.add(row_id)
+            ids.append(row_id)
+            texts.append(text)
+            raw_labels.append(label)
+    label_names = sorted(set(raw_labels))
+    if len(label_names) < 2:
+        found = f"only the value {label_names[0]!r}" if label_names else "no rows"
+        raise SparseBertError(f"{path}: column {cfg.label_column!r} has {found}; need at least 2 classes")
+    to_id = {name: i for i, name in enumerate(label_names)}
+    return CsvData(ids, texts, [to_id[label] for label in raw_labels], label_names)
+
+
+def stratified_split(labels: Sequence[int], val_fraction: float, test_fraction: float,
+                     seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Seeded per-class split into (train, val, test) row indices, each sorted.
+
+    Each class contributes round(fraction * class size) rows to val and test, so every split keeps the class
+    ratios and even a one-row class works (it stays in train).
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(seed)
+    parts: list[list[np.ndarray]] = [[], [], []]
+    for cls in np.unique(labels):  # sorted, so the rng draws happen in a fixed order
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        n_test = round(test_fraction * len(members))
+        n_val = round(val_fraction * len(members))
+        parts[2].append(members[:n_test])
+        parts[1].append(members[n_test:n_test + n_val])
+        parts[0].append(members[n_test + n_val:])
+    train, val, test = (np.sort(np.concatenate(p)).astype(np.int64) if p else np.zeros(0, np.int64)
+                        for p in parts)
+    return train, val, test
+
+
+def fold_texts(texts: Sequence[str], labels: Sequence[int], row_ids: Sequence[Any], tokenizer: Any,
+               max_seq_length: int, stride: int = 0) -> dict[str, list]:
+    """Tokenize texts into rows of at most ``max_seq_length`` tokens, splitting long texts into chunks.
+
+    Each chunk is ``[CLS] tokens [SEP]``; consecutive chunks of a text overlap by ``stride`` tokens. Every
+    chunk carries its text's label and ``row_id``. Returns input_ids/attention_mask/token_type_ids/labels/row_id.
+    """
+    body = max_seq_length - 2  # room left after [CLS] and [SEP]
+    if body < 1:
+        raise ValueError(f"max_seq_length {max_seq_length} leaves no room for tokens")
+    if not 0 <= stride < body:
+        raise ValueError(f"fold stride {stride} must be in [0, {body}) for max_seq_length {max_seq_length}")
+    cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
+    if cls is None or sep is None:
+        raise ValueError("folding needs a tokenizer with [CLS] and [SEP] tokens")
+    if not len(texts) == len(labels) == len(row_ids):
+        raise ValueError(f"{len(texts)} texts, {len(labels)} labels and {len(row_ids)} row ids")
+    # verbose=False: long texts are expected here, the length warning would be noise
+    tokens = tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"] if texts else []
+    out: dict[str, list] = {k: [] for k in ("input_ids", "attention_mask", "token_type_ids", "labels", "row_id")}
+    for ids, label, row_id in zip(tokens, labels, row_ids):
+        start = 0
+        while True:
+            chunk = [cls, *ids[start:start + body], sep]
+            out["input_ids"].append(chunk)
+            out["attention_mask"].append([1] * len(chunk))
+            out["token_type_ids"].append([0] * len(chunk))
+            out["labels"].append(label)
+            out["row_id"].append(row_id)
+            if start + body >= len(ids):
+                break
+            start += body - stride
+    return out
+
+
+def aggregate_folded(row_ids: Sequence[Hashable], probs: Any) -> tuple[list, np.ndarray]:
+    """Average chunk probabilities per original row; rows come out in order of first appearance."""
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 2 or probs.shape[0] != len(row_ids):
+        raise ValueError(f"probs of shape {probs.shape} for {len(row_ids)} chunks")
+    position: dict[Hashable, int] = {}
+    which = np.array([position.setdefault(r, len(position)) for r in row_ids], dtype=np.int64)
+    sums = np.zeros((len(position), probs.shape[1]))
+    np.add.at(sums, which, probs)
+    counts = np.bincount(which, minlength=len(position))
+    return list(position), sums / counts[:, None]
+
+
+def build_csv_datasets(cfg: CsvTaskConfig, data_dir: str | Path, tokenizer: Any, max_seq_length: int,
+                       seed: int) -> tuple[datasets.DatasetDict, CsvData]:
+    """Read, split (train/dev/test) and fold a CSV task; ``row_id`` holds the CsvData id of each chunk."""
+    import datasets
+
+    cfg.validate()
+    data = read_csv_task(cfg.resolve_path(data_dir), cfg)
+    features = datasets.Features({
+        "input_ids": datasets.Sequence(datasets.Value("int64")),
+        "attention_mask": datasets.Sequence(datasets.Value("int64")),
+        "token_type_ids": datasets.Sequence(datasets.Value("int64")),
+        "labels": datasets.Value("int64"),
+        "row_id": datasets.Value("string"),
+    })
+    splits = {}
+    for name, idx in zip(("train", "dev", "test"),
+                         stratified_split(data.labels, cfg.val_fraction, cfg.test_fraction, seed)):
+        folded = fold_texts([data.texts[i] for i in idx], [data.labels[i] for i in idx],
+                            [data.ids[i] for i in idx], tokenizer, max_seq_length, cfg.fold_stride)
+        splits[name] = datasets.Dataset.from_dict(folded, features=features)
+    return datasets.DatasetDict(splits), data
+
+
+def write_csv_predictions(path: str | Path, row_ids: Sequence[Any], truth: Sequence[int],
+                          predictions: Sequence[int], probs: Any, label_names: Sequence[str]) -> None:
+    """CSV of row_id, truth, prediction (as label strings) and one ``prob_<label>`` column per class."""
+    probs = np.asarray(probs, dtype=np.float64)
+    n = len(row_ids)
+    if not len(truth) == len(predictions) == probs.shape[0] == n or probs.shape[1] != len(label_names):
+        raise ValueError(f"{n} row ids, {len(truth)} truths, {len(predictions)} predictions, "
+                         f"probs {probs.shape} for {len(label_names)} labels")
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["row_id", "truth", "prediction", *(f"prob_{name}" for name in label_names)])
+    for row_id, t, p, pr in zip(row_ids, truth, predictions, probs):
+        writer.writerow([row_id, label_names[int(t)], label_names[int(p)], *(f"{x:.6f}" for x in pr)])
+    atomic_write_text(path, buf.getvalue())

@@ -1,0 +1,208 @@
+"""CSV tasks on a renamed slice of the real SST-2 train file: reading, errors, splits, folding, outputs."""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sparsebert.data.csv_task import (
+    CsvTaskConfig,
+    aggregate_folded,
+    build_csv_datasets,
+    fold_texts,
+    read_csv_task,
+    stratified_split,
+    write_csv_predictions,
+)
+from sparsebert.errors import SparseBertError
+
+N_ROWS = 1000
+
+
+@pytest.fixture(scope="module")
+def sst2_slice(data_dir) -> list[tuple[str, str]]:
+    """The first N_ROWS (sentence, label) pairs of SST-2 train, read independently of the library."""
+    with open(data_dir / "glue" / "SST-2" / "train.tsv", encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    assert rows[0] == ["sentence", "label"]
+    return [(s, lab) for s, lab in rows[1:N_ROWS + 1]]
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list[str]], delimiter: str = ",") -> Path:
+    if delimiter == "\t":  # GLUE-style TSV: no quoting at all
+        path.write_text("".join("\t".join(r) + "\n" for r in [header, *rows]), encoding="utf-8")
+        return path
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        csv.writer(f, delimiter=delimiter).writerows([header, *rows])
+    return path
+
+
+@pytest.fixture
+def reviews_csv(tmp_path, sst2_slice) -> Path:
+    # renamed columns and an explicit id column; labels spelled as words
+    rows = [[f"r{i}", "pos" if lab == "1" else "neg", text] for i, (text, lab) in enumerate(sst2_slice)]
+    return _write_csv(tmp_path / "reviews.csv", ["review_id", "sentiment", "review"], rows)
+
+
+def _cfg(**kw) -> CsvTaskConfig:
+    return CsvTaskConfig(**{"path": "reviews.csv", "text_column": "review", "label_column": "sentiment", **kw})
+
+
+def test_read_renamed_slice(reviews_csv, sst2_slice):
+    data = read_csv_task(reviews_csv, _cfg(id_column="review_id"))
+    assert len(data.texts) == N_ROWS
+    assert data.texts == [t for t, _ in sst2_slice]  # quoting round trip keeps texts exactly
+    assert data.label_names == ["neg", "pos"]
+    assert data.labels == [int(lab) for _, lab in sst2_slice]
+    assert data.ids[:2] == ["r0", "r1"]
+    # without an id column the id is the data row number
+    assert read_csv_task(reviews_csv, _cfg()).ids[:3] == ["0", "1", "2"]
+
+
+def test_tsv_by_extension(tmp_path, sst2_slice):
+    rows = [[lab, text] for text, lab in sst2_slice[:50]]
+    path = _write_csv(tmp_path / "s.tsv", ["y", "x"], rows, delimiter="\t")
+    data = read_csv_task(path, CsvTaskConfig(path="s.tsv", text_column="x", label_column="y"))
+    assert data.texts == [t for t, _ in sst2_slice[:50]] and data.label_names == ["0", "1"]
+
+
+def test_labels_sorted_as_strings(tmp_path):
+    path = _write_csv(tmp_path / "t.csv", ["text", "label"], [["a", "b"], ["c", "a"], ["d", "c"], ["e", "a"]])
+    data = read_csv_task(path, CsvTaskConfig(path="t.csv"))
+    assert data.label_names == ["a", "b", "c"] and data.labels == [1, 0, 2, 0]
+
+
+@pytest.mark.parametrize("rows,cfg_kw,pattern", [
+    ([["x", "1"], ["y", "0"]], {"text_column": "body"}, r"t\.csv: no column 'body' \(csv\.text_column\)"),
+    ([["x", "1"], ["y", "0"]], {"id_column": "rid"}, r"no column 'rid' \(csv\.id_column\)"),
+    ([["x", "1"], [" ", "0"]], {}, r"t\.csv: line 3: empty text in column 'text'"),
+    ([["x", "1"], ["y", ""]], {}, r"t\.csv: line 3: missing label in column 'label'"),
+    ([["x", "1"], ["y", "1"]], {}, r"t\.csv: column 'label' has only the value '1'; need at least 2 classes"),
+    ([["x", "1"], ["y"]], {}, r"t\.csv: line 3: expected 2 fields, found 1"),
+])
+def test_bad_input_errors(tmp_path, rows, cfg_kw, pattern):
+    path = _write_csv(tmp_path / "t.csv", ["text", "label"], rows)
+    with pytest.raises(SparseBertError, match=pattern) as err:
+        read_csv_task(path, CsvTaskConfig(path="t.csv", **cfg_kw))
+    assert "\n" not in str(err.value)
+
+
+def test_duplicate_ids_and_missing_file(tmp_path):
+    path = _write_csv(tmp_path / "t.csv", ["id", "text", "label"], [["a", "x", "1"], ["a", "y", "0"]])
+    with pytest.raises(SparseBertError, match=r"line 3: duplicate id 'a'"):
+        read_csv_task(path, CsvTaskConfig(path="t.csv", id_column="id"))
+    with pytest.raises(SparseBertError, match="CSV file not found"):
+        read_csv_task(tmp_path / "nope.csv", CsvTaskConfig(path="nope.csv"))
+
+
+@pytest.mark.parametrize("kw,key", [
+    ({"path": ""}, "csv.path must be set"),
+    ({"text_column": ""}, "csv.text_column must be set"),
+    ({"label_column": ""}, "csv.label_column must be set"),
+    ({"val_fraction": 1.2}, "csv.val_fraction"),
+    ({"test_fraction": -0.1}, "csv.test_fraction"),
+    ({"val_fraction": 0.5, "test_fraction": 0.5}, "csv.val_fraction \\+ csv.test_fraction"),
+    ({"fold_stride": -1}, "csv.fold_stride"),
+    ({"delimiter": "::"}, "csv.delimiter"),
+])
+def test_config_validate(kw, key):
+    CsvTaskConfig(path="x.csv").validate()
+    with pytest.raises(ValueError, match=key):
+        CsvTaskConfig(**{"path": "x.csv", **kw}).validate()
+
+
+def test_config_paths(tmp_path):
+    cfg = CsvTaskConfig(path="sub/a.TSV")
+    assert cfg.resolve_path(tmp_path) == tmp_path / "sub" / "a.TSV"
+    assert cfg.resolve_delimiter(cfg.resolve_path(tmp_path)) == "\t"
+    assert CsvTaskConfig(path=str(tmp_path / "b.csv")).resolve_path("/elsewhere") == tmp_path / "b.csv"
+    assert CsvTaskConfig(path="b.txt", delimiter=";").resolve_delimiter("b.txt") == ";"
+
+
+def test_stratified_split(reviews_csv):
+    labels = read_csv_task(reviews_csv, _cfg()).labels
+    train, val, test = stratified_split(labels, 0.1, 0.2, seed=13)
+    assert sorted([*train, *val, *test]) == list(range(N_ROWS))  # disjoint and complete
+    assert (len(val), len(test)) == (100, 200)
+    counts = Counter(labels)
+    for part, frac in ((val, 0.1), (test, 0.2), (train, 0.7)):
+        part_counts = Counter(labels[i] for i in part)
+        for cls, n in counts.items():
+            assert abs(part_counts[cls] - frac * n) <= 1  # each class keeps its share
+    again = stratified_split(labels, 0.1, 0.2, seed=13)
+    assert all(np.array_equal(a, b) for a, b in zip((train, val, test), again))
+    other = stratified_split(labels, 0.1, 0.2, seed=14)
+    assert not np.array_equal(other[1], val)
+    empty = stratified_split(labels, 0.0, 0.0, seed=0)
+    assert len(empty[0]) == N_ROWS and len(empty[1]) == len(empty[2]) == 0
+
+
+def test_fold_round_trip(tokenizer, sst2_slice):
+    texts = [t for t, _ in sst2_slice[:200]]
+    labels = [int(lab) for _, lab in sst2_slice[:200]]
+    row_ids = [f"r{i}" for i in range(200)]
+    tokens = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    assert max(len(t) for t in tokens) > 3 * 14  # some texts need several chunks
+    for stride in (0, 4):
+        out = fold_texts(texts, labels, row_ids, tokenizer, max_seq_length=16, stride=stride)
+        assert len(out["input_ids"]) > 200
+        for key in ("attention_mask", "token_type_ids", "labels", "row_id"):
+            assert len(out[key]) == len(out["input_ids"])
+        by_row: dict[str, list[list[int]]] = {}
+        for ids, mask, types, label, rid in zip(out["input_ids"], out["attention_mask"],
+                                                out["token_type_ids"], out["labels"], out["row_id"]):
+            assert len(ids) <= 16 and ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+            assert mask == [1] * len(ids) and types == [0] * len(ids)
+            assert label == labels[row_ids.index(rid)]
+            by_row.setdefault(rid, []).append(ids[1:-1])
+        assert list(by_row) == row_ids  # chunks of a row are consecutive and rows keep their order
+        for rid, tok in zip(row_ids, tokens):
+            chunks = by_row[rid]
+            assert len(chunks) == max(1, -(-(len(tok) - stride) // (14 - stride)))
+            # drop each later chunk's overlap with its predecessor: the text's tokens come back in order
+            rebuilt = chunks[0] + [t for c in chunks[1:] for t in c[stride:]]
+            assert rebuilt == tok
+            for prev, cur in zip(chunks, chunks[1:]):
+                assert prev[len(prev) - stride:] == cur[:stride]
+        # aggregating per-chunk probabilities returns exactly the original rows
+        probs = np.full((len(out["row_id"]), 2), 0.5)
+        unique, mean = aggregate_folded(out["row_id"], probs)
+        assert unique == row_ids and mean.shape == (200, 2)
+    with pytest.raises(ValueError, match="stride"):
+        fold_texts(texts, labels, row_ids, tokenizer, max_seq_length=16, stride=14)
+
+
+def test_aggregate_math():
+    row_ids = [7, 3, 7, 9, 3, 7]
+    probs = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4], [0.5, 0.5], [0.4, 0.6], [0.3, 0.7]])
+    unique, mean = aggregate_folded(row_ids, probs)
+    assert unique == [7, 3, 9]  # order of first appearance
+    np.testing.assert_allclose(mean, [[0.6, 0.4], [0.3, 0.7], [0.5, 0.5]])
+    with pytest.raises(ValueError):
+        aggregate_folded([1, 2], probs)
+
+
+def test_build_csv_datasets(tmp_path, reviews_csv, tokenizer):
+    cfg = _cfg(id_column="review_id", fold_stride=2)
+    ds, data = build_csv_datasets(cfg, tmp_path, tokenizer, max_seq_length=16, seed=1)
+    assert list(ds) == ["train", "dev", "test"]
+    rows = {split: set(ds[split]["row_id"]) for split in ds}
+    assert sum(len(r) for r in rows.values()) == N_ROWS and not rows["dev"] & rows["test"]
+    assert len(rows["dev"]) == len(rows["test"]) == 100
+    assert max(len(x) for x in ds["train"]["input_ids"]) == 16
+    label_of = dict(zip(data.ids, data.labels))
+    assert all(label_of[r] == y for r, y in zip(ds["dev"]["row_id"], ds["dev"]["labels"]))
+
+
+def test_write_csv_predictions(tmp_path):
+    path = tmp_path / "out" / "predictions.csv"
+    write_csv_predictions(path, ["a", "b"], [0, 1], [1, 1], np.array([[0.25, 0.75], [0.1, 0.9]]), ["neg", "pos"])
+    assert path.read_text() == ("row_id,truth,prediction,prob_neg,prob_pos\n"
+                                "a,neg,pos,0.250000,0.750000\n"
+                                "b,pos,pos,0.100000,0.900000\n")
+    with pytest.raises(ValueError):
+        write_csv_predictions(path, ["a"], [0], [1], np.array([[0.5, 0.5]]), ["neg", "pos", "x"])
