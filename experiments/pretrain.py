@@ -1,0 +1,43 @@
+"""MLM pretraining experiments. A derived experiment states only what differs from its parent."""
+
+EXPERIMENTS = {
+    "bert_base": {
+        "description": "BERT-base (12x768) MLM on Wikipedia, seq 128, batch 256, AdamW 1e-4, 10k warmup, 1M steps",
+        "task": "mlm",
+        "model": {"size": "base", "tokenizer": "minilm"},
+        "data": {"corpus": "wikipedia-enwiki-2015-wikiextractor", "format": "wikiextractor",
+                 "max_seq_length": 128, "eval_documents": 130},
+        "train": {
+            "max_steps": 1_000_000,
+            "global_batch_size": 256,
+            "learning_rate": 1e-4,
+            "warmup_steps": 10_000,
+            "lr_scheduler": "linear",
+            "weight_decay": 0.01,
+            "eval_steps": 5_000,
+            "save_steps": 5_000,
+            "logging_steps": 100,
+        },
+    },
+    "bert_100k": {
+        "parent": "bert_base",
+        "description": "BERT-base MLM, 100k steps: the run a GPU user starts from",
+        "train": {"max_steps": 100_000},
+    },
+    "bert_small_wiki": {
+        "parent": "bert_base",
+        "description": "BERT-small (4x512) MLM on the Wikipedia mirror: about 10 minutes on one H100",
+        "model": {"size": "small"},
+        "train": {"max_steps": 6_000, "learning_rate": 5e-4, "warmup_steps": 600,
+                  "eval_steps": 1_000, "save_steps": 2_000},
+    },
+    "bert_tiny_quick": {
+        "parent": "bert_base",
+        "description": "tiny BERT (2x128) on 2 Wikipedia files: a CPU smoke run, under 3 minutes on 2 cores",
+        "model": {"size": "tiny"},
+        "data": {"max_files": 2, "eval_documents": 8, "max_eval_samples": 256},
+        "train": {"max_steps": 150, "global_batch_size": 32, "learning_rate": 1e-3, "warmup_steps": 15,
+                  "eval_steps": 50, "save_steps": 50, "logging_steps": 10, "eval_batch_size": 64,
+                  "dataloader_workers": 0},
+    },
+}

@@ -1,0 +1,116 @@
+"""The experiment registry: plain dicts in ``experiments/*.py``, derived by deep update, built into configs.
+
+Each module in the experiments directory defines ``EXPERIMENTS: dict[str, dict]``. An entry may name a
+``parent``; it then states only what differs from it, and is resolved as a deep copy of the parent with the
+entry's keys merged in recursively. ``build`` resolves a name, applies ``--set`` overrides and validates the
+result into an :class:`ExperimentConfig`.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from sparsebert.config.experiment import ExperimentConfig
+from sparsebert.config.schema import ConfigError, field_type, from_dict, parse_value
+
+Experiment = dict[str, Any]
+
+
+def deep_update(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with ``update`` merged in: nested dicts merge, everything else replaces."""
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_update(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+class Registry:
+    def __init__(self, experiments: dict[str, Experiment] | None = None):
+        self._raw: dict[str, Experiment] = {}
+        self._origin: dict[str, str] = {}
+        for name, exp in (experiments or {}).items():
+            self.add(name, exp, origin="<code>")
+
+    @classmethod
+    def from_directory(cls, directory: str | Path) -> Registry:
+        """Load every ``*.py`` in ``directory`` (not starting with ``_``) and collect its ``EXPERIMENTS``."""
+        directory = Path(directory)
+        if not directory.is_dir():
+            raise ConfigError(f"experiments directory not found: {directory}")
+        reg = cls()
+        for path in sorted(directory.glob("*.py")):
+            if path.name.startswith("_"):
+                continue
+            spec = importlib.util.spec_from_file_location(f"sparsebert_experiments.{path.stem}", path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            for name, exp in getattr(module, "EXPERIMENTS", {}).items():
+                reg.add(name, exp, origin=str(path))
+        return reg
+
+    def add(self, name: str, experiment: Experiment, origin: str = "<code>") -> None:
+        if name in self._raw:
+            raise ConfigError(f"experiment '{name}' is defined twice: {self._origin[name]} and {origin}")
+        if not isinstance(experiment, dict):
+            raise ConfigError(f"experiment '{name}' in {origin} must be a dict")
+        self._raw[name] = experiment
+        self._origin[name] = origin
+
+    def names(self) -> list[str]:
+        return sorted(self._raw)
+
+    def description(self, name: str) -> str:
+        return str(self.resolve(name).get("description", ""))
+
+    def check_name(self, name: str) -> None:
+        if name not in self._raw:
+            close = difflib.get_close_matches(name, self._raw, n=3, cutoff=0.5)
+            hint = f"; closest: {', '.join(close)}" if close else "; see python run.py --list"
+            raise ConfigError(f"unknown experiment '{name}'{hint}")
+
+    def resolve(self, name: str, _seen: tuple[str, ...] = ()) -> Experiment:
+        """The experiment as one plain dict, its parents merged in (without the ``parent`` key)."""
+        self.check_name(name)
+        if name in _seen:
+            raise ConfigError(f"experiment parents form a cycle: {' -> '.join((*_seen, name))}")
+        raw = dict(self._raw[name])
+        parent = raw.pop("parent", None)
+        if parent is None:
+            return copy.deepcopy(raw)
+        if parent not in self._raw:
+            raise ConfigError(f"experiment '{name}' names an unknown parent '{parent}'")
+        return deep_update(self.resolve(parent, (*_seen, name)), raw)
+
+    def build(self, name: str, overrides: list[str] | None = None) -> ExperimentConfig:
+        """Resolve ``name``, apply ``--set`` overrides (``key.sub=value``) and validate."""
+        data = self.resolve(name)
+        data["name"] = name
+        for item in overrides or []:
+            apply_override(data, item)
+        return from_dict(ExperimentConfig, data)
+
+
+def apply_override(data: dict[str, Any], item: str) -> None:
+    """Apply one ``--set key.sub=value`` to a resolved experiment dict, parsing value by the key's type."""
+    if "=" not in item:
+        raise ConfigError(f"--set {item}: expected key.sub=value")
+    key, text = item.split("=", 1)
+    key = key.strip()
+    if key == "name":
+        raise ConfigError("--set name: the run name is the experiment name; use --output-dir to separate runs")
+    value = parse_value(text, field_type(ExperimentConfig, key), key)
+    node = data
+    *parents, leaf = key.split(".")
+    for part in parents:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[leaf] = value

@@ -1,0 +1,121 @@
+"""The typed sections every experiment has: model, data, train.
+
+Each section validates itself (``validate``) when the experiment is built, and names the key that is wrong.
+Sections that belong to a hook (sparsity, RigL, distillation, ...) live next to that hook's code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Named BERT sizes: (layers, hidden). Heads = hidden / 64, intermediate = 4 * hidden, as in the BERT papers.
+MODEL_SIZES: dict[str, tuple[int, int]] = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+    "large": (24, 1024),
+}
+
+PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+CORPUS_FORMATS = ("wikiextractor", "text", "hub")
+
+
+@dataclass
+class ModelConfig:
+    size: str = "base"  # a named size (MODEL_SIZES); ignored when init_from is set
+    init_from: str | None = None  # "minilm" (package-shipped), a run dir or checkpoint dir, or a hub name
+    tokenizer: str = "minilm"  # "minilm" (its uncased WordPiece vocab), a local path, or a hub name
+    attn_implementation: str = "sdpa"  # "sdpa" uses FlashAttention / memory-efficient kernels on GPU
+    max_position_embeddings: int = 512
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+
+    def validate(self) -> None:
+        if self.init_from is None and self.size not in MODEL_SIZES:
+            raise ValueError(f"model.size must be one of {', '.join(MODEL_SIZES)}, got {self.size!r}")
+        if self.attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
+            raise ValueError(f"model.attn_implementation must be sdpa, eager or flash_attention_2, "
+                             f"got {self.attn_implementation!r}")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+
+
+@dataclass
+class DataConfig:
+    # Local corpus, relative to the data directory ($SPARSEBERT_DATA / --data-dir): a directory or one file.
+    corpus: str = "wikipedia-enwiki-2015-wikiextractor"
+    format: str = "wikiextractor"  # "wikiextractor" | "text" (blank line between documents) | "hub"
+    # Used when no data directory is configured, or format == "hub": any dataset on the Hugging Face hub.
+    hub_name: str = "wikimedia/wikipedia"
+    hub_config: str | None = "20231101.en"
+    hub_split: str = "train"
+    text_column: str = "text"
+    max_files: int | None = None  # read only the first N corpus files (sorted): quick runs
+    max_documents: int | None = None
+    eval_documents: int = 100  # whole documents held out for evaluation (never lines of one article)
+    max_eval_samples: int | None = 2000  # cap on eval blocks, to keep evaluation cheap
+    max_seq_length: int = 128
+    mlm_probability: float = 0.15
+    num_proc: int | None = None  # tokenization worker processes; None: all cores, at most 16
+
+    def validate(self) -> None:
+        if self.format not in CORPUS_FORMATS:
+            raise ValueError(f"data.format must be one of {', '.join(CORPUS_FORMATS)}, got {self.format!r}")
+        if not 8 <= self.max_seq_length <= 4096:
+            raise ValueError(f"data.max_seq_length must be in [8, 4096], got {self.max_seq_length}")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"data.mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        if self.eval_documents < 1:
+            raise ValueError(f"data.eval_documents must be >= 1, got {self.eval_documents}")
+        for name in ("max_files", "max_documents", "max_eval_samples", "num_proc"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"data.{name} must be >= 1 or None, got {value}")
+
+
+@dataclass
+class TrainConfig:
+    max_steps: int = 1000  # optimizer steps
+    global_batch_size: int = 256  # sequences per optimizer step, at any number of GPUs
+    per_device_batch_size: int | None = None  # None: global / world size; else accumulate to reach global
+    learning_rate: float = 1e-4
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
+    lr_scheduler: str = "linear"  # any transformers scheduler name; the onecycle section overrides it
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-6
+    max_grad_norm: float = 1.0
+    optim: str = "auto"  # "auto": fused AdamW on GPU, plain AdamW on CPU; or any transformers optim name
+    precision: str = "auto"  # "auto": bf16 where the GPU supports it, else fp32
+    eval_steps: int = 1000
+    eval_at_start: bool = True  # report the eval loss before training too
+    eval_batch_size: int = 128  # per device
+    save_steps: int = 1000
+    save_total_limit: int | None = 2
+    logging_steps: int = 50
+    report_to: list[str] = field(default_factory=lambda: ["tensorboard"])  # tensorboard, wandb
+    dataloader_workers: int = 2
+    torch_compile: bool = False
+
+    def validate(self) -> None:
+        for name in ("max_steps", "global_batch_size", "eval_steps", "save_steps", "logging_steps",
+                     "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.per_device_batch_size is not None and self.per_device_batch_size < 1:
+            raise ValueError(f"train.per_device_batch_size must be >= 1, got {self.per_device_batch_size}")
+        if self.learning_rate <= 0:
+            raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        unknown = set(self.report_to) - {"tensorboard", "wandb"}
+        if unknown:
+            raise ValueError(f"train.report_to: unknown tracker(s) {sorted(unknown)}; use tensorboard, wandb")
+        if self.dataloader_workers < 0:
+            raise ValueError(f"train.dataloader_workers must be >= 0, got {self.dataloader_workers}")

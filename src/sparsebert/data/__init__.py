@@ -1,0 +1,1 @@
+"""Data: one module per task (reading, featurizing, metrics, post-processing)."""

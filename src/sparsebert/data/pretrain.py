@@ -1,0 +1,166 @@
+"""MLM pretraining data: documents -> document-level train/eval split -> packed fixed-length blocks.
+
+Tokenization runs through ``datasets.map`` with worker processes, so the datasets cache makes a second run with
+the same corpus, tokenizer and settings skip it. Blocks are ``[CLS] tokens... [SEP]`` of exactly
+``max_seq_length`` tokens cut from the concatenated documents (``[SEP]`` between documents): no padding.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerBase
+
+from sparsebert.config.sections import DataConfig
+from sparsebert.data.corpus import corpus_files, iter_documents
+from sparsebert.data.paths import HOW_TO_POINT
+from sparsebert.errors import SparseBertError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PretrainData:
+    train: Any  # datasets.Dataset with input_ids
+    eval: Any  # datasets.Dataset with input_ids and fixed labels (masked once, the same at every evaluation)
+    train_documents: int
+    eval_documents: int
+
+
+def default_num_proc(requested: int | None) -> int:
+    return requested or max(1, min(os.cpu_count() or 1, 16))
+
+
+def _generate(files: list[str], fmt: str, max_documents: int | None, signature: list[Any]):
+    # ``signature`` (file sizes and mtimes) is unused here: it is in gen_kwargs so that the datasets cache
+    # fingerprint changes when a corpus file changes, not only when its path does.
+    yield from iter_documents(files, fmt, max_documents)
+
+
+def load_documents(cfg: DataConfig, data_dir: Path | None):
+    """The corpus as a ``datasets.Dataset`` of whole documents (columns id, title, text)."""
+    import datasets
+
+    if cfg.format == "hub" or data_dir is None:
+        return _load_hub_documents(cfg, data_dir)
+    root = data_dir / cfg.corpus
+    if not root.exists():
+        raise SparseBertError(f"corpus '{cfg.corpus}' not found in data directory {data_dir}; {HOW_TO_POINT}")
+    files = corpus_files(root, cfg.max_files)
+    signature = [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    try:
+        docs = datasets.Dataset.from_generator(
+            _generate,
+            gen_kwargs={"files": [str(p) for p in files], "fmt": cfg.format,
+                        "max_documents": cfg.max_documents, "signature": signature},
+        )
+    except Exception as e:  # datasets wraps reader errors in DatasetGenerationError
+        cause = e
+        while cause is not None and not isinstance(cause, SparseBertError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise cause from None
+        raise
+    if len(docs) == 0:
+        raise SparseBertError(f"corpus {root} holds no documents")
+    return docs
+
+
+def _load_hub_documents(cfg: DataConfig, data_dir: Path | None):
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(cfg.hub_name, cfg.hub_config, split=cfg.hub_split)
+    except Exception as e:
+        where = "no local data directory was found" if data_dir is None else "data.format is 'hub'"
+        raise SparseBertError(f"could not load hub dataset '{cfg.hub_name}' ({where}): "
+                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+                              f"{HOW_TO_POINT}") from None
+    if cfg.text_column not in ds.column_names:
+        raise SparseBertError(f"hub dataset '{cfg.hub_name}' has no column '{cfg.text_column}' "
+                              f"(columns: {', '.join(ds.column_names)}); set data.text_column")
+    if cfg.max_documents:
+        ds = ds.select(range(min(cfg.max_documents, len(ds))))
+    ds = ds.rename_column(cfg.text_column, "text") if cfg.text_column != "text" else ds
+    return ds.select_columns(["text"])
+
+
+def pack_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, max_seq_length: int) -> dict:
+    """Tokenize a batch of documents and cut the concatenation into full blocks (the remainder is dropped)."""
+    ids = tokenizer(batch["text"], add_special_tokens=False, verbose=False)["input_ids"]
+    cls_id, sep_id = tokenizer.cls_token_id, tokenizer.sep_token_id
+    stream: list[int] = []
+    for doc in ids:
+        stream.extend(doc)
+        stream.append(sep_id)
+    body = max_seq_length - 2
+    blocks = [[cls_id, *stream[i:i + body], sep_id] for i in range(0, len(stream) - body + 1, body)]
+    return {"input_ids": blocks}
+
+
+def pack_documents(docs, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, num_proc: int, desc: str):
+    return docs.map(
+        pack_batch,
+        batched=True,
+        batch_size=256,
+        num_proc=min(num_proc, max(1, len(docs) // 8)),
+        remove_columns=docs.column_names,
+        fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length},
+        desc=desc,
+    )
+
+
+class MLMCollator(DataCollatorForLanguageModeling):
+    """BERT masking (15 %, 80/10/10) for training batches; eval batches arrive already masked.
+
+    Special tokens are found with one vectorized ``isin`` instead of a Python call per sequence.
+    """
+
+    def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        if "labels" in examples[0]:  # pre-masked evaluation blocks: stack as they are
+            return {k: torch.tensor([ex[k] for ex in examples]) for k in ("input_ids", "labels")}
+        return super().torch_call(examples)
+
+    def torch_mask_tokens(self, inputs, special_tokens_mask=None, offset_mapping=None):
+        if special_tokens_mask is None:
+            special = torch.tensor(self.tokenizer.all_special_ids, dtype=inputs.dtype)
+            special_tokens_mask = torch.isin(inputs, special)
+        return super().torch_mask_tokens(inputs, special_tokens_mask, offset_mapping)
+
+
+def mask_once(blocks, tokenizer: PreTrainedTokenizerBase, mlm_probability: float, seed: int):
+    """Mask evaluation blocks once with a fixed seed, so every evaluation scores the same masked tokens."""
+    collator = MLMCollator(tokenizer, mlm_probability=mlm_probability, seed=seed)
+
+    def mask(batch: dict[str, list]) -> dict[str, list]:
+        out = collator([{"input_ids": ids} for ids in batch["input_ids"]])
+        return {"input_ids": out["input_ids"].tolist(), "labels": out["labels"].tolist()}
+
+    # one process, in order: the seeded generator makes the masks a pure function of (blocks, seed)
+    return blocks.map(mask, batched=True, batch_size=512, desc="masking eval blocks")
+
+
+def build_pretrain_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, data_dir: Path | None,
+                        seed: int) -> PretrainData:
+    docs = load_documents(cfg, data_dir)
+    if len(docs) <= cfg.eval_documents:
+        raise SparseBertError(f"the corpus has {len(docs)} documents; data.eval_documents={cfg.eval_documents} "
+                              "would leave none for training")
+    split = docs.train_test_split(test_size=cfg.eval_documents, seed=seed, shuffle=True)
+    num_proc = default_num_proc(cfg.num_proc)
+    train = pack_documents(split["train"], tokenizer, cfg.max_seq_length, num_proc, "tokenizing + packing train")
+    eval_blocks = pack_documents(split["test"], tokenizer, cfg.max_seq_length, num_proc,
+                                 "tokenizing + packing eval")
+    if len(train) == 0 or len(eval_blocks) == 0:
+        raise SparseBertError(f"the corpus is too small for blocks of {cfg.max_seq_length} tokens")
+    if cfg.max_eval_samples and len(eval_blocks) > cfg.max_eval_samples:
+        eval_blocks = eval_blocks.select(range(cfg.max_eval_samples))
+    eval_masked = mask_once(eval_blocks, tokenizer, cfg.mlm_probability, seed)
+    log.info("pretraining data: %d train blocks from %d documents, %d eval blocks from %d held-out documents",
+             len(train), len(split["train"]), len(eval_masked), len(split["test"]))
+    return PretrainData(train, eval_masked, len(split["train"]), len(split["test"]))

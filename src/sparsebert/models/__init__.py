@@ -1,0 +1,1 @@
+"""Models: BERT from named sizes or checkpoints, and task heads."""

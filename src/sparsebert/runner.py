@@ -1,0 +1,105 @@
+"""Running one experiment into ``<output root>/<name>/``.
+
+Order matters for honesty: data and model are prepared first (bad input fails before any directory exists),
+then ``config.json`` and ``env.json`` are written, training runs, ``metrics.json`` follows, and ``DONE`` is
+written last. A directory without ``DONE`` is never a finished run; ``--resume`` continues it.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from accelerate import PartialState
+
+from sparsebert.config import ExperimentConfig, to_dict
+from sparsebert.env_info import environment
+from sparsebert.errors import SparseBertError
+from sparsebert.io import atomic_write_json, atomic_write_text
+
+log = logging.getLogger(__name__)
+
+DONE = "DONE"
+
+
+@dataclass
+class RunOptions:
+    output_root: Path
+    data_dir: Path | None
+    resume: bool = False
+    overwrite: bool = False
+
+
+def is_finished(run_dir: Path) -> bool:
+    return (run_dir / DONE).is_file()
+
+
+def make_job(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = None):
+    if cfg.task == "mlm":
+        from sparsebert.trainer.pretrain import PretrainJob
+
+        return PretrainJob(cfg, opts.data_dir, opts.output_root, callbacks=list(callbacks or []))
+    raise SparseBertError(f"task {cfg.task!r} has no job")
+
+
+def run_experiment(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = None) -> dict[str, Any] | None:
+    """Run ``cfg``; returns its metrics, or None when it had already finished."""
+    run_dir = opts.output_root / cfg.name
+    state = PartialState()
+    if is_finished(run_dir) and not opts.overwrite:
+        log.warning("%s already finished in %s; skipping (pass --overwrite to run it again)", cfg.name, run_dir)
+        return None
+    if run_dir.exists() and not (opts.resume or opts.overwrite):
+        raise SparseBertError(f"{run_dir} holds an unfinished run of {cfg.name}; pass --resume to continue it "
+                              "or --overwrite to start over")
+    if run_dir.exists() and opts.resume:
+        _check_same_config(run_dir, cfg)
+
+    job = make_job(cfg, opts, callbacks)
+    job.prepare()
+
+    if state.is_main_process:
+        if opts.overwrite and run_dir.exists():
+            shutil.rmtree(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(run_dir / "config.json", to_dict(cfg))
+        atomic_write_json(run_dir / "env.json", environment(cfg.seed))
+    state.wait_for_everyone()
+
+    start = time.time()
+    metrics = job.train(run_dir, resume=opts.resume)
+    metrics["wall_time_s"] = time.time() - start
+
+    if state.is_main_process:
+        atomic_write_json(run_dir / "metrics.json", metrics)
+        atomic_write_text(run_dir / DONE, time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+    state.wait_for_everyone()
+    return metrics
+
+
+def _check_same_config(run_dir: Path, cfg: ExperimentConfig) -> None:
+    """Resuming with different settings would silently mix two experiments in one run directory."""
+    import json
+
+    saved_path = run_dir / "config.json"
+    if not saved_path.is_file():
+        return
+    saved = json.loads(saved_path.read_text())
+    current = json.loads(json.dumps(to_dict(cfg)))
+    if saved != current:
+        diff = sorted(_diff_keys(saved, current))
+        raise SparseBertError(f"--resume of {run_dir}: the experiment changed since it started "
+                              f"({', '.join(diff[:5])}); use --overwrite or another --output-dir")
+
+
+def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: list[str] = []
+        for k in set(a) | set(b):
+            out += _diff_keys(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
+        return out
+    return [] if a == b else [prefix]

@@ -1,0 +1,1 @@
+"""The Trainer subclass and the hooks (callbacks, mixins) that attach to it."""

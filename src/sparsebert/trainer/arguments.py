@@ -1,0 +1,92 @@
+"""TrainingArguments from an experiment's train section, at any world size."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from transformers import TrainingArguments
+
+from sparsebert.config.sections import TrainConfig
+from sparsebert.errors import SparseBertError
+
+log = logging.getLogger(__name__)
+
+
+def world_size() -> int:
+    """Processes in this job (set by torchrun / accelerate launch before Python starts)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def batch_layout(cfg: TrainConfig, world: int) -> tuple[int, int]:
+    """(per-device batch, gradient accumulation) that keep the global batch fixed at any world size."""
+    if cfg.per_device_batch_size is None:
+        if cfg.global_batch_size % world:
+            raise SparseBertError(f"train.global_batch_size={cfg.global_batch_size} is not divisible by the "
+                                  f"{world} processes; set train.per_device_batch_size")
+        return cfg.global_batch_size // world, 1
+    per_step = cfg.per_device_batch_size * world
+    if cfg.global_batch_size % per_step:
+        raise SparseBertError(f"train.global_batch_size={cfg.global_batch_size} is not a multiple of "
+                              f"train.per_device_batch_size={cfg.per_device_batch_size} x {world} processes")
+    return cfg.per_device_batch_size, cfg.global_batch_size // per_step
+
+
+def resolve_precision(precision: str) -> str:
+    if precision == "auto":
+        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
+    if precision in ("bf16", "fp16") and not torch.cuda.is_available():
+        raise SparseBertError(f"train.precision={precision} needs a GPU; use auto or fp32 on CPU")
+    return precision
+
+
+def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str,
+                       label_names: list[str] | None = None) -> TrainingArguments:
+    world = world_size()
+    per_device, accumulation = batch_layout(cfg, world)
+    precision = resolve_precision(cfg.precision)
+    optim = cfg.optim
+    if optim == "auto":
+        optim = "adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch"
+    log.info("global batch %d = %d per device x %d processes x %d accumulation steps; precision %s",
+             cfg.global_batch_size, per_device, world, accumulation, precision)
+    if "wandb" in cfg.report_to and not os.environ.get("WANDB_API_KEY"):
+        os.environ.setdefault("WANDB_MODE", "offline")  # never block a run on a login prompt
+    return TrainingArguments(
+        output_dir=str(run_dir),
+        run_name=run_name,
+        seed=seed,
+        max_steps=cfg.max_steps,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=accumulation,
+        per_device_eval_batch_size=cfg.eval_batch_size,
+        learning_rate=cfg.learning_rate,
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_steps,
+        lr_scheduler_type=cfg.lr_scheduler,
+        adam_beta1=cfg.adam_beta1,
+        adam_beta2=cfg.adam_beta2,
+        adam_epsilon=cfg.adam_epsilon,
+        max_grad_norm=cfg.max_grad_norm,
+        optim=optim,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        torch_compile=cfg.torch_compile,
+        eval_strategy="steps",
+        eval_steps=cfg.eval_steps,
+        eval_on_start=cfg.eval_at_start,
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        logging_steps=cfg.logging_steps,
+        logging_first_step=True,
+        report_to=list(cfg.report_to) or "none",
+        dataloader_num_workers=cfg.dataloader_workers,
+        dataloader_pin_memory=torch.cuda.is_available(),
+        remove_unused_columns=False,
+        label_names=label_names or ["labels"],
+        use_cpu=not torch.cuda.is_available(),
+        disable_tqdm=not os.isatty(2),
+    )

@@ -1,0 +1,94 @@
+"""The MLM pretraining job: data, model and Trainer for one experiment."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from accelerate import PartialState
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+
+from sparsebert.config import ExperimentConfig
+from sparsebert.data.pretrain import MLMCollator, PretrainData, build_pretrain_data
+from sparsebert.data.tokenizer import load_tokenizer
+from sparsebert.models.bert import build_mlm_model
+from sparsebert.trainer.arguments import training_arguments
+from sparsebert.trainer.trainer import SparseBertTrainer
+
+
+def masked_token_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    # keep only the argmax: gathering full vocab logits of every eval batch would not fit in memory
+    return logits.argmax(dim=-1)
+
+
+def mlm_accuracy(eval_pred) -> dict[str, float]:
+    preds, labels = eval_pred.predictions, eval_pred.label_ids
+    masked = labels != -100
+    return {"accuracy": float((preds[masked] == labels[masked]).mean()) if masked.any() else float("nan")}
+
+
+@dataclass
+class PretrainJob:
+    cfg: ExperimentConfig
+    data_dir: Path | None
+    output_root: Path
+    callbacks: list[TrainerCallback] = field(default_factory=list)
+    data: PretrainData | None = None
+
+    def prepare(self) -> None:
+        """Everything that can fail on bad input, before a run directory exists."""
+        self.tokenizer = load_tokenizer(self.cfg.model.tokenizer, self.output_root)
+        # featurize once per node: the local main process fills the datasets cache, the others load it
+        with PartialState().local_main_process_first():
+            self.data = build_pretrain_data(self.cfg.data, self.tokenizer, self.data_dir, self.cfg.seed)
+        self.model = build_mlm_model(self.cfg.model, self.tokenizer, self.cfg.data.max_seq_length,
+                                     self.output_root)
+
+    def train(self, run_dir: Path, resume: bool) -> dict[str, Any]:
+        assert self.data is not None, "prepare() first"
+        cfg = self.cfg
+        args = training_arguments(cfg.train, run_dir, cfg.seed, cfg.name)
+        trainer = SparseBertTrainer(
+            model=self.model,
+            args=args,
+            train_dataset=self.data.train,
+            eval_dataset=self.data.eval,
+            data_collator=MLMCollator(self.tokenizer, mlm_probability=cfg.data.mlm_probability),
+            processing_class=self.tokenizer,
+            compute_metrics=mlm_accuracy,
+            preprocess_logits_for_metrics=masked_token_predictions,
+            callbacks=self.callbacks,
+            tokens_per_sample=cfg.data.max_seq_length,
+        )
+        checkpoint = get_last_checkpoint(str(run_dir)) if resume and run_dir.is_dir() else None
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        final = trainer.evaluate()
+        trainer.save_model(str(run_dir / "model"))  # safetensors weights + config + tokenizer
+        return pretrain_metrics(trainer, result.metrics, final, self.data)
+
+
+def pretrain_metrics(trainer, train: dict[str, float], final: dict[str, float], data: PretrainData) -> dict:
+    initial = next((h for h in trainer.state.log_history if "eval_loss" in h and h.get("step") == 0), None)
+    out: dict[str, Any] = {
+        "eval_loss": final["eval_loss"],
+        "perplexity": math.exp(final["eval_loss"]),
+        "masked_accuracy": final.get("eval_accuracy"),
+        "global_step": trainer.state.global_step,
+        "train_loss": train.get("train_loss"),
+        "train_runtime_s": train.get("train_runtime"),
+        "train_samples_per_second": train.get("train_samples_per_second"),
+        "train_tokens_per_second": (train.get("train_samples_per_second") or 0.0) * trainer.tokens_per_sample,
+        "train_blocks": len(data.train),
+        "eval_blocks": len(data.eval),
+        "train_documents": data.train_documents,
+        "eval_documents": data.eval_documents,
+    }
+    if initial is not None:
+        out["initial_eval_loss"] = initial["eval_loss"]
+        out["initial_perplexity"] = math.exp(initial["eval_loss"])
+    return {k: (float(v) if isinstance(v, np.floating) else v) for k, v in out.items()}
