@@ -1,0 +1,268 @@
+"""GAP gendered pronoun resolution: reading and validating the TSVs, features for the GAP heads, metrics
+(Kaggle log loss and the GAP paper's F1 / bias) and the two output formats.
+
+Label: 0 = the pronoun refers to A, 1 = to B, 2 = to neither.
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sparsebert.errors import SparseBertError
+from sparsebert.io import atomic_write_text
+
+logger = logging.getLogger(__name__)
+
+COLUMNS = [
+    "ID",
+    "Text",
+    "Pronoun",
+    "Pronoun-offset",
+    "A",
+    "A-offset",
+    "A-coref",
+    "B",
+    "B-offset",
+    "B-coref",
+    "URL",
+]
+HEADS = ("concat", "mul", "segment")
+MASCULINE = frozenset({"he", "him", "his", "himself"})
+FEMININE = frozenset({"she", "her", "hers", "herself"})
+
+
+@dataclass(frozen=True)
+class GapExample:
+    id: str
+    text: str
+    pronoun: str
+    pronoun_offset: int
+    a: str
+    a_offset: int
+    a_coref: bool
+    b: str
+    b_offset: int
+    b_coref: bool
+    url: str
+
+    @property
+    def label(self) -> int:
+        return 0 if self.a_coref else 1 if self.b_coref else 2
+
+    @property
+    def gender(self) -> str | None:
+        """ "M" / "F" by the pronoun, None for a pronoun in neither list."""
+        p = self.pronoun.lower()
+        return "M" if p in MASCULINE else "F" if p in FEMININE else None
+
+
+def _parse_row(row: list[str]) -> GapExample:
+    """One data row → GapExample; raises ValueError with the problem (the caller adds file and ID)."""
+    if len(row) != len(COLUMNS):
+        raise ValueError(f"expected {len(COLUMNS)} tab-separated fields, got {len(row)}")
+    rid, text, pron, p_off, a, a_off, a_coref, b, b_off, b_coref, url = row
+    offsets = {}
+    for col, value in (("Pronoun-offset", p_off), ("A-offset", a_off), ("B-offset", b_off)):
+        try:
+            offsets[col] = int(value)
+        except ValueError:
+            raise ValueError(f"{col} {value!r} is not an integer") from None
+    for col, name in (("Pronoun-offset", pron), ("A-offset", a), ("B-offset", b)):
+        off = offsets[col]
+        if not name:
+            raise ValueError(f"empty mention for {col}")
+        if not 0 <= off <= len(text) - len(name):
+            raise ValueError(f"{col} {off} out of range for a text of {len(text)} characters")
+        if text[off : off + len(name)] != name:
+            raise ValueError(f"{col} {off}: text there is {text[off : off + len(name)]!r}, not {name!r}")
+    corefs = {}
+    for col, value in (("A-coref", a_coref), ("B-coref", b_coref)):
+        if value.upper() not in ("TRUE", "FALSE"):
+            raise ValueError(f"{col} {value!r} is not TRUE/FALSE")
+        corefs[col] = value.upper() == "TRUE"
+    if corefs["A-coref"] and corefs["B-coref"]:
+        raise ValueError("both A-coref and B-coref are TRUE")
+    return GapExample(
+        rid, text, pron, offsets["Pronoun-offset"], a, offsets["A-offset"], corefs["A-coref"],
+        b, offsets["B-offset"], corefs["B-coref"], url,
+    )  # fmt: skip
+
+
+def read_gap(path: str | os.PathLike, on_bad_row: str = "error") -> list[GapExample]:
+    """Read a GAP TSV (header + 11 columns). A bad row raises SparseBertError (file, ID, problem), or with
+    ``on_bad_row="skip"`` is logged as a warning and left out — never kept with a guessed label."""
+    if on_bad_row not in ("error", "skip"):
+        raise SparseBertError(f"read_gap: on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    except OSError as e:
+        raise SparseBertError(f"{path}: cannot read: {e.strerror}") from None
+    if not rows or rows[0] != COLUMNS:
+        raise SparseBertError(f"{path}: header is not the GAP header {'<TAB>'.join(COLUMNS)}")
+    examples: list[GapExample] = []
+    seen: set[str] = set()
+    for line_no, row in enumerate(rows[1:], start=2):
+        rid = row[0] if row and row[0] else f"(line {line_no})"
+        try:
+            if rid in seen:
+                raise ValueError("duplicate ID")
+            ex = _parse_row(row)
+        except ValueError as e:
+            msg = f"{path}: row {rid}: {e}"
+            if on_bad_row == "error":
+                raise SparseBertError(msg) from None
+            logger.warning("skipping bad GAP row: %s", msg)
+            continue
+        seen.add(rid)
+        examples.append(ex)
+    return examples
+
+
+# ---------------------------------------------------------------------------------------------- features
+
+
+def _token_span(
+    offsets: list[tuple[int, int]], start: int, end: int, ex: GapExample, what: str
+) -> tuple[int, int]:
+    """First and last token overlapping the character span [start, end)."""
+    hit = [i for i, (s, e) in enumerate(offsets) if s < end and e > start and e > s]
+    if not hit:
+        raise SparseBertError(f"GAP row {ex.id}: {what} at character {start} maps to no token")
+    return hit[0], hit[-1]
+
+
+def featurize_gap(
+    examples: Sequence[GapExample],
+    tokenizer: Any,
+    max_seq_length: int,
+    head: str,
+    pad_to_max_length: bool = True,
+) -> dict[str, list]:
+    """Token features for :class:`sparsebert.models.gap_heads.GapClassifier`.
+
+    Keys: ``input_ids, attention_mask, token_type_ids, p_idx, a_idx, b_idx`` (first token of each mention,
+    counting [CLS]), ``p_end, a_end, b_end`` (last token, inclusive) and ``labels``. A text longer than
+    ``max_seq_length`` is cut to a window of tokens that keeps all three mentions (roughly centred on them);
+    if they cannot fit, SparseBertError. For ``head="segment"`` token_type_ids are 1 on the pronoun's
+    tokens, 2 on A's, 3 on B's (0 elsewhere; the pronoun wins if mentions overlap); for other heads all 0.
+    """
+    if head not in HEADS:
+        raise SparseBertError(f"featurize_gap: unknown head {head!r}; choose one of {', '.join(HEADS)}")
+    if not getattr(tokenizer, "is_fast", False):
+        raise SparseBertError("featurize_gap needs a fast tokenizer (offset mapping)")
+    budget = max_seq_length - 2  # room for [CLS] and [SEP]
+    enc = tokenizer([ex.text for ex in examples], add_special_tokens=False, return_offsets_mapping=True)
+    out: dict[str, list] = {k: [] for k in (
+        "input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "p_end", "a_end", "b_end", "labels"
+    )}  # fmt: skip
+    for ex, ids, offsets in zip(examples, enc["input_ids"], enc["offset_mapping"]):
+        spans = {
+            "p": _token_span(offsets, ex.pronoun_offset, ex.pronoun_offset + len(ex.pronoun), ex, "pronoun"),
+            "a": _token_span(offsets, ex.a_offset, ex.a_offset + len(ex.a), ex, "A"),
+            "b": _token_span(offsets, ex.b_offset, ex.b_offset + len(ex.b), ex, "B"),
+        }
+        lo = min(s for s, _ in spans.values())
+        hi = max(e for _, e in spans.values())
+        if hi - lo + 1 > budget:
+            raise SparseBertError(
+                f"GAP row {ex.id}: pronoun, A and B span {hi - lo + 1} tokens, more than max_seq_length "
+                f"{max_seq_length} - 2 allows"
+            )
+        # window [w0, w0 + budget): centred on the mentions, clamped to the text
+        w0 = 0
+        if len(ids) > budget:
+            w0 = max(0, min(lo - (budget - (hi - lo + 1)) // 2, len(ids) - budget))
+        window = ids[w0 : w0 + budget]
+        shift = 1 - w0  # +1 for [CLS]
+        input_ids = [tokenizer.cls_token_id, *window, tokenizer.sep_token_id]
+        types = [0] * len(input_ids)
+        if head == "segment":
+            for key, type_id in (("a", 2), ("b", 3), ("p", 1)):
+                s, e = spans[key]
+                types[s + shift : e + shift + 1] = [type_id] * (e - s + 1)
+        pad = max_seq_length - len(input_ids) if pad_to_max_length else 0
+        out["input_ids"].append(input_ids + [tokenizer.pad_token_id] * pad)
+        out["attention_mask"].append([1] * len(input_ids) + [0] * pad)
+        out["token_type_ids"].append(types + [0] * pad)
+        for key, (s, e) in spans.items():
+            out[f"{key}_idx"].append(s + shift)
+            out[f"{key}_end"].append(e + shift)
+        out["labels"].append(ex.label)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+def _check_probs(probs: np.ndarray, n: int, what: str) -> np.ndarray:
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 2 or probs.shape[1] != 3 or probs.shape[0] != n:
+        raise SparseBertError(f"{what}: probs must have shape ({n}, 3), got {probs.shape}")
+    return probs
+
+
+def _prf(pred: np.ndarray, gold: np.ndarray) -> tuple[float, float, float]:
+    tp = float(np.sum(pred & gold))
+    precision = tp / pred.sum() if pred.sum() else 0.0
+    recall = tp / gold.sum() if gold.sum() else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
+
+
+def gap_metrics(probs: np.ndarray, examples: Sequence[GapExample]) -> dict[str, float]:
+    """``accuracy``, Kaggle ``log_loss`` and the GAP paper's pairwise ``precision/recall/f1``,
+    ``f1_masculine``, ``f1_feminine`` and ``bias`` = F1(feminine) / F1(masculine) (nan when F1(masculine) = 0).
+
+    Pairwise decisions: A-coref is predicted when argmax is A, B-coref when argmax is B; each row gives two
+    decisions scored against its gold A-coref / B-coref (the positive class is "coreferent").
+    """
+    probs = _check_probs(probs, len(examples), "gap_metrics")
+    labels = np.array([ex.label for ex in examples])
+    pred = probs.argmax(axis=1)
+    # Kaggle: clip, renormalize each row, mean negative log probability of the gold class
+    clipped = np.clip(probs, 1e-15, 1 - 1e-15)
+    clipped /= clipped.sum(axis=1, keepdims=True)
+    log_loss = float(-np.mean(np.log(clipped[np.arange(len(labels)), labels])))
+
+    pred_pairs = np.concatenate([pred == 0, pred == 1])
+    gold_pairs = np.concatenate([labels == 0, labels == 1])
+    genders = np.array([ex.gender for ex in examples] * 2)
+    precision, recall, f1 = _prf(pred_pairs, gold_pairs)
+    f1_m = _prf(pred_pairs[genders == "M"], gold_pairs[genders == "M"])[2]
+    f1_f = _prf(pred_pairs[genders == "F"], gold_pairs[genders == "F"])[2]
+    return {
+        "accuracy": float(np.mean(pred == labels)),
+        "log_loss": log_loss,
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "f1_masculine": f1_m,
+        "f1_feminine": f1_f,
+        "bias": f1_f / f1_m if f1_m else float("nan"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+def write_kaggle_submission(path: str | os.PathLike, ids: Sequence[str], probs: np.ndarray) -> None:
+    """Kaggle GAP submission: ``ID,A,B,NEITHER`` header, one row of probabilities per ID (repr floats)."""
+    probs = _check_probs(probs, len(ids), "write_kaggle_submission")
+    lines = ["ID,A,B,NEITHER"] + [f"{i},{p[0]!r},{p[1]!r},{p[2]!r}" for i, p in zip(ids, probs.tolist())]
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def write_gap_system_file(path: str | os.PathLike, ids: Sequence[str], probs: np.ndarray) -> None:
+    """Input of the official GAP scorer: ``ID<TAB>A-coref<TAB>B-coref`` (TRUE/FALSE from argmax), no header."""
+    pred = _check_probs(probs, len(ids), "write_gap_system_file").argmax(axis=1)
+    tf = {True: "TRUE", False: "FALSE"}
+    lines = [f"{i}\t{tf[bool(p == 0)]}\t{tf[bool(p == 1)]}" for i, p in zip(ids, pred)]
+    atomic_write_text(path, "\n".join(lines) + "\n")

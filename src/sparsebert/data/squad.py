@@ -1,0 +1,362 @@
+"""SQuAD v1.1 / v2.0: reading, article-level splitting, windowed features, span decoding and the metrics.
+
+Windowing uses the fast tokenizer's overflow: ``doc_stride`` is the number of context tokens that two
+consecutive windows of one example share (the tokenizer's ``stride``), not the step between them.
+Features are padded to ``max_seq_length`` so any collator (and the Trainer's logit concatenation) works.
+In eval features, ``offset_mapping`` holds ``None`` for every token that is not a context token
+(question, special and padding tokens); postprocessing only ever picks spans of non-``None`` tokens.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import random
+import re
+import string
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from sparsebert.errors import SparseBertError
+from sparsebert.io import atomic_write_json
+
+logger = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def read_squad(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Flatten a SQuAD JSON file into one dict per question.
+
+    Each dict: ``id, title, context, question, answers {"text": [...], "answer_start": [...]},
+    is_impossible`` (False for v1.1 files, which have no such flag).
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as e:
+        raise SparseBertError(f"{path}: not valid JSON (truncated or corrupt?): {e}") from None
+    except OSError as e:
+        raise SparseBertError(f"{path}: cannot read: {e.strerror}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("data"), list):
+        raise SparseBertError(f"{path}: not a SQuAD file: expected a JSON object with a 'data' list")
+
+    examples: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for a_i, article in enumerate(data["data"]):
+        where = f"{path}: article {a_i}"
+        try:
+            title = article["title"]
+            for paragraph in article["paragraphs"]:
+                context = paragraph["context"]
+                if not isinstance(context, str) or not context.strip():
+                    raise SparseBertError(f"{where}: empty or non-text context")
+                for qa in paragraph["qas"]:
+                    examples.append(_read_question(qa, title, context, where, seen))
+        except (KeyError, TypeError) as e:
+            raise SparseBertError(f"{where}: missing or malformed key {e}") from None
+    return examples
+
+
+def _read_question(qa: dict, title: str, context: str, where: str, seen: set[str]) -> dict[str, Any]:
+    qid = qa.get("id")
+    if qid is None:
+        raise SparseBertError(f"{where}: a question has no 'id'")
+    where = f"{where}, question {qid}"
+    if qid in seen:
+        raise SparseBertError(f"{where}: duplicate question id")
+    seen.add(qid)
+    try:
+        question = qa["question"]
+        answers = qa["answers"]
+        texts = [a["text"] for a in answers]
+        starts = [int(a["answer_start"]) for a in answers]
+    except (KeyError, TypeError, ValueError) as e:
+        raise SparseBertError(f"{where}: missing or malformed key {e}") from None
+    is_impossible = bool(qa.get("is_impossible", False))
+    if is_impossible and texts:
+        raise SparseBertError(f"{where}: is_impossible is true but the question has answers")
+    if not is_impossible and not texts:
+        raise SparseBertError(f"{where}: answerable question without answers")
+    for text, start in zip(texts, starts):
+        # a span that does not match the context would silently train on the wrong tokens
+        if context[start : start + len(text)] != text:
+            raise SparseBertError(f"{where}: answer {text!r} not found at answer_start {start}")
+    return {
+        "id": qid,
+        "title": title,
+        "context": context,
+        "question": question,
+        "answers": {"text": texts, "answer_start": starts},
+        "is_impossible": is_impossible,
+    }
+
+
+def split_by_article(
+    examples: Sequence[dict[str, Any]], eval_fraction: float, seed: int
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Split questions so that every article (title) lies wholly on one side; order within sides is kept.
+
+    ``round(eval_fraction * n_articles)`` articles (at least one, and at least one left for train) go to eval.
+    Titles are sorted before the seeded shuffle, so the split does not depend on the input order.
+    """
+    if not 0.0 < eval_fraction < 1.0:
+        raise SparseBertError(f"split_by_article: eval_fraction must be in (0, 1), got {eval_fraction}")
+    titles = sorted({ex["title"] for ex in examples})
+    if len(titles) < 2:
+        raise SparseBertError(f"split_by_article: need at least 2 articles to split, got {len(titles)}")
+    random.Random(seed).shuffle(titles)
+    n_eval = min(max(1, round(eval_fraction * len(titles))), len(titles) - 1)
+    eval_titles = set(titles[:n_eval])
+    train = [ex for ex in examples if ex["title"] not in eval_titles]
+    evals = [ex for ex in examples if ex["title"] in eval_titles]
+    return train, evals
+
+
+# ---------------------------------------------------------------------------------------------- features
+
+
+def _tokenize_windows(
+    batch: Mapping[str, list], tokenizer: Any, max_seq_length: int, doc_stride: int, max_query_length: int
+) -> Any:
+    if not getattr(tokenizer, "is_fast", False):
+        raise SparseBertError("SQuAD features need a fast tokenizer (offset mapping)")
+    if max_query_length + 3 >= max_seq_length or doc_stride >= max_seq_length - max_query_length - 3:
+        raise SparseBertError(
+            f"SQuAD features: max_seq_length {max_seq_length} leaves no room for windows with "
+            f"max_query_length {max_query_length} and doc_stride {doc_stride}"
+        )
+    # Truncate questions by cutting the string after their max_query_length-th token: re-tokenizing the
+    # prefix gives the same tokens, and the tokenizer then truncates only the context.
+    questions = [q.lstrip() for q in batch["question"]]
+    q_enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
+    questions = [
+        q[: offs[max_query_length - 1][1]] if len(offs) > max_query_length else q
+        for q, offs in zip(questions, q_enc["offset_mapping"])
+    ]
+    return tokenizer(
+        questions,
+        batch["context"],
+        truncation="only_second",
+        max_length=max_seq_length,
+        stride=doc_stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        padding="max_length",
+    )
+
+
+def _context_range(sequence_ids: list[int | None]) -> tuple[int, int]:
+    """First and last token index of the context (sequence 1) in one window."""
+    idx = [i for i, s in enumerate(sequence_ids) if s == 1]
+    return idx[0], idx[-1]
+
+
+def prepare_train_features(
+    batch: Mapping[str, list],
+    tokenizer: Any,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+) -> dict[str, list]:
+    """Windows with ``start_positions`` / ``end_positions`` (token indices, inclusive) of the first answer.
+
+    Both point at CLS (index 0) when the question is unanswerable or the answer is not wholly in the window.
+    """
+    enc = _tokenize_windows(batch, tokenizer, max_seq_length, doc_stride, max_query_length)
+    sample_map = enc.pop("overflow_to_sample_mapping")
+    offsets_all = enc.pop("offset_mapping")
+    starts: list[int] = []
+    ends: list[int] = []
+    for i, offsets in enumerate(offsets_all):
+        answers = batch["answers"][sample_map[i]]
+        if not answers["text"]:
+            starts.append(0)
+            ends.append(0)
+            continue
+        start_char = answers["answer_start"][0]
+        end_char = start_char + len(answers["text"][0])
+        ctx_first, ctx_last = _context_range(enc.sequence_ids(i))
+        if offsets[ctx_first][0] > start_char or offsets[ctx_last][1] < end_char:
+            starts.append(0)
+            ends.append(0)
+            continue
+        # first token ending after the answer start; last token starting before the answer end
+        s = ctx_first
+        while s <= ctx_last and offsets[s][1] <= start_char:
+            s += 1
+        e = ctx_last
+        while e >= ctx_first and offsets[e][0] >= end_char:
+            e -= 1
+        starts.append(s)
+        ends.append(e)
+    enc["start_positions"] = starts
+    enc["end_positions"] = ends
+    return dict(enc)
+
+
+def prepare_eval_features(
+    batch: Mapping[str, list],
+    tokenizer: Any,
+    max_seq_length: int = 384,
+    doc_stride: int = 128,
+    max_query_length: int = 64,
+) -> dict[str, list]:
+    """Windows plus ``example_id`` and ``offset_mapping`` (``None`` for non-context tokens)."""
+    enc = _tokenize_windows(batch, tokenizer, max_seq_length, doc_stride, max_query_length)
+    sample_map = enc.pop("overflow_to_sample_mapping")
+    enc["example_id"] = [batch["id"][j] for j in sample_map]
+    enc["offset_mapping"] = [
+        [tuple(o) if s == 1 else None for o, s in zip(offsets, enc.sequence_ids(i))]
+        for i, offsets in enumerate(enc["offset_mapping"])
+    ]
+    return dict(enc)
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+
+
+def postprocess_predictions(
+    examples: Iterable[Mapping[str, Any]],
+    features: Mapping[str, Sequence] | Any,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    n_best_size: int = 20,
+    max_answer_length: int = 30,
+    version_2: bool = False,
+    null_score_diff_threshold: float = 0.0,
+) -> tuple[dict[str, str], dict[str, float]]:
+    """Best answer text per example id, from the start/end logits of all its windows.
+
+    Candidates: the ``n_best_size`` best starts x ends of each window, kept when both tokens are context
+    tokens, end >= start and the span has at most ``max_answer_length`` tokens; score = start + end logit.
+    ``null_odds[id]`` = (lowest CLS score over the example's windows) - (best span score); for v2 the
+    prediction is "" when it exceeds ``null_score_diff_threshold``. An example with no valid span gets ""
+    and null odds ``inf``.
+    """
+    start_logits = np.asarray(start_logits)
+    end_logits = np.asarray(end_logits)
+    example_ids = list(features["example_id"])
+    offset_maps = list(features["offset_mapping"])
+    if not len(example_ids) == len(start_logits) == len(end_logits):
+        raise SparseBertError(
+            f"postprocess_predictions: {len(example_ids)} features but {len(start_logits)} start / "
+            f"{len(end_logits)} end logit rows"
+        )
+    by_example: dict[str, list[int]] = collections.defaultdict(list)
+    for i, eid in enumerate(example_ids):
+        by_example[eid].append(i)
+
+    predictions: dict[str, str] = {}
+    null_odds: dict[str, float] = {}
+    for ex in examples:
+        context = ex["context"]
+        best_score, best_text = -np.inf, ""
+        null_score = np.inf
+        for i in by_example.get(ex["id"], []):
+            s_log, e_log, offsets = start_logits[i], end_logits[i], offset_maps[i]
+            null_score = min(null_score, float(s_log[0] + e_log[0]))
+            top_s = np.argsort(s_log)[::-1][:n_best_size]
+            top_e = np.argsort(e_log)[::-1][:n_best_size]
+            for s in top_s:
+                for e in top_e:
+                    if (
+                        s >= len(offsets)
+                        or e >= len(offsets)
+                        or offsets[s] is None
+                        or offsets[e] is None
+                        or e < s
+                        or e - s + 1 > max_answer_length
+                    ):
+                        continue
+                    score = float(s_log[s] + e_log[e])
+                    if score > best_score:
+                        best_score, best_text = score, context[offsets[s][0] : offsets[e][1]]
+        if null_score == np.inf:
+            raise SparseBertError(f"postprocess_predictions: example {ex['id']} has no features")
+        odds = null_score - best_score
+        null_odds[ex["id"]] = float(odds)
+        predictions[ex["id"]] = "" if version_2 and odds > null_score_diff_threshold else best_text
+    return predictions, null_odds
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = set(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """Official SQuAD normalization: lower case, drop punctuation and articles, collapse whitespace."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _exact(gold: str, pred: str) -> float:
+    return float(normalize_answer(gold) == normalize_answer(pred))
+
+
+def _f1(gold: str, pred: str) -> float:
+    gold_toks = normalize_answer(gold).split()
+    pred_toks = normalize_answer(pred).split()
+    if not gold_toks or not pred_toks:
+        # "no answer" is right only against "no answer"
+        return float(gold_toks == pred_toks)
+    common = sum((collections.Counter(gold_toks) & collections.Counter(pred_toks)).values())
+    if common == 0:
+        return 0.0
+    precision = common / len(pred_toks)
+    recall = common / len(gold_toks)
+    return 2 * precision * recall / (precision + recall)
+
+
+def squad_metrics(
+    examples: Iterable[Mapping[str, Any]], predictions: Mapping[str, str], version_2: bool
+) -> dict[str, float]:
+    """``exact`` / ``f1`` in percent (max over gold answers) and ``total``; for v2 also the HasAns_* and
+    NoAns_* breakdowns (``*_exact`` / ``*_f1`` are omitted when that group is empty, as the official script
+    does). Gold answers that normalize to "" are dropped; an unanswerable question's gold is [""].
+    A question without a prediction scores 0 (with a warning).
+    """
+    groups: dict[str, list[tuple[float, float]]] = {"all": [], "HasAns": [], "NoAns": []}
+    missing = []
+    for ex in examples:
+        golds = [t for t in ex["answers"]["text"] if normalize_answer(t)] or [""]
+        if ex["id"] not in predictions:
+            missing.append(ex["id"])
+            scores = (0.0, 0.0)
+        else:
+            pred = predictions[ex["id"]]
+            scores = (max(_exact(g, pred) for g in golds), max(_f1(g, pred) for g in golds))
+        groups["all"].append(scores)
+        groups["HasAns" if ex["answers"]["text"] else "NoAns"].append(scores)
+    if missing:
+        logger.warning(
+            "squad_metrics: %d questions have no prediction (scored 0), e.g. %s", len(missing), missing[0]
+        )
+
+    def summary(prefix: str, scores: list[tuple[float, float]]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if scores:
+            out[f"{prefix}exact"] = 100.0 * sum(s[0] for s in scores) / len(scores)
+            out[f"{prefix}f1"] = 100.0 * sum(s[1] for s in scores) / len(scores)
+        out[f"{prefix}total"] = len(scores)
+        return out
+
+    metrics = summary("", groups["all"])
+    if version_2:
+        metrics.update(summary("HasAns_", groups["HasAns"]))
+        metrics.update(summary("NoAns_", groups["NoAns"]))
+    return metrics
+
+
+def write_predictions_json(path: str | os.PathLike, predictions: Mapping[str, str]) -> None:
+    """Official prediction file: ``{question_id: answer_text}`` ("" = no answer)."""
+    atomic_write_json(path, dict(predictions))

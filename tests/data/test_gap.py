@@ -1,0 +1,230 @@
+"""GAP reading/validation on the real TSVs, token positions of the mentions, metrics and output formats."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+
+import numpy as np
+import pytest
+from sklearn.metrics import accuracy_score, log_loss, precision_recall_fscore_support
+
+from sparsebert.data.gap import (
+    COLUMNS,
+    GapExample,
+    featurize_gap,
+    gap_metrics,
+    read_gap,
+    write_gap_system_file,
+    write_kaggle_submission,
+)
+from sparsebert.errors import SparseBertError
+
+
+@pytest.fixture(scope="module")
+def dev(data_dir):
+    return read_gap(data_dir / "gap" / "gap-development.tsv")
+
+
+@pytest.fixture(scope="module")
+def val(data_dir):
+    return read_gap(data_dir / "gap" / "gap-validation.tsv")
+
+
+def _raw_rows(path) -> list[list[str]]:
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def _write_rows(path, rows: list[list[str]]) -> None:
+    path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
+
+
+def test_read_real_files(dev, val):
+    assert len(dev) == 2000 and len(val) == 454
+    assert dev[0].id == "development-1" and val[-1].id == "validation-454"
+    first = dev[0]
+    assert (first.pronoun, first.pronoun_offset, first.a, first.a_offset, first.b, first.b_offset) == (
+        "her", 274, "Cheryl Cassidy", 191, "Pauline", 207,
+    )  # fmt: skip
+    assert first.a_coref and not first.b_coref and first.label == 0
+    labels = [ex.label for ex in dev]
+    # labels agree with the coref columns, and all three classes occur
+    assert labels.count(0) == sum(ex.a_coref for ex in dev)
+    assert labels.count(1) == sum(ex.b_coref for ex in dev)
+    assert labels.count(2) == sum(not ex.a_coref and not ex.b_coref for ex in dev) > 100
+    assert {ex.gender for ex in dev + val} == {"M", "F"}
+
+
+# (row id, max_seq_length, (p_idx, p_end), (a_idx, a_end), (b_idx, b_end)), checked by hand against the TSV:
+# development-2: "His" at 284 is the 2nd "His" (token 31 is the 1st); A = MacKenzie, B = Bernard Leach.
+# development-8: "his" in "In his list"; A = "Greg Kot" (greg ko ##t), B = "Robert Christgau" (3 pieces).
+# validation-2: "She" starts the 3rd sentence; B = the 2nd "Kathleen" (token 1 is the 1st), A = Ellen.
+HAND_ROWS = [
+    ("development-2", "His", (61, 61), "MacKenzie", (51, 51), "Bernard Leach", (54, 55)),
+    ("development-8", "his", (78, 78), "Greg Kot", (42, 44), "Robert Christgau", (87, 89)),
+    ("validation-2", "She", (46, 46), "Ellen", (29, 29), "Kathleen", (40, 40)),
+]
+
+
+@pytest.mark.parametrize("head", ["concat", "segment"])
+def test_hand_verified_token_positions(dev, val, tokenizer, head):
+    by_id = {ex.id: ex for ex in dev + val}
+    rows = [by_id[r[0]] for r in HAND_ROWS]
+    feats = featurize_gap(rows, tokenizer, 128, head)
+    for i, (rid, p, p_span, a, a_span, b, b_span) in enumerate(HAND_ROWS):
+        ids = feats["input_ids"][i]
+        assert len(ids) == 128 and ids[0] == tokenizer.cls_token_id
+        for key, name, span in (("p", p, p_span), ("a", a, a_span), ("b", b, b_span)):
+            assert (feats[f"{key}_idx"][i], feats[f"{key}_end"][i]) == span, (rid, key)
+            assert tokenizer.decode(ids[span[0] : span[1] + 1]) == name.lower()
+        assert tokenizer.decode([ids[feats["p_idx"][i]]]) == p.lower()
+        assert feats["labels"][i] == by_id[rid].label
+        types = feats["token_type_ids"][i]
+        if head == "segment":
+            expect = [0] * 128
+            for span, t in ((p_span, 1), (a_span, 2), (b_span, 3)):
+                expect[span[0] : span[1] + 1] = [t] * (span[1] - span[0] + 1)
+            assert types == expect
+        else:
+            assert set(types) == {0}
+    assert feats["labels"] == [0, 1, 1]
+
+
+def test_wrong_offset_error_and_skip(tmp_path, data_dir, caplog):
+    rows = _raw_rows(data_dir / "gap" / "gap-validation.tsv")[:4]
+    assert rows[0] == COLUMNS
+    rows[2][COLUMNS.index("A-offset")] = str(int(rows[2][COLUMNS.index("A-offset")]) + 1)
+    bad_id = rows[2][0]
+    path = tmp_path / "bad.tsv"
+    _write_rows(path, rows)
+    with pytest.raises(SparseBertError, match=rf"bad\.tsv.*{bad_id}\b.*A-offset") as err:
+        read_gap(path)
+    assert "\n" not in str(err.value)
+    with caplog.at_level(logging.WARNING, logger="sparsebert.data.gap"):
+        kept = read_gap(path, on_bad_row="skip")
+    assert [ex.id for ex in kept] == [rows[1][0], rows[3][0]]
+    assert bad_id in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("col", "value", "problem"),
+    [
+        ("Pronoun-offset", "12x", "not an integer"),
+        ("B-offset", "99999", "out of range"),
+        ("B-coref", "YES", "TRUE/FALSE"),
+        ("URL", None, "11 tab-separated fields"),
+    ],
+)
+def test_bad_rows(tmp_path, data_dir, col, value, problem):
+    rows = _raw_rows(data_dir / "gap" / "gap-development.tsv")[:3]
+    if value is None:
+        rows[1] = rows[1][:-1]  # a missing column
+    else:
+        rows[1][COLUMNS.index(col)] = value
+    path = tmp_path / "x.tsv"
+    _write_rows(path, rows)
+    with pytest.raises(SparseBertError, match=rf"{rows[1][0]}.*{problem}"):
+        read_gap(path)
+    assert [ex.id for ex in read_gap(path, on_bad_row="skip")] == [rows[2][0]]
+
+
+def test_both_coref_true_is_an_error(tmp_path, data_dir):
+    rows = _raw_rows(data_dir / "gap" / "gap-development.tsv")[:2]
+    rows[1][COLUMNS.index("A-coref")] = rows[1][COLUMNS.index("B-coref")] = "TRUE"
+    _write_rows(tmp_path / "x.tsv", rows)
+    with pytest.raises(SparseBertError, match="development-1.*both"):
+        read_gap(tmp_path / "x.tsv")
+
+
+def test_truncation_keeps_all_mentions(dev, tokenizer):
+    ex = next(e for e in dev if e.id == "development-210")  # the longest text: 346 tokens
+    full = featurize_gap([ex], tokenizer, 512, "segment", pad_to_max_length=False)
+    assert len(full["input_ids"][0]) == 348
+    lo = min(full[k][0] for k in ("p_idx", "a_idx", "b_idx"))
+    hi = max(full[k][0] for k in ("p_end", "a_end", "b_end"))
+    assert hi - lo + 1 == 40
+    for max_len in (42, 64, 128):
+        cut = featurize_gap([ex], tokenizer, max_len, "segment")
+        ids = cut["input_ids"][0]
+        assert len(ids) == max_len and sum(cut["attention_mask"][0]) == max_len
+        assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+        for key, name in (("p", ex.pronoun), ("a", ex.a), ("b", ex.b)):
+            s, e = cut[f"{key}_idx"][0], cut[f"{key}_end"][0]
+            assert tokenizer.decode(ids[s : e + 1]) == name.lower()
+            # the same tokens as without truncation, shifted
+            shift = s - full[f"{key}_idx"][0]
+            assert ids[s : e + 1] == full["input_ids"][0][s - shift : e - shift + 1]
+        assert cut["token_type_ids"][0].count(1) == 1
+    with pytest.raises(SparseBertError, match="development-210"):
+        featurize_gap([ex], tokenizer, 41, "concat")
+
+
+def _ex(label: int, pronoun: str) -> GapExample:
+    return GapExample("x", "", pronoun, 0, "A", 0, label == 0, "B", 0, label == 1, "")
+
+
+def test_metrics_hand_values():
+    examples = [_ex(0, "he"), _ex(1, "She"), _ex(2, "his"), _ex(0, "her")]
+    probs = np.array([[0.5, 0.25, 0.25], [0.6, 0.3, 0.1], [0.2, 0.2, 0.6], [0.0, 1.0, 0.0]])
+    m = gap_metrics(probs, examples)
+    assert m["accuracy"] == 0.5
+    # pairs (pred, gold): 1:(A,A) 2:(A,B) 3:(-,-) 4:(B,A) → 1 TP, 3 predicted, 3 gold
+    assert (
+        math.isclose(m["precision"], 1 / 3)
+        and math.isclose(m["recall"], 1 / 3)
+        and math.isclose(m["f1"], 1 / 3)
+    )
+    assert m["f1_masculine"] == 1.0 and m["f1_feminine"] == 0.0 and m["bias"] == 0.0
+    clipped_zero = -math.log(1e-15 / (1 + 1e-15))  # row 4: gold A has probability 0 → clipped, renormalized
+    expect = (-math.log(0.5) - math.log(0.3) - math.log(0.6) + clipped_zero) / 4
+    assert math.isclose(m["log_loss"], expect, rel_tol=1e-9)
+    assert math.isnan(gap_metrics(probs[[0, 2]], [_ex(1, "he"), _ex(0, "his")])["bias"])
+
+
+def test_metrics_match_sklearn(dev):
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet([1.0, 1.0, 1.0], size=len(dev))
+    labels = np.array([ex.label for ex in dev])
+    probs[labels == 0] += [0.5, 0, 0]  # a better-than-chance system
+    probs /= probs.sum(axis=1, keepdims=True)
+    m = gap_metrics(probs, dev)
+    pred = probs.argmax(axis=1)
+    assert math.isclose(m["accuracy"], accuracy_score(labels, pred))
+    assert math.isclose(m["log_loss"], log_loss(labels, probs, labels=[0, 1, 2]), rel_tol=1e-9)
+
+    def prf(rows):
+        gold = np.concatenate([labels[rows] == 0, labels[rows] == 1])
+        guess = np.concatenate([pred[rows] == 0, pred[rows] == 1])
+        return precision_recall_fscore_support(gold, guess, average="binary")[:3]
+
+    everyone = np.ones(len(dev), bool)
+    male = np.array([ex.pronoun.lower() in ("he", "him", "his") for ex in dev])
+    assert np.allclose([m["precision"], m["recall"], m["f1"]], prf(everyone))
+    assert math.isclose(m["f1_masculine"], prf(male)[2])
+    assert math.isclose(m["f1_feminine"], prf(~male)[2])
+    assert math.isclose(m["bias"], prf(~male)[2] / prf(male)[2])
+    with pytest.raises(SparseBertError, match="shape"):
+        gap_metrics(probs[:, :2], dev)
+
+
+def test_writers_exact_format(tmp_path, val, data_dir):
+    probs = np.array([[0.5, 0.25, 0.25], [0.1, 0.2, 0.7], [0.2, 0.7, 0.1]])
+    write_kaggle_submission(tmp_path / "sub.csv", ["validation-1", "validation-2", "validation-3"], probs)
+    assert (tmp_path / "sub.csv").read_text(encoding="utf-8") == (
+        "ID,A,B,NEITHER\nvalidation-1,0.5,0.25,0.25\nvalidation-2,0.1,0.2,0.7\nvalidation-3,0.2,0.7,0.1\n"
+    )
+    write_gap_system_file(tmp_path / "sys.tsv", ["a", "b", "c"], probs)
+    assert (tmp_path / "sys.tsv").read_text(
+        encoding="utf-8"
+    ) == "a\tTRUE\tFALSE\nb\tFALSE\tFALSE\nc\tFALSE\tTRUE\n"
+    # one-hot gold probabilities reproduce the gold columns of the real file
+    gold = np.eye(3)[[ex.label for ex in val]]
+    write_gap_system_file(tmp_path / "gold.tsv", [ex.id for ex in val], gold)
+    rows = [r.split("\t") for r in (tmp_path / "gold.tsv").read_text(encoding="utf-8").splitlines()]
+    raw = _raw_rows(data_dir / "gap" / "gap-validation.tsv")[1:]
+    assert rows == [[r[0], r[6], r[9]] for r in raw]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gold.tsv", "sub.csv", "sys.tsv"]  # no temp files
+    with pytest.raises(SparseBertError):
+        write_kaggle_submission(tmp_path / "bad.csv", ["only-one"], probs)
