@@ -1,4 +1,7 @@
-"""The fully resolved experiment: all sections, typed and validated together."""
+"""The fully resolved experiment: all sections, typed and validated together.
+
+Hook sections are ``None`` when the hook is off; each hook's config dataclass lives beside its code.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,9 @@ from dataclasses import dataclass, field
 
 from sparsebert.config.schema import ConfigError
 from sparsebert.config.sections import DataConfig, ModelConfig, TrainConfig
+from sparsebert.sparsity.config import GMPConfig, RigLConfig, SparsityConfig
+from sparsebert.trainer.distillation import DistillationConfig
+from sparsebert.trainer.onecycle import OneCycleConfig
 
 TASKS = ("mlm",)
 DEFAULT_SEED = 42
@@ -20,6 +26,11 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    sparsity: SparsityConfig | None = None  # which weights are sparse; static masks unless rigl or gmp is set
+    rigl: RigLConfig | None = None
+    gmp: GMPConfig | None = None
+    kd: DistillationConfig | None = None
+    onecycle: OneCycleConfig | None = None
 
     def validate(self) -> None:
         if self.task not in TASKS:
@@ -28,3 +39,8 @@ class ExperimentConfig:
             raise ConfigError(
                 f"data.max_seq_length={self.data.max_seq_length} is beyond the model's "
                 f"model.max_position_embeddings={self.model.max_position_embeddings}")
+        for hook in ("rigl", "gmp"):
+            if getattr(self, hook) is not None and self.sparsity is None:
+                raise ConfigError(f"{hook} needs a sparsity section (the target sparsity and which layers)")
+        if self.rigl is not None and self.gmp is not None:
+            raise ConfigError("rigl and gmp cannot both be set: choose one way for the masks to evolve")

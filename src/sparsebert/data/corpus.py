@@ -7,6 +7,7 @@ document: lines of one article never land on both sides.
 from __future__ import annotations
 
 import gzip
+import lzma
 import re
 import zlib
 from collections.abc import Iterator
@@ -22,15 +23,17 @@ _DOC_OPEN = re.compile(r'^<doc id="([^"]*)" url="[^"]*" title="([^"]*)">$')
 def _open_text(path: Path):
     if path.suffix == ".gz":
         return gzip.open(path, "rt", encoding="utf-8")
+    if path.suffix == ".xz":  # about 30 % smaller than .gz: what fits a size-limited transfer
+        return lzma.open(path, "rt", encoding="utf-8")
     return open(path, encoding="utf-8")
 
 
 def _lines(path: Path) -> Iterator[str]:
-    """Lines of a plain or gzip file; a corrupt or truncated .gz becomes a one-line error naming the file."""
+    """Lines of a plain, .gz or .xz file; a corrupt or truncated archive is a one-line error naming the file."""
     try:
         with _open_text(path) as f:
             yield from f
-    except (OSError, EOFError, zlib.error) as e:  # BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:  # BadGzipFile is an OSError
         raise SparseBertError(f"cannot read corpus file {path}: {e}") from None
     except UnicodeDecodeError as e:
         raise SparseBertError(f"corpus file {path} is not UTF-8 text: {e}") from None

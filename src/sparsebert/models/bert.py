@@ -1,14 +1,52 @@
-"""BertForMaskedLM from a named size or a checkpoint."""
+"""BertForMaskedLM from a named size or a checkpoint, with the vocabulary projection at masked positions only."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+import torch.nn.functional as F
 from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
+from transformers.modeling_outputs import MaskedLMOutput
 
 from sparsebert.config.sections import MODEL_SIZES, ModelConfig
 from sparsebert.errors import SparseBertError
 from sparsebert.models.pretrained import resolve_pretrained
+
+
+class BertForMaskedLMAtMasked(BertForMaskedLM):
+    """BERT MLM whose decoder runs only where a label is set (about 15 % of the tokens).
+
+    The vocabulary projection (hidden x 30522) is the largest matrix product of a small BERT; computing it at
+    every position wastes about 85 % of it. With labels, ``logits`` holds one row per masked token, in the
+    row-major order of ``labels != -100``, and the loss equals ``BertForMaskedLM``'s. Without labels the model
+    behaves exactly like ``BertForMaskedLM``. Weights and checkpoints are interchangeable with it.
+    """
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs):
+        if labels is None:
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask,
+                                   token_type_ids=token_type_ids, **kwargs)
+        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                           **kwargs).last_hidden_state
+        masked = labels != -100
+        logits = self.cls(hidden[masked])
+        loss = F.cross_entropy(logits.float(), labels[masked])
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+
+def scatter_masked_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Argmax predictions laid out like ``labels`` (-100 where nothing was predicted).
+
+    Eval gathers only these token ids, not vocabulary-sized logits, and keeps the (batch, seq) shape the
+    Trainer expects when it concatenates batches and gathers across processes.
+    """
+    preds = torch.full_like(labels, -100)
+    if logits.dim() == 2:  # BertForMaskedLMAtMasked: one row per masked token
+        preds[labels != -100] = logits.argmax(dim=-1)
+    else:
+        preds = logits.argmax(dim=-1)
+    return preds
 
 
 def bert_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertConfig:
@@ -26,16 +64,19 @@ def bert_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertCon
     )
 
 
+def load_mlm_model(source: str, attn_implementation: str = "sdpa") -> BertForMaskedLMAtMasked:
+    try:
+        return BertForMaskedLMAtMasked.from_pretrained(source, attn_implementation=attn_implementation)
+    except OSError as e:
+        raise SparseBertError(f"cannot load model '{source}': {str(e).splitlines()[0]}") from None
+
+
 def build_mlm_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, max_seq_length: int,
-                    output_root: Path | None = None) -> BertForMaskedLM:
+                    output_root: Path | None = None) -> BertForMaskedLMAtMasked:
     if cfg.init_from:
-        source = resolve_pretrained(cfg.init_from, output_root)
-        try:
-            model = BertForMaskedLM.from_pretrained(source, attn_implementation=cfg.attn_implementation)
-        except OSError as e:
-            raise SparseBertError(f"cannot load model '{cfg.init_from}': {str(e).splitlines()[0]}") from None
+        model = load_mlm_model(resolve_pretrained(cfg.init_from, output_root), cfg.attn_implementation)
     else:
-        model = BertForMaskedLM(bert_config(cfg, len(tokenizer), tokenizer.pad_token_id))
+        model = BertForMaskedLMAtMasked(bert_config(cfg, len(tokenizer), tokenizer.pad_token_id))
         model.config._attn_implementation = cfg.attn_implementation
     if max_seq_length > model.config.max_position_embeddings:
         raise SparseBertError(f"data.max_seq_length={max_seq_length} is beyond the model's "

@@ -58,6 +58,7 @@ class SparsityController:
         self.gmp_end_step = gmp.resolved_end_step(total_steps) if gmp is not None else None
         self.step = 0
         self.optimizer: torch.optim.Optimizer | None = None
+        self._growth_grads: dict[str, torch.Tensor] | None = None
 
         self.params = select_parameters(model, sparsity)
         self.target_densities = layer_densities(sparsity, {n: tuple(p.shape) for n, p in self.params.items()})
@@ -80,6 +81,21 @@ class SparsityController:
     def apply_masks(self) -> None:
         apply_masks_(list(self.params.values()), [self.masks[name] for name in self.params])
 
+    def before_optimizer_step(self) -> None:
+        """Call once per optimizer step after the last backward and before gradient clipping.
+
+        If a RigL update is due at this step, keep a copy of the dense gradient (growth is scored with the
+        gradient of this very step's batch, never an extra one). Then zero the gradient of masked weights, so
+        clipping and the optimizer see only the sparse model's gradient and the optimizer state of masked
+        positions stays empty. Under fp16 the copy is loss-scaled: ranking by magnitude does not change.
+        """
+        grads = [p.grad for p in self.params.values()]
+        if any(g is None for g in grads):
+            return
+        if self.rigl is not None and rigl_update_due(self.step + 1, self.rigl, self.rigl_end_step):
+            self._growth_grads = {n: p.grad.detach().clone() for n, p in self.params.items()}
+        apply_masks_(grads, [self.masks[name] for name in self.params])
+
     def on_optimizer_step(self, skipped: bool = False) -> dict[str, float] | None:
         """Call once after every ``optimizer.step()``; returns log stats when the masks changed, else None.
 
@@ -87,6 +103,7 @@ class SparsityController:
         never updates masks, but masks are still re-applied in case anything touched the weights.
         """
         if skipped:
+            self._growth_grads = None  # inf/nan gradients: the update waits for the next real step
             self.apply_masks()
             return None
         self.step += 1
@@ -96,7 +113,9 @@ class SparsityController:
         elif self.gmp is not None and gmp_update_due(self.step, self.gmp, self.gmp_end_step):
             stats = self._gmp_update()
         else:
+            self._growth_grads = None
             return None
+        self._growth_grads = None
         self.apply_masks()
         return stats
 
@@ -179,8 +198,10 @@ class SparsityController:
             raise RuntimeError(
                 "RigL needs the optimizer to reset regrown weights: call attach_optimizer() first"
             )
-        grads = {}
+        grads = dict(self._growth_grads or {})
         for name, param in self.params.items():
+            if name in grads:
+                continue
             if param.grad is None:
                 raise RuntimeError(
                     f"RigL update at step {self.step} found no gradient for {name}: call on_optimizer_step() "

@@ -1,4 +1,4 @@
-"""The MLM pretraining job: data, model and Trainer for one experiment."""
+"""The MLM pretraining job: data, model, hooks and Trainer for one experiment."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from accelerate import PartialState
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
@@ -16,20 +15,35 @@ from transformers.trainer_utils import get_last_checkpoint
 from sparsebert.config import ExperimentConfig
 from sparsebert.data.pretrain import MLMCollator, PretrainData, build_pretrain_data
 from sparsebert.data.tokenizer import load_tokenizer
-from sparsebert.models.bert import build_mlm_model
+from sparsebert.errors import SparseBertError
+from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions
+from sparsebert.models.pretrained import resolve_pretrained
+from sparsebert.sparsity import SparsityController
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.trainer import SparseBertTrainer
-
-
-def masked_token_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    # keep only the argmax: gathering full vocab logits of every eval batch would not fit in memory
-    return logits.argmax(dim=-1)
 
 
 def mlm_accuracy(eval_pred) -> dict[str, float]:
     preds, labels = eval_pred.predictions, eval_pred.label_ids
     masked = labels != -100
     return {"accuracy": float((preds[masked] == labels[masked]).mean()) if masked.any() else float("nan")}
+
+
+def build_hooks(cfg: ExperimentConfig, model, output_root: Path, load_teacher) -> dict[str, Any]:
+    """The Trainer keyword arguments that switch hooks on, built from the experiment's sections."""
+    hooks: dict[str, Any] = {}
+    if cfg.sparsity is not None:
+        hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,
+                                               total_steps=cfg.train.max_steps, seed=cfg.seed)
+    if cfg.kd is not None:
+        teacher = load_teacher(resolve_pretrained(cfg.kd.teacher, output_root))
+        if teacher.config.vocab_size != model.config.vocab_size:
+            raise SparseBertError(f"kd.teacher {cfg.kd.teacher} has a vocabulary of {teacher.config.vocab_size}, "
+                                  f"the student {model.config.vocab_size}: they must share the tokenizer")
+        hooks["distillation"] = (cfg.kd, teacher)
+    if cfg.onecycle is not None:
+        hooks["onecycle"] = cfg.onecycle
+    return hooks
 
 
 @dataclass
@@ -42,12 +56,14 @@ class PretrainJob:
 
     def prepare(self) -> None:
         """Everything that can fail on bad input, before a run directory exists."""
-        self.tokenizer = load_tokenizer(self.cfg.model.tokenizer, self.output_root)
+        cfg = self.cfg
+        self.tokenizer = load_tokenizer(cfg.model.tokenizer, self.output_root)
         # featurize once per node: the local main process fills the datasets cache, the others load it
         with PartialState().local_main_process_first():
-            self.data = build_pretrain_data(self.cfg.data, self.tokenizer, self.data_dir, self.cfg.seed)
-        self.model = build_mlm_model(self.cfg.model, self.tokenizer, self.cfg.data.max_seq_length,
-                                     self.output_root)
+            self.data = build_pretrain_data(cfg.data, self.tokenizer, self.data_dir, cfg.seed)
+        self.model = build_mlm_model(cfg.model, self.tokenizer, cfg.data.max_seq_length, self.output_root)
+        self.hooks = build_hooks(cfg, self.model, self.output_root,
+                                 lambda source: load_mlm_model(source, cfg.model.attn_implementation))
 
     def train(self, run_dir: Path, resume: bool) -> dict[str, Any]:
         assert self.data is not None, "prepare() first"
@@ -61,15 +77,31 @@ class PretrainJob:
             data_collator=MLMCollator(self.tokenizer, mlm_probability=cfg.data.mlm_probability),
             processing_class=self.tokenizer,
             compute_metrics=mlm_accuracy,
-            preprocess_logits_for_metrics=masked_token_predictions,
+            preprocess_logits_for_metrics=scatter_masked_predictions,
             callbacks=self.callbacks,
             tokens_per_sample=cfg.data.max_seq_length,
+            **self.hooks,
         )
         checkpoint = get_last_checkpoint(str(run_dir)) if resume and run_dir.is_dir() else None
+        if checkpoint is not None and trainer.sparsity is not None:
+            trainer.sparsity.load(checkpoint)  # the masks that go with the checkpoint's weights
         result = trainer.train(resume_from_checkpoint=checkpoint)
-        final = trainer.evaluate()
-        trainer.save_model(str(run_dir / "model"))  # safetensors weights + config + tokenizer
-        return pretrain_metrics(trainer, result.metrics, final, self.data)
+        final = last_eval(trainer) or trainer.evaluate()
+        trainer.save_model(str(run_dir / "model"))  # safetensors; sparse weights are exact zeros
+        metrics = pretrain_metrics(trainer, result.metrics, final, self.data)
+        if trainer.sparsity is not None:
+            report = trainer.sparsity.report()
+            metrics["sparsity"] = report["selected"]["sparsity"]
+            metrics["sparsity_headline"] = report["headline"]
+        return metrics
+
+
+def last_eval(trainer) -> dict[str, float] | None:
+    """The evaluation the Trainer already ran at the final step, if any (no need to run it twice)."""
+    for entry in reversed(trainer.state.log_history):
+        if "eval_loss" in entry:
+            return entry if entry.get("step") == trainer.state.global_step else None
+    return None
 
 
 def pretrain_metrics(trainer, train: dict[str, float], final: dict[str, float], data: PretrainData) -> dict:

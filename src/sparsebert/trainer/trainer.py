@@ -1,8 +1,12 @@
 """SparseBertTrainer: the one Trainer subclass, and the place hooks attach.
 
-Capabilities that change what the Trainer computes (a distillation loss, a one-cycle schedule) are small mixins
-placed before ``Trainer`` in the MRO; capabilities that observe or adjust training between steps (sparse masks,
-RigL, pruning) are callbacks. This class itself only adds throughput logging and a NaN guard.
+Capabilities that change what the Trainer computes are small mixins placed before ``Trainer`` in the MRO, each
+taking one keyword argument (None = off) and passing everything else on:
+
+- ``sparsity=``      SparseTrainingMixin (sparse_training.py): exact masks, RigL / GMP
+- ``distillation=``  DistillationMixin (distillation.py): teacher soft targets
+- ``onecycle=``      OneCycleMixin (onecycle.py): torch OneCycleLR
+- always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
 """
 
 from __future__ import annotations
@@ -13,6 +17,23 @@ import time
 from transformers import Trainer
 
 from sparsebert.errors import SparseBertError
+from sparsebert.trainer.distillation import DistillationMixin
+from sparsebert.trainer.onecycle import OneCycleMixin
+from sparsebert.trainer.sparse_training import SparseTrainingMixin
+
+
+class PendingLogs:
+    """Metrics that hooks produce between logging steps; the next training log carries them."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, float] = {}
+
+    def add(self, metrics: dict[str, float]) -> None:
+        self._items.update(metrics)
+
+    def drain(self) -> dict[str, float]:
+        items, self._items = self._items, {}
+        return items
 
 
 class ThroughputLoggingMixin:
@@ -21,16 +42,18 @@ class ThroughputLoggingMixin:
     Both are computed only at logging steps, so there is no extra host-device sync per step.
     """
 
-    tokens_per_sample: int = 0
-    _last_log: tuple[float, int] | None = None
+    def __init__(self, *args, tokens_per_sample: int = 0, **kwargs):
+        self.tokens_per_sample = tokens_per_sample
+        self.pending_logs = PendingLogs()
+        self._last_log: tuple[float, int] | None = None
+        super().__init__(*args, **kwargs)
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if "loss" in logs:
             loss = logs["loss"]
             if not math.isfinite(loss):
                 raise SparseBertError(f"training loss is {loss} at step {self.state.global_step}; "
-                                      "lower train.learning_rate or check the data (no checkpoint is trusted "
-                                      "past the last finite one)")
+                                      "lower train.learning_rate or check the data")
             now, step = time.perf_counter(), self.state.global_step
             if self._last_log is not None and step > self._last_log[1]:
                 samples = (step - self._last_log[1]) * self.args.train_batch_size \
@@ -40,6 +63,7 @@ class ThroughputLoggingMixin:
                 if self.tokens_per_sample:
                     logs["tokens_per_second"] = round(samples * self.tokens_per_sample / seconds, 1)
             self._last_log = (now, step)
+            logs.update(self.pending_logs.drain())
         super().log(logs, *args, **kwargs)
 
     def evaluate(self, *args, **kwargs):
@@ -48,9 +72,5 @@ class ThroughputLoggingMixin:
         return metrics
 
 
-class SparseBertTrainer(ThroughputLoggingMixin, Trainer):
-    """The Trainer every sparsebert job runs; see ``sparsebert.trainer.hooks`` for what attaches to it."""
-
-    def __init__(self, *args, tokens_per_sample: int = 0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.tokens_per_sample = tokens_per_sample
+class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, ThroughputLoggingMixin, Trainer):
+    """The Trainer every sparsebert job runs."""

@@ -1,0 +1,148 @@
+"""Sparse training overhead: the real Trainer step, dense (bert_100k) vs sparse_80_rigl, same call, same card.
+
+Both variants are the registry's experiments with only the step count, logging and data changed: BERT-base,
+seq 128, global batch 256, bf16 on GPU, the MLM collator on random full-length sequences. The timed window
+(steps warmup..steps) contains RigL updates in proportion (update_freq 100 -> one per 100 timed steps), so the
+ratio is averaged over update and non-update steps. Variants alternate over repeats to spread clock drift.
+
+    python bench/sparse_overhead.py --tokenizer minilm --out docs/sparse_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from sparsebert.config import Registry  # noqa: E402
+from sparsebert.data.pretrain import MLMCollator  # noqa: E402
+from sparsebert.data.tokenizer import load_tokenizer  # noqa: E402
+from sparsebert.env_info import git_commit  # noqa: E402
+from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions  # noqa: E402
+from sparsebert.trainer.arguments import training_arguments  # noqa: E402
+from sparsebert.trainer.pretrain import build_hooks  # noqa: E402
+from sparsebert.trainer.trainer import SparseBertTrainer  # noqa: E402
+
+
+class StepTimer(TrainerCallback):
+    """Wall time of optimizer steps warmup+1..end, synchronized only at the two ends of the window."""
+
+    def __init__(self, warmup: int):
+        self.warmup = warmup
+        self.start: float | None = None
+        self.end: float | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step in (self.warmup, state.max_steps):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if state.global_step == self.warmup:
+                self.start = time.perf_counter()
+            else:
+                self.end = time.perf_counter()
+
+
+def random_blocks(n: int, seq: int, vocab: int, tokenizer, seed: int):
+    import datasets
+
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, vocab, (n, seq), generator=g)
+    ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
+    return datasets.Dataset.from_dict({"input_ids": ids.tolist()})
+
+
+def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer, data, warmup: int) -> dict:
+    cfg = registry.build(name, overrides)
+    torch.manual_seed(cfg.seed)
+    model = build_mlm_model(cfg.model, tokenizer, cfg.data.max_seq_length)
+    hooks = build_hooks(cfg, model, ROOT, lambda s: load_mlm_model(s))
+    timer = StepTimer(warmup)
+    with tempfile.TemporaryDirectory() as tmp:
+        trainer = SparseBertTrainer(
+            model=model,
+            args=training_arguments(cfg.train, Path(tmp), cfg.seed, name),
+            train_dataset=data,
+            eval_dataset=data.select(range(8)),  # never reached: eval_steps is past the last step
+            data_collator=MLMCollator(tokenizer, mlm_probability=cfg.data.mlm_probability),
+            processing_class=tokenizer,
+            preprocess_logits_for_metrics=scatter_masked_predictions,
+            callbacks=[timer],
+            tokens_per_sample=cfg.data.max_seq_length,
+            **hooks,
+        )
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        trainer.train()
+    steps = cfg.train.max_steps - warmup
+    seconds = (timer.end - timer.start) / steps
+    out = {
+        "variant": name,
+        "step_ms": 1000 * seconds,
+        "samples_per_second": cfg.train.global_batch_size / seconds,
+        "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+    }
+    if "sparsity" in hooks:
+        out["sparsity"] = hooks["sparsity"].report()["selected"]["sparsity"]
+        out["rigl_updates_in_window"] = len(range(((warmup // 100) + 1) * 100, cfg.train.max_steps + 1, 100))
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokenizer", default="minilm")
+    p.add_argument("--steps", type=int, default=230)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--size", default="base", help="model size (tiny for a CPU smoke run)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+
+    registry = Registry.from_directory(ROOT / "experiments")
+    tokenizer = load_tokenizer(args.tokenizer)
+    overrides = [f"train.max_steps={args.steps}", "train.warmup_steps=10", f"train.global_batch_size={args.batch}",
+                 "train.eval_at_start=false", "train.eval_steps=100000", "train.save_steps=100000",
+                 "train.logging_steps=50", "train.report_to=[]", "train.dataloader_workers=4",
+                 f"model.tokenizer={args.tokenizer}", f"model.size={args.size}"]
+    data = random_blocks(args.steps * args.batch, 128, len(tokenizer), tokenizer, seed=0)
+    results = []
+    for rep in range(args.repeats):
+        for name in ("bert_100k", "sparse_80_rigl"):
+            r = time_variant(registry, name, overrides, tokenizer, data, args.warmup)
+            r["repeat"] = rep
+            results.append(r)
+            print(json.dumps(r), flush=True)
+
+    dense = statistics.median(r["step_ms"] for r in results if r["variant"] == "bert_100k")
+    sparse = statistics.median(r["step_ms"] for r in results if r["variant"] == "sparse_80_rigl")
+    summary = {
+        "card": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "date": date.today().isoformat(),
+        "commit": git_commit(ROOT),
+        "torch": torch.__version__,
+        "dense_step_ms": dense,
+        "sparse_step_ms": sparse,
+        "ratio_sparse_over_dense": sparse / dense,
+        "target": "<= 1.03",
+        "runs": results,
+    }
+    print(f"\n| card | dense ms/step | sparse_80_rigl ms/step | ratio |\n|---|---|---|---|\n"
+          f"| {summary['card']} | {dense:.1f} | {sparse:.1f} | {sparse / dense:.3f} |")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Sparse pretraining experiments: 80-90 % sparse encoder Linear layers (embeddings and MLM head dense)."""
+
+SPARSE_80 = {"sparsity": 0.8, "distribution": "uniform"}
+
+EXPERIMENTS = {
+    "sparse_80_static": {
+        "parent": "bert_100k",
+        "description": "BERT-base, 80% sparse encoder layers, random masks fixed at the start",
+        "sparsity": SPARSE_80,
+    },
+    "sparse_80_rigl": {
+        "parent": "bert_100k",
+        "description": "BERT-base, 80% sparse encoder layers, RigL every 100 steps until 75% of training",
+        "sparsity": SPARSE_80,
+        "rigl": {"update_freq": 100, "drop_fraction": 0.3, "drop_schedule": "cosine", "end_fraction": 0.75},
+    },
+    "sparse_90_rigl": {
+        "parent": "sparse_80_rigl",
+        "description": "BERT-base, 90% sparse encoder layers, RigL",
+        "sparsity": {"sparsity": 0.9},
+    },
+    "sparse_80_gmp": {
+        "parent": "bert_100k",
+        "description": "BERT-base, gradual magnitude pruning 0 -> 80% (cubic) between 10% and 75% of training",
+        "sparsity": SPARSE_80,
+        "gmp": {"initial_sparsity": 0.0, "begin_step": 10_000, "end_fraction": 0.75, "frequency": 1_000},
+    },
+    "sparse_80_kd_onecycle_lr_rigl": {
+        "parent": "sparse_80_rigl",
+        "description": "80% sparse RigL + distillation from the dense bert_100k run + one-cycle LR",
+        "kd": {"teacher": "bert_100k", "alpha": 0.5, "temperature": 2.0},
+        "onecycle": {"max_lr": 5e-4, "pct_start": 0.1},
+    },
+    # tiny CPU variants (CI): same hooks, tiny model, seconds per step
+    "sparse_tiny_rigl": {
+        "parent": "bert_tiny_quick",
+        "description": "tiny BERT, 80% sparse, RigL every 10 steps: CPU smoke run",
+        "sparsity": SPARSE_80,
+        "rigl": {"update_freq": 10},
+    },
+    "sparse_tiny_kd_onecycle_lr_rigl": {
+        "parent": "sparse_tiny_rigl",
+        "description": "tiny 80% sparse RigL + KD from the bert_tiny_quick run + one-cycle LR: CPU smoke run",
+        "kd": {"teacher": "bert_tiny_quick", "alpha": 0.5, "temperature": 2.0},
+        "onecycle": {"max_lr": 2e-3, "pct_start": 0.2},
+    },
+}

@@ -1,0 +1,74 @@
+"""Knowledge distillation: a frozen dense teacher's soft targets added to the task loss.
+
+loss = alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * task loss
+
+For MLM both models score only the masked positions (``BertForMaskedLMAtMasked`` returns one logits row per
+masked token, in the same order for teacher and student); for classification, every example. Distillation is
+off during evaluation: eval loss is the task loss alone, comparable with a run without a teacher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass
+class DistillationConfig:
+    teacher: str = ""  # a finished run (name or dir), a model dir, "minilm", or a hub name
+    alpha: float = 0.5  # weight of the distillation term at the start
+    alpha_end: float | None = None  # if set, alpha moves linearly to this value by the last step
+    temperature: float = 2.0
+
+    def validate(self) -> None:
+        if not self.teacher:
+            raise ValueError("kd.teacher must name the teacher model (a run, a model directory or a hub name)")
+        for name in ("alpha", "alpha_end"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                raise ValueError(f"kd.{name} must be in [0, 1], got {value}")
+        if self.temperature <= 0:
+            raise ValueError(f"kd.temperature must be > 0, got {self.temperature}")
+
+    def alpha_at(self, step: int, max_steps: int) -> float:
+        if self.alpha_end is None or max_steps <= 0:
+            return self.alpha
+        return self.alpha + (self.alpha_end - self.alpha) * min(step / max_steps, 1.0)
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T^2 * KL(teacher || student) per example (row), averaged; in float32 for a stable softmax."""
+    t = temperature
+    student = F.log_softmax(student_logits.float() / t, dim=-1)
+    teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)
+    kl = F.kl_div(student, teacher, log_target=True, reduction="sum") / max(student.shape[0], 1)
+    return kl * t * t
+
+
+class DistillationMixin:
+    """Trainer mixin: ``distillation=(config, teacher_model)`` or None."""
+
+    def __init__(self, *args, distillation: tuple[DistillationConfig, nn.Module] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kd_config, self.teacher = distillation if distillation is not None else (None, None)
+        if self.teacher is not None:
+            self.teacher.eval().requires_grad_(False)
+            # the teacher runs in the training precision, on the student's device
+            dtype = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else torch.float32
+            self.teacher.to(device=self.args.device, dtype=dtype)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.teacher is None or not model.training:
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        task_loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                  num_items_in_batch=num_items_in_batch)
+        with torch.no_grad():
+            teacher_logits = self.teacher(**inputs).logits
+        alpha = self.kd_config.alpha_at(self.state.global_step, self.state.max_steps)
+        kd = distillation_loss(outputs.logits, teacher_logits, self.kd_config.temperature)
+        loss = alpha * kd + (1.0 - alpha) * task_loss
+        return (loss, outputs) if return_outputs else loss

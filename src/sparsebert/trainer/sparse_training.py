@@ -1,0 +1,81 @@
+"""Sparse training in the Trainer: masks kept exact, RigL / GMP updates once per optimizer step.
+
+The order inside one optimizer step, and why:
+1. backward of every micro-batch (DDP all-reduces the dense gradient on the last one);
+2. ``before_optimizer_step`` (from ``training_step`` of the last micro-batch): keep the dense gradient when a RigL
+   update is due, then zero masked gradients, so clipping and AdamW see the sparse model only;
+3. clip, ``optimizer.step()``;
+4. ``on_optimizer_step`` (callback): re-apply masks, and on schedule update them (RigL from the gradient kept
+   in 2, of this step's own batch). Steps the fp16 scaler skipped do not count.
+Gradient accumulation therefore gives exactly one update per optimizer step, never one per micro-batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from sparsebert.io import atomic_write_json
+from sparsebert.sparsity import SparsityController
+
+log = logging.getLogger(__name__)
+
+
+class SparseTrainingMixin:
+    """Trainer mixin: ``sparsity=`` a SparsityController (or None for dense training)."""
+
+    def __init__(self, *args, sparsity: SparsityController | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sparsity = sparsity
+        if sparsity is not None:
+            self.add_callback(SparsityCallback(sparsity, self))
+
+    def training_step(self, model, inputs, *args, **kwargs):
+        loss = super().training_step(model, inputs, *args, **kwargs)
+        if self.sparsity is not None and self.accelerator.sync_gradients:
+            self.sparsity.before_optimizer_step()
+        return loss
+
+
+class SparsityCallback(TrainerCallback):
+    """Mask upkeep after each optimizer step, masks saved with every checkpoint, ``sparsity.json`` at the end."""
+
+    def __init__(self, controller: SparsityController, trainer):
+        self.controller = controller
+        self.trainer = trainer
+        self.skipped_steps = 0
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        # the optimizer exists only now; RigL resets the AdamW state of regrown weights through it
+        self.controller.attach_optimizer(getattr(optimizer, "optimizer", optimizer))
+        report = self.controller.report()
+        log.info("sparsity: %s", report["headline"])
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        skipped = bool(getattr(optimizer, "step_was_skipped", False))
+        if skipped:
+            self.skipped_steps += 1
+            self.trainer.pending_logs.add({"fp16_skipped_steps": self.skipped_steps})
+        stats = self.controller.on_optimizer_step(skipped=skipped)
+        if stats:
+            self.trainer.pending_logs.add(stats)
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if checkpoint.is_dir():
+                self.controller.save(checkpoint)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            write_sparsity_report(self.controller, Path(args.output_dir))
+
+
+def write_sparsity_report(controller: SparsityController, run_dir: Path) -> dict:
+    report = controller.report()
+    report["optimizer_steps"] = controller.step
+    atomic_write_json(run_dir / "sparsity.json", report)
+    log.info("sparsity: %s", report["headline"])
+    return report

@@ -1,0 +1,243 @@
+"""``python run.py`` as a user runs it: bad input fails in one line with exit 2 and leaves no run behind.
+
+The end-to-end cases run ``run.py`` as a subprocess from a temp directory (so nothing depends on the cwd), all
+started at once by a module fixture to keep the suite fast on two cores. Pure configuration errors are also
+checked in-process through ``cli.main``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from sparsebert.cli import main
+from sparsebert.config import Registry
+
+REPO = Path(__file__).resolve().parents[1]
+RUN = REPO / "run.py"
+EXPERIMENTS = REPO / "experiments"
+CORPUS = "wikipedia-enwiki-2015-wikiextractor"
+EXPERIMENT = "bert_tiny_quick"
+
+
+@dataclass
+class Case:
+    root: Path  # this case's temp dir: cwd/, out/, data/, hf/
+    args: list[str]
+    env: dict[str, str] | None = None
+    proc: subprocess.Popen | None = None
+    stdout: str = ""
+    stderr: str = ""
+    returncode: int | None = None
+
+    @property
+    def cwd(self) -> Path:
+        return self.root / "cwd"
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    def start(self) -> None:
+        self.cwd.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("SPARSEBERT_DATA", "SPARSEBERT_OUTPUT")}
+        env.update(HF_DATASETS_CACHE=str(self.root / "hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                   HF_DATASETS_OFFLINE="1", PYTHONWARNINGS="ignore")
+        env.update(self.env or {})
+        self.proc = subprocess.Popen([sys.executable, str(RUN), *self.args], cwd=self.cwd, env=env, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def wait(self) -> Case:
+        if self.returncode is None:
+            assert self.proc is not None
+            self.stdout, self.stderr = self.proc.communicate(timeout=180)
+            self.returncode = self.proc.returncode
+        return self
+
+
+def _corrupt_gz(root: Path, payload: bytes) -> Path:
+    bad = root / "data" / CORPUS / "text" / "AA" / "wiki_00.gz"
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(payload)
+    return bad
+
+
+GARBAGE = bytes((i * 7919 + 13) % 256 for i in range(4096))
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory, data_dir):
+    def root(name: str) -> Path:
+        return tmp_path_factory.mktemp(name)
+
+    made: dict[str, Case] = {}
+    r = root("list")
+    made["list"] = Case(r, ["--list"])
+    r = root("unknown")
+    made["unknown"] = Case(r, ["bert_tiny_quik", "--output-dir", str(r / "out")])
+    r = root("nodata")
+    made["nodata"] = Case(r, [EXPERIMENT, "--data-dir", "/nonexistent", "--output-dir", str(r / "out")])
+    r = root("empty")
+    (r / "data" / CORPUS).mkdir(parents=True)
+    made["empty"] = Case(r, [EXPERIMENT, "--data-dir", str(r / "data"), "--output-dir", str(r / "out")])
+    r = root("garbage")
+    _corrupt_gz(r, GARBAGE)
+    made["garbage"] = Case(r, [EXPERIMENT, "--data-dir", str(r / "data"), "--output-dir", str(r / "out")])
+    r = root("truncated")
+    real = (data_dir / CORPUS / "text" / "AA" / "wiki_00.gz").read_bytes()
+    _corrupt_gz(r, real[: len(real) // 2])
+    made["truncated"] = Case(r, [EXPERIMENT, "--data-dir", str(r / "data"), "--output-dir", str(r / "out")])
+    for case in made.values():
+        case.start()
+    yield made
+    for case in made.values():
+        if case.proc is not None and case.proc.poll() is None:
+            case.proc.kill()
+            case.proc.communicate()
+
+
+def one_line_error(stderr: str) -> str:
+    """The whole stderr must be one line (no traceback, no log lines before it)."""
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(("error:", "run.py:")), stderr
+    return lines[0]
+
+
+def final_error(stderr: str) -> str:
+    """After a run started (log lines, progress bars on stderr): exactly one error line, last, no traceback."""
+    assert "Traceback" not in stderr, stderr
+    errors = [line for line in stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, stderr
+    assert stderr.strip().splitlines()[-1] == errors[0]
+    return errors[0]
+
+
+def assert_no_run(case: Case) -> None:
+    assert not (case.cwd / "runs").exists()  # the default output root, relative to the cwd
+    assert not (case.out / EXPERIMENT).exists()
+    assert not list(case.root.rglob("DONE"))
+
+
+# --- subprocess: run.py from another directory -----------------------------------------------------------------
+
+
+def test_list_from_another_directory(cases):
+    case = cases["list"].wait()
+    assert case.returncode == 0, case.stderr
+    registry = Registry.from_directory(EXPERIMENTS)
+    listed = {}
+    for line in case.stdout.strip().splitlines():
+        name, _, description = line.partition("  ")
+        listed[name] = description.strip()
+    assert listed == {name: registry.description(name) for name in registry.names()}
+    assert {"bert_base", "bert_100k", EXPERIMENT} <= set(listed)
+    assert all(listed.values())
+    assert_no_run(case)
+
+
+def test_unknown_experiment_names_closest_matches(cases):
+    case = cases["unknown"].wait()
+    assert case.returncode == 2
+    line = one_line_error(case.stderr)
+    assert "bert_tiny_quik" in line and "bert_tiny_quick" in line
+    assert case.stdout == ""
+    assert not case.out.exists()
+    assert_no_run(case)
+
+
+def test_missing_data_dir_exits_2_in_one_line(cases):
+    case = cases["nodata"].wait()
+    assert case.returncode == 2
+    line = one_line_error(case.stderr)
+    assert "/nonexistent" in line and "--data-dir" in line
+    assert not case.out.exists()
+    assert_no_run(case)
+
+
+def test_empty_corpus_dir_exits_2_and_creates_no_run(cases):
+    case = cases["empty"].wait()
+    assert case.returncode == 2, case.stderr[-3000:]
+    line = final_error(case.stderr)
+    empty_dir = str((case.data / CORPUS).resolve())
+    assert empty_dir in line or "--data-dir" in line, line
+    assert_no_run(case)
+
+
+def test_garbage_gz_corpus_file_exits_2_naming_the_file(cases):
+    with pytest.raises(gzip.BadGzipFile):  # the payload really is not a gzip file
+        gzip.decompress(GARBAGE)
+    case = cases["garbage"].wait()
+    assert case.returncode == 2, case.stderr[-3000:]
+    line = final_error(case.stderr)
+    assert str((case.data / CORPUS / "text" / "AA" / "wiki_00.gz").resolve()) in line, line
+    assert_no_run(case)
+
+
+def test_truncated_gz_corpus_file_exits_2_naming_the_file(cases):
+    case = cases["truncated"].wait()
+    assert case.returncode == 2, case.stderr[-3000:]
+    line = final_error(case.stderr)
+    assert str((case.data / CORPUS / "text" / "AA" / "wiki_00.gz").resolve()) in line, line
+    assert_no_run(case)
+
+
+# --- in-process: configuration errors fail before any data or directory is touched ---------------------------
+
+
+def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
+    code = main(argv, experiments_dir=EXPERIMENTS)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("overrides,keys", [
+    (["train.max_step=3"], ["train.max_step", "did you mean 'train.max_steps'"]),
+    (["train.max_steps=abc"], ["train.max_steps"]),
+    (["data.max_seq_length=1024"], ["data.max_seq_length", "model.max_position_embeddings"]),
+    (["model.size=huge"], ["model.size"]),
+])
+def test_bad_set_exits_2_naming_the_key(tmp_path, capsys, overrides, keys):
+    argv = [EXPERIMENT, "--output-dir", str(tmp_path / "out"), "--data-dir", "/nonexistent"]
+    for item in overrides:
+        argv += ["--set", item]
+    code, out, err = run_main(argv, capsys)
+    assert code == 2
+    line = one_line_error(err)
+    for key in keys:
+        assert key in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_experiment_given_exits_nonzero(tmp_path, capsys):
+    code, out, err = run_main(["--output-dir", str(tmp_path / "out")], capsys)
+    assert code != 0
+    assert "--list" in one_line_error(err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_unknown_second_experiment_fails_before_the_first_runs(tmp_path, capsys):
+    code, out, err = run_main([EXPERIMENT, "bert_tiny_quik", "--output-dir", str(tmp_path / "out"),
+                               "--data-dir", str(tmp_path)], capsys)
+    assert code == 2
+    assert "bert_tiny_quik" in one_line_error(err)
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_data_dir_from_env_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("SPARSEBERT_DATA", str(tmp_path / "no_such_data"))
+    code, out, err = run_main([EXPERIMENT, "--output-dir", str(tmp_path / "out")], capsys)
+    assert code == 2
+    line = one_line_error(err)
+    assert str(tmp_path / "no_such_data") in line and "SPARSEBERT_DATA" in line
+    assert not (tmp_path / "out").exists()

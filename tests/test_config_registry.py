@@ -1,0 +1,361 @@
+"""The experiment registry and typed config: derivation, deep update, --set parsing, validation, round trips."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparsebert.config import (
+    DEFAULT_SEED,
+    ConfigError,
+    DataConfig,
+    ExperimentConfig,
+    Registry,
+    deep_update,
+    from_dict,
+    to_dict,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS_DIR = REPO / "experiments"
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return Registry.from_directory(EXPERIMENTS_DIR)
+
+
+# --- the shipped experiments --------------------------------------------------------------------------------
+
+
+def test_registry_finds_the_pretraining_experiments(registry):
+    names = registry.names()
+    assert names == sorted(names)
+    assert {"bert_base", "bert_100k", "bert_small_wiki", "bert_tiny_quick"} <= set(names)
+
+
+def test_every_experiment_builds_and_validates(registry):
+    for name in registry.names():
+        cfg = registry.build(name)
+        assert isinstance(cfg, ExperimentConfig)
+        assert cfg.name == name
+        assert cfg.description, f"{name} has no description"
+        assert registry.description(name) == cfg.description
+        assert cfg.data.max_seq_length <= cfg.model.max_position_embeddings
+        assert "parent" not in registry.resolve(name)
+
+
+def test_bert_100k_is_bert_base_with_only_max_steps_changed(registry):
+    base, derived = registry.resolve("bert_base"), registry.resolve("bert_100k")
+    assert derived["train"]["max_steps"] == 100_000
+    assert base["train"]["max_steps"] == 1_000_000
+    expected = deep_update(base, {"description": derived["description"], "train": {"max_steps": 100_000}})
+    assert derived == expected
+
+    built_base, built_derived = to_dict(registry.build("bert_base")), to_dict(registry.build("bert_100k"))
+    differing = {k for k in built_base if built_base[k] != built_derived[k]}
+    assert differing == {"name", "description", "train"}
+    train_diff = {k for k in built_base["train"] if built_base["train"][k] != built_derived["train"][k]}
+    assert train_diff == {"max_steps"}
+
+
+def test_derived_experiment_keeps_parent_values_it_does_not_restate(registry):
+    tiny = registry.build("bert_tiny_quick")
+    base = registry.build("bert_base")
+    assert tiny.model.size == "tiny"
+    assert tiny.data.max_files == 2
+    # not restated by bert_tiny_quick: inherited from bert_base, not the dataclass defaults
+    assert tiny.data.eval_documents == 8
+    assert tiny.data.corpus == base.data.corpus
+    assert tiny.train.weight_decay == base.train.weight_decay
+    assert tiny.train.lr_scheduler == base.train.lr_scheduler
+
+
+def test_resolve_does_not_mutate_the_registered_dicts(registry):
+    first = registry.resolve("bert_100k")
+    first["train"]["max_steps"] = 1
+    first["model"]["size"] = "tiny"
+    again = registry.resolve("bert_100k")
+    assert again["train"]["max_steps"] == 100_000
+    assert again["model"]["size"] == "base"
+    assert registry.resolve("bert_base")["model"]["size"] == "base"
+
+
+# --- deep_update ---------------------------------------------------------------------------------------------
+
+
+def test_deep_update_merges_nested_dicts_and_replaces_everything_else():
+    base = {"a": {"x": 1, "y": {"p": 1, "q": 2}}, "lst": [1, 2, 3], "s": "keep", "d": {"k": 1}}
+    update = {"a": {"y": {"q": 20, "r": 30}, "z": 3}, "lst": [9], "d": 5, "new": {"n": 1}}
+    out = deep_update(base, update)
+    assert out == {
+        "a": {"x": 1, "y": {"p": 1, "q": 20, "r": 30}, "z": 3},
+        "lst": [9],  # lists replace, never concatenate
+        "s": "keep",
+        "d": 5,  # a non-dict replaces a dict
+        "new": {"n": 1},
+    }
+
+
+def test_deep_update_replaces_a_scalar_with_a_dict():
+    assert deep_update({"a": 1}, {"a": {"b": 2}}) == {"a": {"b": 2}}
+
+
+def test_deep_update_mutates_neither_input_and_shares_no_objects():
+    base = {"a": {"x": [1, 2]}, "b": [1]}
+    update = {"a": {"y": [3]}, "c": {"d": [4]}}
+    base_before, update_before = json.loads(json.dumps(base)), json.loads(json.dumps(update))
+    out = deep_update(base, update)
+    assert base == base_before and update == update_before
+    out["a"]["x"].append(99)
+    out["a"]["y"].append(99)
+    out["b"].append(99)
+    out["c"]["d"].append(99)
+    assert base == base_before and update == update_before
+
+
+# --- registry errors -----------------------------------------------------------------------------------------
+
+
+def test_parent_cycle_is_an_error():
+    reg = Registry({"a": {"parent": "b"}, "b": {"parent": "c"}, "c": {"parent": "a"}})
+    with pytest.raises(ConfigError, match="cycle") as e:
+        reg.resolve("a")
+    assert "a -> b -> c -> a" in str(e.value)
+    with pytest.raises(ConfigError, match="cycle"):
+        reg.build("b")
+
+
+def test_self_parent_is_a_cycle():
+    with pytest.raises(ConfigError, match="cycle"):
+        Registry({"a": {"parent": "a"}}).resolve("a")
+
+
+def test_unknown_parent_is_an_error_naming_both():
+    reg = Registry({"child": {"parent": "no_such_base", "train": {"max_steps": 1}}})
+    with pytest.raises(ConfigError) as e:
+        reg.build("child")
+    assert "child" in str(e.value) and "no_such_base" in str(e.value)
+
+
+def test_unknown_experiment_names_closest(registry):
+    with pytest.raises(ConfigError) as e:
+        registry.build("bert_tiny_quik")
+    msg = str(e.value)
+    assert "bert_tiny_quik" in msg and "bert_tiny_quick" in msg
+    assert "\n" not in msg
+    with pytest.raises(ConfigError, match="--list"):
+        registry.build("zzzzzzzz")
+
+
+def test_duplicate_names_across_files_is_an_error(tmp_path):
+    (tmp_path / "one.py").write_text('EXPERIMENTS = {"dup": {"description": "first"}}\n')
+    (tmp_path / "two.py").write_text('EXPERIMENTS = {"dup": {"description": "second"}, "other": {}}\n')
+    with pytest.raises(ConfigError) as e:
+        Registry.from_directory(tmp_path)
+    msg = str(e.value)
+    assert "'dup'" in msg
+    assert str(tmp_path / "one.py") in msg and str(tmp_path / "two.py") in msg
+
+
+def test_from_directory_skips_private_modules_and_files_without_experiments(tmp_path):
+    (tmp_path / "_helpers.py").write_text('EXPERIMENTS = {"x": {"description": "private copy"}}\n')
+    (tmp_path / "plain.py").write_text("VALUE = 1\n")
+    (tmp_path / "real.py").write_text('EXPERIMENTS = {"x": {"description": "the real one"}}\n')
+    reg = Registry.from_directory(tmp_path)
+    assert reg.names() == ["x"]
+    assert reg.description("x") == "the real one"
+
+
+def test_missing_experiments_directory_is_an_error(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        Registry.from_directory(tmp_path / "nope")
+
+
+def test_experiment_that_is_not_a_dict_is_an_error():
+    with pytest.raises(ConfigError, match="'bad'.*must be a dict"):
+        Registry({"bad": ["not", "a", "dict"]})
+
+
+# --- --set overrides ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("item,getter,expected", [
+    ("train.max_steps=3", lambda c: c.train.max_steps, 3),
+    ("train.max_steps=1_000", lambda c: c.train.max_steps, 1000),
+    ("train.learning_rate=3e-4", lambda c: c.train.learning_rate, 3e-4),
+    ("train.learning_rate=1", lambda c: c.train.learning_rate, 1.0),
+    ("train.torch_compile=true", lambda c: c.train.torch_compile, True),
+    ("train.torch_compile=Yes", lambda c: c.train.torch_compile, True),
+    ("train.eval_at_start=false", lambda c: c.train.eval_at_start, False),
+    ("train.eval_at_start=0", lambda c: c.train.eval_at_start, False),
+    ("model.size=small", lambda c: c.model.size, "small"),
+    ("description=a b = c", lambda c: c.description, "a b = c"),
+    ("model.init_from=None", lambda c: c.model.init_from, None),
+    ("data.max_files=none", lambda c: c.data.max_files, None),
+    ("data.max_files=7", lambda c: c.data.max_files, 7),
+    ("data.hub_config=null", lambda c: c.data.hub_config, None),
+    ("train.per_device_batch_size=16", lambda c: c.train.per_device_batch_size, 16),
+    ("train.report_to=tensorboard,wandb", lambda c: c.train.report_to, ["tensorboard", "wandb"]),
+    ("train.report_to=wandb", lambda c: c.train.report_to, ["wandb"]),
+    ('train.report_to=["wandb"]', lambda c: c.train.report_to, ["wandb"]),
+    ("train.report_to=", lambda c: c.train.report_to, []),
+    ("seed=7", lambda c: c.seed, 7),
+])
+def test_set_good_values(registry, item, getter, expected):
+    cfg = registry.build("bert_tiny_quick", [item])
+    value = getter(cfg)
+    assert value == expected
+    assert type(value) is type(expected)
+
+
+def test_set_later_override_wins_and_others_untouched(registry):
+    cfg = registry.build("bert_tiny_quick", ["train.max_steps=5", "train.max_steps=9", "model.size=mini"])
+    plain = registry.build("bert_tiny_quick")
+    assert cfg.train.max_steps == 9 and cfg.model.size == "mini"
+    assert cfg.train.global_batch_size == plain.train.global_batch_size == 32
+    assert cfg.data == plain.data
+
+
+def test_set_does_not_leak_into_the_registry(registry):
+    registry.build("bert_tiny_quick", ["train.max_steps=5"])
+    assert registry.build("bert_tiny_quick").train.max_steps == 150
+    assert registry.resolve("bert_base")["train"]["max_steps"] == 1_000_000
+
+
+def test_set_unknown_key_names_full_key_and_suggests(registry):
+    with pytest.raises(ConfigError) as e:
+        registry.build("bert_tiny_quick", ["train.max_step=3"])
+    msg = str(e.value)
+    assert "'train.max_step'" in msg
+    assert "did you mean 'train.max_steps'" in msg
+
+
+def test_set_unknown_section_names_full_key(registry):
+    with pytest.raises(ConfigError) as e:
+        registry.build("bert_tiny_quick", ["trian.max_steps=3"])
+    assert "'trian.max_steps'" in str(e.value)
+    assert "'train'" in str(e.value)
+
+
+@pytest.mark.parametrize("item,key", [
+    ("train.max_steps=abc", "train.max_steps"),
+    ("train.max_steps=3.5", "train.max_steps"),
+    ("train.learning_rate=fast", "train.learning_rate"),
+    ("train.torch_compile=maybe", "train.torch_compile"),
+    ("data.max_files=two", "data.max_files"),
+    ("train.max_steps=None", "train.max_steps"),  # not an optional field
+])
+def test_set_wrong_type_names_the_key(registry, item, key):
+    with pytest.raises(ConfigError) as e:
+        registry.build("bert_tiny_quick", [item])
+    assert key in str(e.value)
+
+
+def test_set_list_with_wrong_item_type_names_the_item(registry):
+    with pytest.raises(ConfigError) as e:
+        registry.build("bert_tiny_quick", ["train.report_to=[1]"])
+    assert "train.report_to[0]" in str(e.value)
+
+
+def test_set_sub_key_of_a_leaf_is_an_error(registry):
+    with pytest.raises(ConfigError) as e:
+        registry.build("bert_tiny_quick", ["train.max_steps.foo=1"])
+    msg = str(e.value)
+    assert "train.max_steps.foo" in msg and "no sub-keys" in msg
+
+
+def test_set_name_is_refused(registry):
+    with pytest.raises(ConfigError, match="name"):
+        registry.build("bert_tiny_quick", ["name=other"])
+
+
+def test_set_without_equals_is_an_error(registry):
+    with pytest.raises(ConfigError, match="key.sub=value"):
+        registry.build("bert_tiny_quick", ["train.max_steps"])
+
+
+# --- validation ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("items,keys", [
+    (["model.size=huge"], ["model.size"]),
+    (["data.max_seq_length=1024"], ["data.max_seq_length", "model.max_position_embeddings"]),
+    (["data.max_seq_length=4"], ["data.max_seq_length"]),
+    (["data.mlm_probability=0"], ["data.mlm_probability"]),
+    (["data.eval_documents=0"], ["data.eval_documents"]),
+    (["data.max_files=0"], ["data.max_files"]),
+    (["data.format=xml"], ["data.format"]),
+    (["train.precision=fp8"], ["train.precision"]),
+    (["train.report_to=tensorboard,mlflow"], ["train.report_to", "mlflow"]),
+    (["train.learning_rate=0"], ["train.learning_rate"]),
+    (["train.max_steps=0"], ["train.max_steps"]),
+    (["model.hidden_dropout=1.0"], ["model.hidden_dropout"]),
+    (["task=clm"], ["task"]),
+])
+def test_validation_errors_name_the_key(registry, items, keys):
+    with pytest.raises(ConfigError) as e:
+        registry.build("bert_tiny_quick", items)
+    for key in keys:
+        assert key in str(e.value)
+
+
+def test_longer_sequences_are_fine_with_more_positions(registry):
+    cfg = registry.build("bert_tiny_quick",
+                         ["data.max_seq_length=1024", "model.max_position_embeddings=1024"])
+    assert cfg.data.max_seq_length == 1024
+
+
+def test_init_from_lifts_the_size_check(registry):
+    cfg = registry.build("bert_tiny_quick", ["model.size=huge", "model.init_from=minilm"])
+    assert cfg.model.init_from == "minilm"
+
+
+def test_from_dict_rejects_unknown_and_mistyped_keys_in_experiment_dicts():
+    with pytest.raises(ConfigError) as e:
+        Registry({"x": {"train": {"max_stpes": 1}}}).build("x")
+    assert "'train.max_stpes'" in str(e.value) and "'train.max_steps'" in str(e.value)
+    with pytest.raises(ConfigError, match="train.max_steps"):
+        Registry({"x": {"train": {"max_steps": "10"}}}).build("x")
+    with pytest.raises(ConfigError, match="train.max_steps"):
+        Registry({"x": {"train": {"max_steps": True}}}).build("x")  # a bool is not an int here
+    with pytest.raises(ConfigError, match="train.torch_compile"):
+        Registry({"x": {"train": {"torch_compile": 1}}}).build("x")
+    with pytest.raises(ConfigError, match="model"):
+        Registry({"x": {"model": "base"}}).build("x")
+    with pytest.raises(ConfigError, match="train.report_to"):
+        Registry({"x": {"train": {"report_to": "wandb"}}}).build("x")
+
+
+def test_from_dict_turns_ints_into_floats_for_float_fields():
+    cfg = Registry({"x": {"train": {"learning_rate": 1}}}).build("x")
+    assert cfg.train.learning_rate == 1.0 and isinstance(cfg.train.learning_rate, float)
+
+
+# --- round trips and defaults -------------------------------------------------------------------------------
+
+
+def test_to_dict_round_trips_through_from_dict(registry):
+    for name in registry.names():
+        cfg = registry.build(name)
+        plain = to_dict(cfg)
+        assert json.loads(json.dumps(plain)) == plain  # plain JSON data, as config.json holds
+        again = from_dict(ExperimentConfig, json.loads(json.dumps(plain)))
+        assert again == cfg
+        assert to_dict(again) == plain
+
+
+def test_to_dict_of_section_has_every_field():
+    plain = to_dict(DataConfig())
+    assert plain["corpus"] == "wikipedia-enwiki-2015-wikiextractor"
+    assert from_dict(DataConfig, plain) == DataConfig()
+
+
+def test_default_seed_is_fixed(registry):
+    assert DEFAULT_SEED == 42
+    assert ExperimentConfig(name="x").seed == 42
+    for name in registry.names():
+        assert registry.build(name).seed == 42
+    assert Registry({"x": {}}).build("x").seed == 42
