@@ -74,6 +74,13 @@ class SparsityController:
         masks = {name: param.detach() != 0 for name, param in select_parameters(model, sparsity).items()}
         return cls(model, sparsity, masks=masks, **kwargs)
 
+    def follow_model_device(self) -> None:
+        """Move masks to where their weights are now (the Trainer moves the model after the masks were built)."""
+        for name, param in self.params.items():
+            if self.masks[name].device != param.device:
+                self.masks[name] = self.masks[name].to(param.device)
+                self.initial_masks[name] = self.initial_masks[name].to(param.device)
+
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Needed before a RigL update: regrown weights must not inherit the stale state of their position."""
         self.optimizer = optimizer

@@ -48,7 +48,9 @@ class SparsityCallback(TrainerCallback):
         self.skipped_steps = 0
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
-        # the optimizer exists only now; RigL resets the AdamW state of regrown weights through it
+        # the model is on its device and the optimizer exists only now; RigL resets the AdamW state of
+        # regrown weights through it
+        self.controller.follow_model_device()
         self.controller.attach_optimizer(getattr(optimizer, "optimizer", optimizer))
         report = self.controller.report()
         log.info("sparsity: %s", report["headline"])
