@@ -85,6 +85,12 @@ def cases(tmp_path_factory, data_dir):
     made["list"] = Case(r, ["--list"])
     r = root("unknown")
     made["unknown"] = Case(r, ["bert_tiny_quik", "--output-dir", str(r / "out")])
+    for key, item in [("set_unknown", "train.max_step=3"), ("set_type", "train.max_steps=abc"),
+                      ("set_seq", "data.max_seq_length=1024")]:
+        r = root(key)
+        made[key] = Case(r, [EXPERIMENT, "--set", item, "--output-dir", str(r / "out")])
+    r = root("noexp")
+    made["noexp"] = Case(r, [])
     r = root("nodata")
     made["nodata"] = Case(r, [EXPERIMENT, "--data-dir", "/nonexistent", "--output-dir", str(r / "out")])
     r = root("empty")
@@ -153,6 +159,28 @@ def test_unknown_experiment_names_closest_matches(cases):
     assert "bert_tiny_quik" in line and "bert_tiny_quick" in line
     assert case.stdout == ""
     assert not case.out.exists()
+    assert_no_run(case)
+
+
+@pytest.mark.parametrize("case_name,keys", [
+    ("set_unknown", ["'train.max_step'", "did you mean 'train.max_steps'"]),
+    ("set_type", ["train.max_steps"]),
+    ("set_seq", ["data.max_seq_length", "model.max_position_embeddings"]),
+])
+def test_bad_set_exits_2_naming_the_key_subprocess(cases, case_name, keys):
+    case = cases[case_name].wait()
+    assert case.returncode == 2
+    line = one_line_error(case.stderr)
+    for key in keys:
+        assert key in line
+    assert not case.out.exists()
+    assert_no_run(case)
+
+
+def test_no_experiment_given_exits_nonzero_subprocess(cases):
+    case = cases["noexp"].wait()
+    assert case.returncode != 0
+    assert "--list" in one_line_error(case.stderr)
     assert_no_run(case)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from accelerate import PartialState
+from transformers import set_seed
 
 from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.env_info import environment
@@ -59,6 +60,8 @@ def run_experiment(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | No
     if run_dir.exists() and opts.resume:
         _check_same_config(run_dir, cfg)
 
+    # seeded before anything random happens (model init, masks): the same seed gives the same run on CPU
+    set_seed(cfg.seed)
     job = make_job(cfg, opts, callbacks)
     job.prepare()
 

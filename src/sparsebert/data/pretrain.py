@@ -7,6 +7,7 @@ the same corpus, tokenizer and settings skip it. Blocks are ``[CLS] tokens... [S
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -36,10 +37,10 @@ def default_num_proc(requested: int | None) -> int:
     return requested or max(1, min(os.cpu_count() or 1, 16))
 
 
-def _generate(files: list[str], fmt: str, max_documents: int | None, signature: list[Any]):
+def _generate(files: tuple[str, ...], fmt: str, max_documents: int | None, signature: tuple[Any, ...]):
     # ``signature`` (file sizes and mtimes) is unused here: it is in gen_kwargs so that the datasets cache
     # fingerprint changes when a corpus file changes, not only when its path does.
-    yield from iter_documents(files, fmt, max_documents)
+    yield from iter_documents(list(files), fmt, max_documents)
 
 
 def load_documents(cfg: DataConfig, data_dir: Path | None):
@@ -52,11 +53,13 @@ def load_documents(cfg: DataConfig, data_dir: Path | None):
     if not root.exists():
         raise SparseBertError(f"corpus '{cfg.corpus}' not found in data directory {data_dir}; {HOW_TO_POINT}")
     files = corpus_files(root, cfg.max_files)
-    signature = [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for p in files]
+    signature = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     try:
         docs = datasets.Dataset.from_generator(
             _generate,
-            gen_kwargs={"files": [str(p) for p in files], "fmt": cfg.format,
+            # tuples, not lists: datasets treats list arguments as shards and would call the generator once
+            # per file, applying max_documents per file instead of to the whole corpus
+            gen_kwargs={"files": tuple(str(p) for p in files), "fmt": cfg.format,
                         "max_documents": cfg.max_documents, "signature": signature},
         )
     except Exception as e:  # datasets wraps reader errors in DatasetGenerationError
@@ -115,11 +118,18 @@ def pack_documents(docs, tokenizer: PreTrainedTokenizerBase, max_seq_length: int
     )
 
 
+@dataclass
 class MLMCollator(DataCollatorForLanguageModeling):
     """BERT masking (15 %, 80/10/10) for training batches; eval batches arrive already masked.
 
-    Special tokens are found with one vectorized ``isin`` instead of a Python call per sequence.
+    With ``mask_seed`` set, a batch's masks are a pure function of (mask_seed, its token ids): a run is
+    reproducible whatever the global RNG does, and a resumed run masks every batch exactly like the
+    uninterrupted one would (Accelerate collates one batch ahead, before the checkpoint's RNG state is saved,
+    so masks drawn from the global RNG differ after a resume). Shuffling changes batch contents every epoch,
+    so masks still change every epoch. Special tokens are found with one ``isin``, not a call per sequence.
     """
+
+    mask_seed: int | None = None
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         if "labels" in examples[0]:  # pre-masked evaluation blocks: stack as they are
@@ -130,18 +140,21 @@ class MLMCollator(DataCollatorForLanguageModeling):
         if special_tokens_mask is None:
             special = torch.tensor(self.tokenizer.all_special_ids, dtype=inputs.dtype)
             special_tokens_mask = torch.isin(inputs, special)
+        if self.mask_seed is not None:
+            digest = hashlib.blake2b(inputs.numpy().tobytes(), digest_size=8,
+                                     key=self.mask_seed.to_bytes(8, "little", signed=True)).digest()
+            self.generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
         return super().torch_mask_tokens(inputs, special_tokens_mask, offset_mapping)
 
 
 def mask_once(blocks, tokenizer: PreTrainedTokenizerBase, mlm_probability: float, seed: int):
-    """Mask evaluation blocks once with a fixed seed, so every evaluation scores the same masked tokens."""
-    collator = MLMCollator(tokenizer, mlm_probability=mlm_probability, seed=seed)
+    """Mask evaluation blocks once, so every evaluation scores the same masked tokens."""
+    collator = MLMCollator(tokenizer, mlm_probability=mlm_probability, mask_seed=seed)
 
     def mask(batch: dict[str, list]) -> dict[str, list]:
         out = collator([{"input_ids": ids} for ids in batch["input_ids"]])
         return {"input_ids": out["input_ids"].tolist(), "labels": out["labels"].tolist()}
 
-    # one process, in order: the seeded generator makes the masks a pure function of (blocks, seed)
     return blocks.map(mask, batched=True, batch_size=512, desc="masking eval blocks")
 
 

@@ -82,6 +82,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         save_total_limit=cfg.save_total_limit,
         logging_steps=cfg.logging_steps,
         logging_first_step=True,
+        logging_nan_inf_filter=False,  # a NaN loss must surface (and stop the run), not be averaged away
         report_to=list(cfg.report_to) or "none",
         dataloader_num_workers=cfg.dataloader_workers,
         dataloader_pin_memory=torch.cuda.is_available(),

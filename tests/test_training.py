@@ -1,0 +1,205 @@
+"""End-to-end training on CPU: tiny BERT on real Wikipedia files, through the registry, runner and Trainer.
+
+Each run is a few seconds: one corpus file, 64-token blocks, batch 8, 20 optimizer steps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from sparsebert.config import Registry
+from sparsebert.errors import SparseBertError
+from sparsebert.models.bert import BertForMaskedLMAtMasked
+from sparsebert.runner import RunOptions, run_experiment
+from sparsebert.sparsity import SparsityController, rigl_update_due
+
+REPO = Path(__file__).resolve().parents[1]
+FAST = [
+    "data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=32", "data.max_seq_length=64",
+    "train.global_batch_size=8", "train.max_steps=20", "train.eval_steps=10", "train.save_steps=10",
+    "train.logging_steps=2", "train.report_to=[]", "train.warmup_steps=0", "train.save_total_limit=none",
+]
+
+pytestmark = pytest.mark.slow
+
+
+class Interrupt(Exception):
+    pass
+
+
+class StopAt(TrainerCallback):
+    """Simulates a crash right after optimizer step ``step`` (after any checkpoint of an earlier step)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise Interrupt
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return Registry.from_directory(REPO / "experiments")
+
+
+def run(registry, name, out: Path, data_dir: Path, extra=(), resume=False, callbacks=None):
+    cfg = registry.build(name, FAST + list(extra))
+    return run_experiment(cfg, RunOptions(output_root=out, data_dir=data_dir, resume=resume), callbacks=callbacks)
+
+
+def model_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(run_dir / "model" / "model.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def dense_run(registry, data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("dense")
+    metrics = run(registry, "bert_tiny_quick", out, data_dir)
+    return out, metrics
+
+
+def test_tiny_run_learns_and_writes_a_finished_run(dense_run):
+    out, metrics = dense_run
+    run_dir = out / "bert_tiny_quick"
+    for name in ("config.json", "env.json", "metrics.json", "DONE", "model/model.safetensors"):
+        assert (run_dir / name).is_file(), name
+    assert metrics["eval_loss"] < metrics["initial_eval_loss"] - 0.5
+    assert math.isclose(metrics["perplexity"], math.exp(metrics["eval_loss"]))
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["train"]["max_steps"] == 20 and saved["data"]["max_seq_length"] == 64 and saved["seed"] == 42
+    env = json.loads((run_dir / "env.json").read_text())
+    assert env["seed"] == 42 and env["packages"]["transformers"] and env["hardware"]["world_size"] == 1
+    assert metrics["global_step"] == 20
+
+
+def test_same_seed_same_result(registry, data_dir, dense_run, tmp_path):
+    _, first = dense_run
+    again = run(registry, "bert_tiny_quick", tmp_path, data_dir)
+    assert again["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-6)
+    a, b = model_weights(dense_run[0] / "bert_tiny_quick"), model_weights(tmp_path / "bert_tiny_quick")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_finished_run_is_skipped_and_unfinished_needs_resume(registry, data_dir, dense_run, tmp_path):
+    out, _ = dense_run
+    assert run(registry, "bert_tiny_quick", out, data_dir) is None  # DONE: skipped
+    with pytest.raises(Interrupt):
+        run(registry, "bert_tiny_quick", tmp_path, data_dir, callbacks=[StopAt(15)])
+    assert not (tmp_path / "bert_tiny_quick" / "DONE").exists()
+    with pytest.raises(SparseBertError, match="unfinished run"):
+        run(registry, "bert_tiny_quick", tmp_path, data_dir)
+
+
+def test_resume_continues_to_the_same_result(registry, data_dir, dense_run, tmp_path):
+    with pytest.raises(Interrupt):
+        run(registry, "bert_tiny_quick", tmp_path, data_dir, callbacks=[StopAt(15)])
+    run_dir = tmp_path / "bert_tiny_quick"
+    assert (run_dir / "checkpoint-10").is_dir() and not (run_dir / "DONE").exists()
+    resumed = run(registry, "bert_tiny_quick", tmp_path, data_dir, resume=True)
+    _, uninterrupted = dense_run
+    assert resumed["eval_loss"] == pytest.approx(uninterrupted["eval_loss"], abs=1e-5)
+    a, b = model_weights(dense_run[0] / "bert_tiny_quick"), model_weights(run_dir)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_resume_refuses_a_changed_experiment(registry, data_dir, tmp_path):
+    with pytest.raises(Interrupt):
+        run(registry, "bert_tiny_quick", tmp_path, data_dir, callbacks=[StopAt(2)])
+    with pytest.raises(SparseBertError, match="learning_rate"):
+        run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=["train.learning_rate=0.5"], resume=True)
+
+
+class NaNAt(TrainerCallback):
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step == self.step:
+            with torch.no_grad():
+                model.bert.embeddings.word_embeddings.weight.fill_(float("nan"))
+
+
+def test_nan_loss_stops_with_a_one_line_error(registry, data_dir, tmp_path):
+    with pytest.raises(SparseBertError, match="training loss is nan"):
+        run(registry, "bert_tiny_quick", tmp_path, data_dir, callbacks=[NaNAt(3)])
+    assert not (tmp_path / "bert_tiny_quick" / "DONE").exists()
+
+
+# ---- sparse training through the Trainer ----
+
+class CountSparsityUpdates(TrainerCallback):
+    """Records the controller's step count after each optimizer step (RigL must not fire per micro-batch)."""
+
+    def __init__(self):
+        self.steps: list[int] = []
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.steps.append(state.global_step)
+
+
+def sparse_layers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v for k, v in weights.items() if ".encoder.layer." in k and k.endswith(".weight")
+            and "LayerNorm" not in k}
+
+
+def test_rigl_with_gradient_accumulation_updates_once_per_optimizer_step(registry, data_dir, tmp_path):
+    extra = ["train.per_device_batch_size=2", "rigl.update_freq=2", "rigl.end_fraction=1.0"]  # accumulation 4
+    metrics = run(registry, "sparse_tiny_rigl", tmp_path, data_dir, extra=extra)
+    run_dir = tmp_path / "sparse_tiny_rigl"
+    history = json.loads((run_dir / "checkpoint-20" / "trainer_state.json").read_text())["log_history"]
+    updates = [h["step"] for h in history if "rigl/drop_fraction" in h]
+    state = json.loads((run_dir / "checkpoint-20" / "sparsity_state.json").read_text())
+    assert state["step"] == 20  # optimizer steps, not 80 micro-batches
+    cfg = registry.build("sparse_tiny_rigl", FAST + extra)
+    due = [t for t in range(1, 21) if rigl_update_due(t, cfg.rigl, 20)]
+    assert due == list(range(2, 20, 2))
+    assert updates == due  # logging every 2 steps: each update shows at its own step, none in between
+    assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    # exported weights: every encoder Linear exactly 80 % zeros
+    for name, w in sparse_layers(model_weights(run_dir)).items():
+        assert (w == 0).float().mean().item() == pytest.approx(0.8, abs=2e-3), name
+    report = json.loads((run_dir / "sparsity.json").read_text())
+    assert "embeddings dense" in report["headline"]
+
+
+def test_sparse_resume_restores_masks_and_result(registry, data_dir, tmp_path):
+    full = run(registry, "sparse_tiny_rigl", tmp_path / "a", data_dir, extra=["rigl.update_freq=2"])
+    with pytest.raises(Interrupt):
+        run(registry, "sparse_tiny_rigl", tmp_path / "b", data_dir, extra=["rigl.update_freq=2"],
+            callbacks=[StopAt(15)])
+    resumed = run(registry, "sparse_tiny_rigl", tmp_path / "b", data_dir, extra=["rigl.update_freq=2"], resume=True)
+    a = sparse_layers(model_weights(tmp_path / "a" / "sparse_tiny_rigl"))
+    b = sparse_layers(model_weights(tmp_path / "b" / "sparse_tiny_rigl"))
+    for k in a:
+        assert torch.equal(a[k] == 0, b[k] == 0), k  # identical masks after RigL updates across the resume
+    assert resumed["eval_loss"] == pytest.approx(full["eval_loss"], abs=1e-5)
+
+
+def test_export_reload_keeps_sparsity(registry, data_dir, tmp_path):
+    run(registry, "sparse_tiny_rigl", tmp_path, data_dir)
+    model = BertForMaskedLMAtMasked.from_pretrained(tmp_path / "sparse_tiny_rigl" / "model")
+    cfg = registry.build("sparse_tiny_rigl", FAST)
+    controller = SparsityController.from_zeros(model, cfg.sparsity)
+    assert controller.report()["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-3)
+    assert len(controller.masks) == 12
+
+
+def test_kd_onecycle_rigl_runs_with_the_dense_run_as_teacher(registry, data_dir, dense_run):
+    out, _ = dense_run
+    metrics = run(registry, "sparse_tiny_kd_onecycle_lr_rigl", out, data_dir)
+    run_dir = out / "sparse_tiny_kd_onecycle_lr_rigl"
+    history = json.loads((run_dir / "checkpoint-20" / "trainer_state.json").read_text())["log_history"]
+    lrs = [h["learning_rate"] for h in history if "learning_rate" in h]
+    peak = max(lrs)
+    assert peak == pytest.approx(2e-3, rel=0.3)  # one-cycle: rises to max_lr, then anneals far below it
+    assert lrs.index(peak) not in (0, len(lrs) - 1) and lrs[-1] < peak / 100
+    assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    assert math.isfinite(metrics["eval_loss"])
