@@ -29,9 +29,9 @@ from sparsebert.config import Registry  # noqa: E402
 from sparsebert.data.pretrain import MLMCollator  # noqa: E402
 from sparsebert.data.tokenizer import load_tokenizer  # noqa: E402
 from sparsebert.env_info import git_commit  # noqa: E402
-from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions  # noqa: E402
+from sparsebert.models.bert import build_mlm_model, scatter_masked_predictions  # noqa: E402
 from sparsebert.trainer.arguments import training_arguments  # noqa: E402
-from sparsebert.trainer.pretrain import build_hooks  # noqa: E402
+from sparsebert.trainer.hooks import build_hooks  # noqa: E402
 from sparsebert.trainer.trainer import SparseBertTrainer  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
     cfg = registry.build(name, overrides)
     torch.manual_seed(cfg.seed)
     model = build_mlm_model(cfg.model, tokenizer, cfg.data.max_seq_length)
-    hooks = build_hooks(cfg, model, ROOT, lambda s: load_mlm_model(s))
+    hooks = build_hooks(cfg, model, cfg.train.max_steps, cfg.seed)
     timer = StepTimer(warmup)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = SparseBertTrainer(

@@ -30,6 +30,12 @@ def parser() -> argparse.ArgumentParser:
                    help="override a setting, e.g. --set train.max_steps=1000 (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue unfinished runs from their last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="delete an existing run directory and start over")
+    p.add_argument("--table", choices=["glue"], help="print a results table from the registry in the output root")
+    p.add_argument("--experiments", dest="table_experiments", nargs="+", default=None, metavar="NAME",
+                   help="with --table: only these experiments (rows)")
+    p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table")
+    p.add_argument("--agg", choices=["max", "mean"], default="max",
+                   help="with --table: how runs of one task with different seeds combine")
     p.add_argument("--experiments-dir", type=Path, default=None, help=argparse.SUPPRESS)
     return p
 
@@ -45,6 +51,8 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         registry = Registry.from_directory(args.experiments_dir or experiments_dir or Path("experiments"))
+        if args.table:
+            return print_table(output_root(args.output_dir), args.table_experiments, args.format, args.agg)
         if args.list:
             width = max(map(len, registry.names()))
             for name in registry.names():
@@ -71,6 +79,28 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
         return 2
 
 
+def print_table(root: Path, experiments: list[str] | None, fmt: str, agg: str) -> int:
+    from sparsebert.results import REGISTRY_FILENAME, Registry, glue_table
+
+    if not (root / REGISTRY_FILENAME).is_file():
+        raise SparseBertError(f"no results registry at {root / REGISTRY_FILENAME}: run a finetuning experiment "
+                              "first, or point --output-dir at the output root that holds it")
+    records = Registry.in_output_root(root).runs(experiments=experiments, task_prefix="glue:")
+    if not records:
+        raise SparseBertError(f"the registry in {root} has no finished GLUE runs"
+                              + (f" of {', '.join(experiments)}" if experiments else ""))
+    print(glue_table(records, agg=agg, fmt=fmt))
+    return 0
+
+
 def _headline(metrics: dict) -> str:
     keys = ("eval_loss", "perplexity", "masked_accuracy", "train_samples_per_second")
-    return ", ".join(f"{k}={metrics[k]:.4g}" for k in keys if isinstance(metrics.get(k), int | float))
+    if any(k in metrics for k in keys):
+        return ", ".join(f"{k}={metrics[k]:.4g}" for k in keys if isinstance(metrics.get(k), int | float))
+    headline = []  # finetuning: the main metric of each task, mean over its runs
+    for task, summary in metrics.items():
+        for key in ("score", "f1", "accuracy", "matthews_corr"):
+            if isinstance(summary, dict) and key in summary:
+                headline.append(f"{task} {key}={summary[key]['mean']:.4g}")
+                break
+    return ", ".join(headline)

@@ -44,7 +44,9 @@ def make_job(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = N
         from sparsebert.trainer.pretrain import PretrainJob
 
         return PretrainJob(cfg, opts.data_dir, opts.output_root, callbacks=list(callbacks or []))
-    raise SparseBertError(f"task {cfg.task!r} has no job")
+    from sparsebert.trainer.finetune import FinetuneJob
+
+    return FinetuneJob(cfg, opts.data_dir, opts.output_root, callbacks=list(callbacks or []))
 
 
 def run_experiment(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = None) -> dict[str, Any] | None:

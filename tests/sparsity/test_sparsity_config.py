@@ -21,7 +21,7 @@ def test_defaults_are_valid():
         ({"sparsity": -0.1}, "sparsity.sparsity must be in [0, 1)"),
         ({"sparsity": "0.8"}, "sparsity.sparsity must be in [0, 1)"),
         ({"distribution": "ERK"}, "sparsity.distribution must be one of"),
-        ({"init": "zeros"}, "sparsity.init must be one of"),
+        ({"init": "largest"}, "sparsity.init must be one of"),
         ({"distribution": "explicit"}, "sparsity.per_layer must map"),
         (
             {"distribution": "explicit", "per_layer": {"query": 1.5}},

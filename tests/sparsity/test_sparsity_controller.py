@@ -160,3 +160,19 @@ def test_explicit_distribution_sets_each_layer(mlp):
         "2.weight": 102,
         "4.weight": 13,
     }
+
+
+def test_zeros_init_keeps_the_zero_pattern_of_the_weights():
+    """init="zeros" (finetuning an exported sparse model): active exactly where the weight is non-zero."""
+    import torch
+    from torch import nn
+
+    from sparsebert.sparsity import SparsityConfig, SparsityController
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8))
+    with torch.no_grad():
+        model[0].weight[torch.rand(8, 8) < 0.7] = 0.0
+    expected = model[0].weight != 0
+    controller = SparsityController(model, SparsityConfig(sparsity=0.5, init="zeros", include=[r"0\.weight$"]))
+    assert torch.equal(controller.masks["0.weight"], expected)

@@ -8,12 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sparsebert.config.schema import ConfigError
-from sparsebert.config.sections import DataConfig, ModelConfig, TrainConfig
+from sparsebert.config.sections import DataConfig, FinetuneConfig, ModelConfig, TrainConfig
+from sparsebert.data.csv_task import CsvTaskConfig
 from sparsebert.sparsity.config import GMPConfig, RigLConfig, SparsityConfig
 from sparsebert.trainer.distillation import DistillationConfig
 from sparsebert.trainer.onecycle import OneCycleConfig
 
-TASKS = ("mlm",)
+GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
+TASKS = ("mlm", "glue", *(f"glue:{t}" for t in GLUE_TASK_NAMES), "squad_v1", "squad_v2", "gap", "csv")
 DEFAULT_SEED = 42
 
 
@@ -31,6 +33,12 @@ class ExperimentConfig:
     gmp: GMPConfig | None = None
     kd: DistillationConfig | None = None
     onecycle: OneCycleConfig | None = None
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
+    csv: CsvTaskConfig | None = None  # task "csv": the file and its columns
+
+    @property
+    def is_finetuning(self) -> bool:
+        return self.task != "mlm"
 
     def validate(self) -> None:
         if self.task not in TASKS:
@@ -44,3 +52,10 @@ class ExperimentConfig:
                 raise ConfigError(f"{hook} needs a sparsity section (the target sparsity and which layers)")
         if self.rigl is not None and self.gmp is not None:
             raise ConfigError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
+        if self.is_finetuning and not self.model.init_from:
+            raise ConfigError(f"task {self.task} finetunes a pretrained model: set model.init_from "
+                              "(minilm, a finished run, a model directory or a hub name)")
+        if self.task.startswith("squad") and self.finetune.doc_stride >= self.finetune.max_seq_length:
+            raise ConfigError("finetune.doc_stride must be smaller than finetune.max_seq_length")
+        if self.task == "csv" and self.csv is None:
+            raise ConfigError("task csv needs a csv section (path, text_column, label_column)")

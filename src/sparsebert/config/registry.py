@@ -71,6 +71,7 @@ class Registry:
         return str(self.resolve(name).get("description", ""))
 
     def check_name(self, name: str) -> None:
+        name = name.partition("=")[0]
         if name not in self._raw:
             close = difflib.get_close_matches(name, self._raw, n=3, cutoff=0.5)
             hint = f"; closest: {', '.join(close)}" if close else "; see python run.py --list"
@@ -90,8 +91,16 @@ class Registry:
         return deep_update(self.resolve(parent, (*_seen, name)), raw)
 
     def build(self, name: str, overrides: list[str] | None = None) -> ExperimentConfig:
-        """Resolve ``name``, apply ``--set`` overrides (``key.sub=value``) and validate."""
-        data = self.resolve(name)
+        """Resolve ``name``, apply ``--set`` overrides (``key.sub=value``) and validate.
+
+        ``NAME=<run>`` is experiment NAME starting from ``<run>`` (``model.init_from``), e.g.
+        ``glue_from=sparse_80_rigl``: one finetuning entry serves every pretraining run.
+        """
+        base, _, start = name.partition("=")
+        data = self.resolve(base)
+        if start:
+            data.setdefault("model", {})["init_from"] = start
+            name = f"{base}={Path(start).name}"
         data["name"] = name
         for item in overrides or []:
             apply_override(data, item)

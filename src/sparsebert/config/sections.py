@@ -78,7 +78,8 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    max_steps: int = 1000  # optimizer steps
+    max_steps: int = 1000  # optimizer steps (ignored when epochs is set)
+    epochs: float | None = None  # finetuning: passes over the training set instead of max_steps
     global_batch_size: int = 256  # sequences per optimizer step, at any number of GPUs
     per_device_batch_size: int | None = None  # None: global / world size; else accumulate to reach global
     learning_rate: float = 1e-4
@@ -102,6 +103,8 @@ class TrainConfig:
     torch_compile: bool = False
 
     def validate(self) -> None:
+        if self.epochs is not None and self.epochs <= 0:
+            raise ValueError(f"train.epochs must be > 0, got {self.epochs}")
         for name in ("max_steps", "global_batch_size", "eval_steps", "save_steps", "logging_steps",
                      "eval_batch_size"):
             if getattr(self, name) < 1:
@@ -119,3 +122,45 @@ class TrainConfig:
             raise ValueError(f"train.report_to: unknown tracker(s) {sorted(unknown)}; use tensorboard, wandb")
         if self.dataloader_workers < 0:
             raise ValueError(f"train.dataloader_workers must be >= 0, got {self.dataloader_workers}")
+
+
+GAP_HEADS = ("concat", "mul", "segment")
+
+
+@dataclass
+class FinetuneConfig:
+    """Settings of finetuning jobs (task = glue, glue:<task>, squad_v1, squad_v2, gap, csv)."""
+
+    max_seq_length: int = 128
+    num_runs: int = 1  # runs per task with seeds seed, seed + 1, ...; all are kept
+    runs_per_task: dict[str, int] = field(default_factory=dict)  # e.g. {"rte": 3}: overrides num_runs
+    glue_tasks: list[str] | None = None  # task "glue": None = every task present in the data directory
+    max_train_samples: int | None = None  # slices for quick CPU runs
+    max_eval_samples: int | None = None
+    save_model: bool = True  # export model/ (a distillation teacher for the sparse runs needs it)
+    # SQuAD: only dev files exist offline, so one file can be split by article into train/eval parts
+    squad_train_file: str | None = None  # under the data dir; None: split squad_file
+    squad_file: str = "squad/dev-v1.1.json"
+    squad_eval_fraction: float = 0.2
+    doc_stride: int = 128
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    null_score_diff_threshold: float = 0.0
+    # GAP
+    gap_head: str = "mul"
+    gap_train_file: str = "gap/gap-development.tsv"
+    gap_eval_file: str = "gap/gap-validation.tsv"
+    gap_bad_rows: str = "error"  # "error" | "skip" (skipped rows are logged with their ID)
+
+    def validate(self) -> None:
+        if not 16 <= self.max_seq_length <= 4096:
+            raise ValueError(f"finetune.max_seq_length must be in [16, 4096], got {self.max_seq_length}")
+        if self.num_runs < 1 or any(v < 1 for v in self.runs_per_task.values()):
+            raise ValueError("finetune.num_runs and finetune.runs_per_task values must be >= 1")
+        if self.gap_head not in GAP_HEADS:
+            raise ValueError(f"finetune.gap_head must be one of {', '.join(GAP_HEADS)}, got {self.gap_head!r}")
+        if self.gap_bad_rows not in ("error", "skip"):
+            raise ValueError(f"finetune.gap_bad_rows must be error or skip, got {self.gap_bad_rows!r}")
+        if not 0.0 < self.squad_eval_fraction < 1.0:
+            raise ValueError(f"finetune.squad_eval_fraction must be in (0, 1), got {self.squad_eval_fraction}")

@@ -21,7 +21,7 @@ WORD_EMBEDDINGS_PATTERN = r"(^|\.)embeddings\.word_embeddings\.weight$"
 MLM_HEAD_PATTERN = r"(^|\.)predictions\.transform\.dense\.weight$"
 
 DISTRIBUTIONS = ("uniform", "erk", "explicit")
-MASK_INITS = ("random", "magnitude")
+MASK_INITS = ("random", "magnitude", "zeros")
 DROP_SCHEDULES = ("cosine", "constant")
 
 
@@ -44,7 +44,8 @@ class SparsityConfig:
     include_mlm_head: bool = False
     """Also make the MLM head transform dense layer sparse."""
     init: str = "random"
-    """Initial mask: "random" (seeded) or "magnitude" (keep the largest |w|, for a pretrained start)."""
+    """Initial mask: "random" (seeded), "magnitude" (keep the largest |w|, for a pretrained start), or "zeros"
+    (active where the weight is non-zero: keep the masks of an exported sparse model while finetuning it)."""
 
     def validate(self) -> None:
         _check_fraction("sparsity.sparsity", self.sparsity)

@@ -162,6 +162,8 @@ class SparsityController:
         # One generator for all layers, consumed in a fixed order: equal-shaped layers (Q, K, V) must not get
         # identical random masks. The (seed, 0) stream is free: updates happen after step t >= 1.
         generator = make_generator(self.seed, 0, self._device)
+        if self.sparsity.init == "zeros":
+            return {name: param.detach() != 0 for name, param in self.params.items()}
         build = magnitude_mask if self.sparsity.init == "magnitude" else random_mask
         masks = {}
         for name, param in self.params.items():

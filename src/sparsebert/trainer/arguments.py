@@ -43,7 +43,11 @@ def resolve_precision(precision: str) -> str:
 
 
 def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str,
-                       label_names: list[str] | None = None) -> TrainingArguments:
+                       label_names: list[str] | None = None, finetune: bool = False,
+                       evaluate: bool = True) -> TrainingArguments:
+    """Pretraining evaluates and checkpoints every N steps; finetuning evaluates every epoch (when there is an
+    eval set with labels) and keeps no checkpoints: a finetuning run is short, and its unit of resumption is
+    the whole run (finished runs are skipped on --resume)."""
     world = world_size()
     per_device, accumulation = batch_layout(cfg, world)
     precision = resolve_precision(cfg.precision)
@@ -58,7 +62,8 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         output_dir=str(run_dir),
         run_name=run_name,
         seed=seed,
-        max_steps=cfg.max_steps,
+        max_steps=-1 if cfg.epochs else cfg.max_steps,
+        num_train_epochs=cfg.epochs or 1.0,
         per_device_train_batch_size=per_device,
         gradient_accumulation_steps=accumulation,
         per_device_eval_batch_size=cfg.eval_batch_size,
@@ -74,10 +79,10 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         bf16=precision == "bf16",
         fp16=precision == "fp16",
         torch_compile=cfg.torch_compile,
-        eval_strategy="steps",
+        eval_strategy=("epoch" if evaluate else "no") if finetune else "steps",
         eval_steps=cfg.eval_steps,
-        eval_on_start=cfg.eval_at_start,
-        save_strategy="steps",
+        eval_on_start=cfg.eval_at_start and not finetune,
+        save_strategy="no" if finetune else "steps",
         save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit,
         logging_steps=cfg.logging_steps,

@@ -15,11 +15,10 @@ from transformers.trainer_utils import get_last_checkpoint
 from sparsebert.config import ExperimentConfig
 from sparsebert.data.pretrain import MLMCollator, PretrainData, build_pretrain_data
 from sparsebert.data.tokenizer import load_tokenizer
-from sparsebert.errors import SparseBertError
 from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions
 from sparsebert.models.pretrained import resolve_pretrained
-from sparsebert.sparsity import SparsityController
 from sparsebert.trainer.arguments import training_arguments
+from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 
@@ -27,23 +26,6 @@ def mlm_accuracy(eval_pred) -> dict[str, float]:
     preds, labels = eval_pred.predictions, eval_pred.label_ids
     masked = labels != -100
     return {"accuracy": float((preds[masked] == labels[masked]).mean()) if masked.any() else float("nan")}
-
-
-def build_hooks(cfg: ExperimentConfig, model, output_root: Path, load_teacher) -> dict[str, Any]:
-    """The Trainer keyword arguments that switch hooks on, built from the experiment's sections."""
-    hooks: dict[str, Any] = {}
-    if cfg.sparsity is not None:
-        hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,
-                                               total_steps=cfg.train.max_steps, seed=cfg.seed)
-    if cfg.kd is not None:
-        teacher = load_teacher(resolve_pretrained(cfg.kd.teacher, output_root))
-        if teacher.config.vocab_size != model.config.vocab_size:
-            raise SparseBertError(f"kd.teacher {cfg.kd.teacher} has a vocabulary of {teacher.config.vocab_size}, "
-                                  f"the student {model.config.vocab_size}: they must share the tokenizer")
-        hooks["distillation"] = (cfg.kd, teacher)
-    if cfg.onecycle is not None:
-        hooks["onecycle"] = cfg.onecycle
-    return hooks
 
 
 @dataclass
@@ -62,7 +44,8 @@ class PretrainJob:
         with PartialState().local_main_process_first():
             self.data = build_pretrain_data(cfg.data, self.tokenizer, self.data_dir, cfg.seed)
         self.model = build_mlm_model(cfg.model, self.tokenizer, cfg.data.max_seq_length, self.output_root)
-        self.hooks = build_hooks(cfg, self.model, self.output_root,
+        teacher = resolve_pretrained(cfg.kd.teacher, self.output_root) if cfg.kd else None
+        self.hooks = build_hooks(cfg, self.model, cfg.train.max_steps, cfg.seed, teacher,
                                  lambda source: load_mlm_model(source, cfg.model.attn_implementation))
 
     def train(self, run_dir: Path, resume: bool) -> dict[str, Any]:

@@ -1,0 +1,77 @@
+"""Finetuning experiments: GLUE, SQuAD, GAP and CSV classification, from the package MiniLM or our runs.
+
+``glue_from=<run>`` finetunes any finished pretraining run on every GLUE task present (a sparse run keeps
+its masks fixed: see ``run.py``'s handling of ``*_from=`` names).
+"""
+
+MINILM_FINETUNE = {
+    "model": {"init_from": "minilm"},
+    "train": {
+        "epochs": 3, "global_batch_size": 32, "learning_rate": 5e-5, "warmup_steps": 0, "weight_decay": 0.01,
+        "lr_scheduler": "linear", "logging_steps": 50, "eval_batch_size": 256, "report_to": [],
+        "eval_at_start": False, "dataloader_workers": 2,
+    },
+    "finetune": {"max_seq_length": 128},
+}
+
+EXPERIMENTS = {
+    "minilm_glue": {
+        **MINILM_FINETUNE,
+        "description": "package MiniLM finetuned on every GLUE task present (3 runs for the small tasks)",
+        "task": "glue",
+        "finetune": {"max_seq_length": 128, "runs_per_task": {"rte": 3, "mrpc": 3, "stsb": 3, "cola": 3, "wnli": 3}},
+    },
+    "minilm_glue_sparse80": {
+        "parent": "minilm_glue",
+        "description": "MiniLM pruned to 80% sparse encoder layers (GMP) while finetuning, distilled from minilm_glue",
+        "train": {"epochs": 6, "learning_rate": 8e-5},
+        "sparsity": {"sparsity": 0.8, "init": "magnitude"},
+        "gmp": {"initial_sparsity": 0.0, "begin_step": 0, "end_fraction": 0.6, "frequency": 10},
+        "kd": {"teacher": "minilm_glue", "alpha": 0.5, "temperature": 2.0},
+    },
+    "minilm_squad_v1": {
+        **MINILM_FINETUNE,
+        "description": "package MiniLM on SQuAD v1.1 (dev file split by article 80/20), seq 384, stride 128",
+        "task": "squad_v1",
+        "train": {**MINILM_FINETUNE["train"], "epochs": 2, "learning_rate": 1e-4},
+        "finetune": {"max_seq_length": 384, "doc_stride": 128, "squad_eval_fraction": 0.2},
+    },
+    "minilm_gap_mul": {
+        **MINILM_FINETUNE,
+        "description": "package MiniLM on GAP (train gap-development, eval gap-validation), mul head",
+        "task": "gap",
+        "train": {**MINILM_FINETUNE["train"], "epochs": 4, "learning_rate": 5e-5, "global_batch_size": 16},
+        "finetune": {"max_seq_length": 256, "gap_head": "mul"},
+    },
+    "minilm_gap_concat": {"parent": "minilm_gap_mul", "description": "GAP with the concat head",
+                          "finetune": {"gap_head": "concat"}},
+    "minilm_gap_segment": {"parent": "minilm_gap_mul", "description": "GAP with the segment head",
+                           "finetune": {"gap_head": "segment"}},
+    "glue_from": {
+        **MINILM_FINETUNE,
+        "description": "finetune a finished pretraining run on every GLUE task (default bert_small_wiki; "
+                       "any run: python run.py glue_from=<run>)",
+        "task": "glue",
+        "model": {"init_from": "bert_small_wiki"},
+    },
+    # tiny CPU variants (CI): the real MiniLM on small slices, one epoch
+    "tiny_glue": {
+        "parent": "minilm_glue",
+        "description": "MiniLM on 128 examples of RTE and STS-B, 1 epoch: CPU smoke run",
+        "train": {"epochs": 1, "global_batch_size": 16, "logging_steps": 4, "dataloader_workers": 0},
+        "finetune": {"glue_tasks": ["rte", "stsb"], "max_train_samples": 128, "max_eval_samples": 64,
+                     "runs_per_task": {"rte": 2, "stsb": 1}},
+    },
+    "tiny_squad": {
+        "parent": "minilm_squad_v1",
+        "description": "MiniLM on 96 SQuAD questions, seq 192, 1 epoch: CPU smoke run",
+        "train": {"epochs": 1, "global_batch_size": 16, "logging_steps": 4, "dataloader_workers": 0},
+        "finetune": {"max_seq_length": 192, "doc_stride": 64, "max_train_samples": 96, "max_eval_samples": 48},
+    },
+    "tiny_gap": {
+        "parent": "minilm_gap_mul",
+        "description": "MiniLM on 96 GAP rows, 1 epoch: CPU smoke run",
+        "train": {"epochs": 1, "logging_steps": 4, "dataloader_workers": 0},
+        "finetune": {"max_seq_length": 128, "max_train_samples": 96, "max_eval_samples": 48},
+    },
+}

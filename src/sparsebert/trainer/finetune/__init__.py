@@ -1,0 +1,146 @@
+"""Finetuning jobs: every task of an experiment, each run with its own seed and run directory.
+
+``<output root>/<experiment>/<task>/run<k>/`` holds one run (seed = experiment seed + k): metrics.json,
+predictions, config.json, epochs.json, the model and DONE, and a row in the results registry. Finished runs
+are skipped, so ``--resume`` continues an experiment where it stopped. The experiment directory's own
+metrics.json summarizes its runs (mean, std and max per task and metric).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback, set_seed
+
+from sparsebert.config import ExperimentConfig, from_dict
+from sparsebert.data.glue import available_glue_tasks, get_glue_task
+from sparsebert.data.tokenizer import load_tokenizer
+from sparsebert.errors import SparseBertError
+from sparsebert.models.pretrained import resolve_pretrained
+from sparsebert.sparsity import SparsityConfig
+from sparsebert.trainer.finetune.common import FinetuneContext, read_metrics
+from sparsebert.trainer.finetune.csv_task import run_csv
+from sparsebert.trainer.finetune.gap import run_gap
+from sparsebert.trainer.finetune.glue import run_glue
+from sparsebert.trainer.finetune.squad import run_squad
+
+log = logging.getLogger(__name__)
+
+
+def task_list(cfg: ExperimentConfig, data_dir: Path | None) -> list[str]:
+    """The (task kind, name) pairs an experiment runs, e.g. glue -> every GLUE task present."""
+    if cfg.task == "glue":
+        if cfg.finetune.glue_tasks:
+            return [f"glue:{get_glue_task(t).name}" for t in cfg.finetune.glue_tasks]
+        if data_dir is None:
+            raise SparseBertError("task glue without finetune.glue_tasks needs a local data directory to see "
+                                  "which tasks are present; name them in finetune.glue_tasks to use the hub")
+        tasks = available_glue_tasks(data_dir)
+        if not tasks:
+            raise SparseBertError(f"no GLUE task with train and dev files under {data_dir}/glue")
+        return [f"glue:{t}" for t in tasks]
+    return [cfg.task]
+
+
+def task_dir(task: str) -> str:
+    return task.replace(":", "_")
+
+
+def pretrain_metrics_of(source_name: str | None, output_root: Path) -> dict[str, float]:
+    """Eval loss and perplexity of our pretraining run the model came from (empty for other models)."""
+    if not source_name:
+        return {}
+    for run in (Path(source_name), output_root / source_name):
+        path = run / "metrics.json"
+        if (run / "DONE").is_file() and path.is_file():
+            m = json.loads(path.read_text())
+            return {k: m[k] for k in ("eval_loss", "perplexity") if k in m}
+    return {}
+
+
+def sparsity_of_run(source_name: str | None, output_root: Path) -> SparsityConfig | None:
+    """The sparsity section of our pretraining run, as masks read from its zeros (init "zeros")."""
+    if not source_name:
+        return None
+    for run in (Path(source_name), output_root / source_name):
+        path = run / "config.json"
+        if (run / "DONE").is_file() and path.is_file():
+            section = json.loads(path.read_text()).get("sparsity")
+            if section:
+                return from_dict(SparsityConfig, {**section, "init": "zeros"}, prefix="sparsity")
+    return None
+
+
+RUNNERS = {"glue": run_glue, "squad_v1": run_squad, "squad_v2": run_squad, "gap": run_gap, "csv": run_csv}
+
+
+@dataclass
+class FinetuneJob:
+    cfg: ExperimentConfig
+    data_dir: Path | None
+    output_root: Path
+    callbacks: list[TrainerCallback] = field(default_factory=list)
+
+    def prepare(self) -> None:
+        cfg = self.cfg
+        self.tasks = task_list(cfg, self.data_dir)
+        source = resolve_pretrained(cfg.model.init_from, self.output_root)
+        inherited = sparsity_of_run(cfg.model.init_from, self.output_root)
+        if cfg.sparsity is None and inherited is not None:
+            # finetuning a sparse pretraining run keeps its masks fixed: the zeros of its exported weights
+            cfg.sparsity = inherited
+            log.info("%s starts from a sparse run: its masks stay fixed while finetuning", cfg.model.init_from)
+        self.ctx = FinetuneContext(
+            cfg=cfg,
+            tokenizer=self._tokenizer(source),
+            data_dir=self.data_dir, output_root=self.output_root, model_source=source,
+            pretrain_metrics=pretrain_metrics_of(cfg.model.init_from, self.output_root),
+            callbacks=self.callbacks,
+        )
+        if cfg.kd is not None and cfg.task in ("gap", "squad_v1", "squad_v2"):
+            raise SparseBertError(f"kd is supported for GLUE and CSV finetuning, not for task {cfg.task}")
+
+    def _tokenizer(self, source: str):
+        """The tokenizer saved with the model (our runs and the MiniLM ship one), else model.tokenizer."""
+        try:
+            return load_tokenizer(source)
+        except SparseBertError:
+            return load_tokenizer(self.cfg.model.tokenizer, self.output_root)
+
+    def runs(self, task: str) -> int:
+        name = task.split(":", 1)[-1]
+        return self.cfg.finetune.runs_per_task.get(name, self.cfg.finetune.num_runs)
+
+    def train(self, run_dir: Path, resume: bool) -> dict[str, Any]:
+        summary: dict[str, Any] = {}
+        for task in self.tasks:
+            runs = []
+            for k in range(self.runs(task)):
+                sub = run_dir / task_dir(task) / f"run{k}"
+                if (sub / "DONE").is_file():
+                    log.info("%s %s run%d already finished; reading its metrics", self.cfg.name, task, k)
+                    runs.append(read_metrics(sub))
+                    continue
+                seed = self.cfg.seed + k
+                set_seed(seed)
+                log.info("finetuning %s on %s, run %d (seed %d) -> %s", self.cfg.name, task, k, seed, sub)
+                runs.append(RUNNERS[task.split(":")[0]](self.ctx, task.split(":")[-1] if task.startswith("glue")
+                                                        else task, seed, sub))
+            summary[task] = summarize(runs)
+        return summary
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """mean / std / max of every numeric metric over the runs of one task."""
+    keys = [k for k, v in runs[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
+    out: dict[str, Any] = {"runs": len(runs)}
+    for k in keys:
+        values = [r[k] for r in runs if isinstance(r.get(k), int | float)]
+        out[k] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                  "max": max(values)}
+    return out

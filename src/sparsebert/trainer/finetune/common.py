@@ -1,0 +1,141 @@
+"""What every finetuning task shares: the run context, the Trainer, the per-run outputs and the registry row."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase, TrainerCallback
+
+from sparsebert.config import ExperimentConfig, to_dict
+from sparsebert.env_info import git_commit
+from sparsebert.errors import SparseBertError
+from sparsebert.io import atomic_write_json, atomic_write_text
+from sparsebert.models.pretrained import resolve_pretrained
+from sparsebert.results import Registry, RunRecord
+from sparsebert.trainer.arguments import training_arguments
+from sparsebert.trainer.hooks import build_hooks
+from sparsebert.trainer.trainer import SparseBertTrainer
+
+
+@dataclass
+class FinetuneContext:
+    cfg: ExperimentConfig
+    tokenizer: PreTrainedTokenizerBase
+    data_dir: Path | None
+    output_root: Path
+    model_source: str  # what from_pretrained loads
+    pretrain_metrics: dict[str, float]  # eval loss / perplexity of the pretraining run it starts from
+    callbacks: list[TrainerCallback]
+
+    def require_data_dir(self, what: str) -> Path:
+        if self.data_dir is None:
+            raise SparseBertError(f"{what} needs a local data directory: set --data-dir or $SPARSEBERT_DATA")
+        return self.data_dir
+
+    def data_file(self, relative: str) -> Path:
+        path = self.require_data_dir(relative) / relative
+        if not path.is_file():
+            raise SparseBertError(f"data file {path} not found (data directory {self.data_dir})")
+        return path
+
+    def teacher_source(self, task_dir: str) -> str | None:
+        """A finetuning teacher: the same task's first run of the named experiment, or any model it names."""
+        if self.cfg.kd is None:
+            return None
+        run = self.output_root / self.cfg.kd.teacher / task_dir / "run0"
+        if (run / "model" / "config.json").is_file() or (run / "model" / "model.safetensors").is_file():
+            if not (run / "DONE").is_file():
+                raise SparseBertError(f"teacher run {run} has not finished")
+            return str(run / "model")
+        return resolve_pretrained(self.cfg.kd.teacher, self.output_root)
+
+
+def limit(dataset, n: int | None):
+    return dataset.select(range(min(n, len(dataset)))) if n else dataset
+
+
+def total_optimizer_steps(cfg: ExperimentConfig, n_train: int, world: int = 1) -> int:
+    if cfg.train.epochs is None:
+        return cfg.train.max_steps
+    return max(1, math.ceil(n_train / cfg.train.global_batch_size) * math.ceil(cfg.train.epochs))
+
+
+def make_trainer(ctx: FinetuneContext, model, run_dir: Path, seed: int, train_ds, eval_ds, collator,
+                 label_names: list[str], compute_metrics=None, teacher_source: str | None = None,
+                 load_teacher=None) -> SparseBertTrainer:
+    cfg = ctx.cfg
+    hooks = build_hooks(cfg, model, total_optimizer_steps(cfg, len(train_ds)), seed, teacher_source, load_teacher)
+    args = training_arguments(cfg.train, run_dir, seed, f"{cfg.name}/{run_dir.parent.name}/{run_dir.name}",
+                              label_names=label_names, finetune=True,
+                              evaluate=eval_ds is not None and compute_metrics is not None)
+    return SparseBertTrainer(
+        model=model, args=args, train_dataset=train_ds, eval_dataset=eval_ds, data_collator=collator,
+        processing_class=ctx.tokenizer, compute_metrics=compute_metrics, callbacks=ctx.callbacks,
+        tokens_per_sample=0, **hooks,
+    )
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def epoch_stats(trainer) -> list[dict[str, Any]]:
+    """Per-epoch train loss and validation metrics, from the Trainer's log history."""
+    rows: dict[float, dict[str, Any]] = {}
+    for h in trainer.state.log_history:
+        if "epoch" not in h:
+            continue
+        row = rows.setdefault(round(math.ceil(h["epoch"] - 1e-9), 6), {"epoch": math.ceil(h["epoch"] - 1e-9)})
+        if "loss" in h:
+            row["train_loss"] = h["loss"]
+        row.update({k: v for k, v in h.items() if k.startswith("eval_")})
+    return [rows[k] for k in sorted(rows)]
+
+
+def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: int, metrics: dict[str, Any],
+               started: float) -> dict[str, Any]:
+    """Everything a finished run leaves: model, metrics, epochs, config, sparsity; DONE last; a registry row."""
+    cfg = ctx.cfg
+    train_metrics = next((h for h in reversed(trainer.state.log_history) if "train_runtime" in h), {})
+    metrics = {k: float(v) if isinstance(v, np.floating | np.integer) else v for k, v in metrics.items()}
+    metrics.update({
+        "global_step": trainer.state.global_step,
+        "train_samples_per_second": train_metrics.get("train_samples_per_second"),
+        "train_runtime_s": train_metrics.get("train_runtime"),
+        "wall_time_s": time.time() - started,
+    })
+    sparsity = None
+    if trainer.sparsity is not None:
+        report = trainer.sparsity.report()
+        sparsity = report["selected"]["sparsity"]
+        metrics["sparsity"] = sparsity
+        atomic_write_json(run_dir / "sparsity.json", report)
+    if cfg.finetune.save_model:
+        trainer.save_model(str(run_dir / "model"))
+    atomic_write_json(run_dir / "epochs.json", epoch_stats(trainer))
+    run_cfg = to_dict(replace(cfg))
+    run_cfg.update({"task": task, "seed": seed, "experiment": cfg.name, "model_source": ctx.model_source})
+    atomic_write_json(run_dir / "config.json", run_cfg)
+    atomic_write_json(run_dir / "metrics.json", metrics)
+    atomic_write_text(run_dir / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+    Registry.in_output_root(ctx.output_root).record(RunRecord(
+        run_dir=str(run_dir.resolve()), experiment=cfg.name, task=task, model=cfg.model.init_from or "",
+        seed=seed, status="done", sparsity=sparsity,
+        metrics={k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)},
+        steps=trainer.state.global_step, wall_time_s=metrics["wall_time_s"],
+        samples_per_second=metrics.get("train_samples_per_second"), git_commit=git_commit(),
+        pretrain_metrics=ctx.pretrain_metrics, group=cfg.name,
+    ))
+    return metrics
+
+
+def read_metrics(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "metrics.json").read_text())

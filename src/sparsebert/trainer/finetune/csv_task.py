@@ -1,0 +1,49 @@
+"""CSV / TSV text classification: stratified split, token folding, per-row aggregation, full outputs."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from transformers import DataCollatorWithPadding
+
+from sparsebert.data.classification_metrics import classification_metrics, plot_confusion_matrix
+from sparsebert.data.csv_task import aggregate_folded, build_csv_datasets, write_csv_predictions
+from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, limit, make_trainer, softmax
+from sparsebert.trainer.finetune.glue import load_classifier
+
+
+def run_csv(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    cfg, fcfg = ctx.cfg, ctx.cfg.finetune
+    assert cfg.csv is not None  # validated with the experiment
+    # the split follows the experiment seed: every run of the experiment is measured on the same test rows
+    splits, data = build_csv_datasets(cfg.csv, ctx.require_data_dir("task csv"), ctx.tokenizer,
+                                      fcfg.max_seq_length, cfg.seed)
+    num_labels = len(data.label_names)
+    train = limit(splits["train"], fcfg.max_train_samples).remove_columns("row_id")
+    dev = limit(splits["dev"], fcfg.max_eval_samples).remove_columns("row_id")
+    test = splits["test"]
+
+    model = load_classifier(ctx.model_source, num_labels, regression=False)
+    trainer = make_trainer(ctx, model, run_dir, seed, train, dev, DataCollatorWithPadding(ctx.tokenizer),
+                           ["labels"], compute_metrics=lambda p: _chunk_accuracy(p),
+                           teacher_source=ctx.teacher_source("csv"),
+                           load_teacher=lambda s: load_classifier(s, num_labels, regression=False))
+    trainer.train()
+    out = trainer.predict(test.remove_columns("row_id"))
+    row_ids, probs = aggregate_folded(test["row_id"], softmax(out.predictions))
+    label_of = dict(zip(data.ids, data.labels))
+    truth = np.array([label_of[r] for r in row_ids])
+    predicted = probs.argmax(axis=-1)
+    metrics = classification_metrics(truth, predicted, num_labels)
+    metrics.update({"label_names": data.label_names, "test_rows": len(row_ids), "test_chunks": len(test)})
+    write_csv_predictions(run_dir / "test_predictions.csv", row_ids, truth, predicted, probs, data.label_names)
+    plot_confusion_matrix(metrics["confusion_matrix"], data.label_names, run_dir / "confusion_matrix.png")
+    return finish_run(ctx, trainer, run_dir, "csv", seed, metrics, started)
+
+
+def _chunk_accuracy(p) -> dict[str, float]:
+    return {"accuracy": float((np.asarray(p.predictions).argmax(-1) == p.label_ids).mean())}

@@ -1,0 +1,55 @@
+"""GAP pronoun resolution: train on one file, evaluate on another, with the concat / mul / segment head."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import datasets
+import numpy as np
+from transformers import default_data_collator
+
+from sparsebert.data.gap import (
+    featurize_gap,
+    gap_metrics,
+    read_gap,
+    write_gap_system_file,
+    write_kaggle_submission,
+)
+from sparsebert.models.gap_heads import GapClassifier
+from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, limit, make_trainer, softmax
+
+
+def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    fcfg = ctx.cfg.finetune
+    train_ex = read_gap(ctx.data_file(fcfg.gap_train_file), on_bad_row=fcfg.gap_bad_rows)
+    eval_ex = read_gap(ctx.data_file(fcfg.gap_eval_file), on_bad_row=fcfg.gap_bad_rows)
+    if fcfg.max_train_samples:
+        train_ex = train_ex[:fcfg.max_train_samples]
+    if fcfg.max_eval_samples:
+        eval_ex = eval_ex[:fcfg.max_eval_samples]
+    featurize = lambda ex: datasets.Dataset.from_dict(  # noqa: E731
+        featurize_gap(ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head))
+    train_features, eval_features = featurize(train_ex), featurize(eval_ex)
+
+    model = GapClassifier.from_pretrained_encoder(ctx.model_source, fcfg.gap_head)
+    model_inputs = ["input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "labels"]
+    train_features = train_features.select_columns(model_inputs)
+    eval_features = limit(eval_features.select_columns(model_inputs), None)
+    trainer = make_trainer(ctx, model, run_dir, seed, train_features, eval_features, default_data_collator,
+                           ["labels"], compute_metrics=_accuracy)
+    trainer.train()
+    out = trainer.predict(eval_features)
+    probs = softmax(out.predictions)
+    metrics = gap_metrics(probs, eval_ex)
+    ids = [ex.id for ex in eval_ex]
+    write_kaggle_submission(run_dir / "submission.csv", ids, probs)
+    write_gap_system_file(run_dir / "gap_system.tsv", ids, probs)
+    metrics.update({"head": fcfg.gap_head, "train_examples": len(train_ex), "eval_examples": len(eval_ex)})
+    return finish_run(ctx, trainer, run_dir, "gap", seed, metrics, started)
+
+
+def _accuracy(p) -> dict[str, float]:
+    return {"accuracy": float((np.asarray(p.predictions).argmax(-1) == p.label_ids).mean())}

@@ -1,0 +1,34 @@
+"""Building the Trainer hooks (sparsity, distillation, one-cycle) from an experiment's sections."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from sparsebert.config import ExperimentConfig
+from sparsebert.errors import SparseBertError
+from sparsebert.sparsity import SparsityController
+
+
+def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed: int,
+                teacher_source: str | None = None,
+                load_teacher: Callable[[str], nn.Module] | None = None) -> dict[str, Any]:
+    """The keyword arguments that switch SparseBertTrainer's hooks on (an empty dict trains dense)."""
+    hooks: dict[str, Any] = {}
+    if cfg.sparsity is not None:
+        hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,
+                                               total_steps=total_steps, seed=seed)
+    if cfg.kd is not None:
+        if teacher_source is None or load_teacher is None:
+            raise SparseBertError(f"distillation is not supported for task {cfg.task}")
+        teacher = load_teacher(teacher_source)
+        t_vocab = getattr(teacher.config, "vocab_size", None)
+        if t_vocab != getattr(model.config, "vocab_size", None):
+            raise SparseBertError(f"kd.teacher {cfg.kd.teacher} has a vocabulary of {t_vocab}, the student "
+                                  f"{model.config.vocab_size}: they must share the tokenizer")
+        hooks["distillation"] = (cfg.kd, teacher)
+    if cfg.onecycle is not None:
+        hooks["onecycle"] = cfg.onecycle
+    return hooks
