@@ -74,4 +74,14 @@ EXPERIMENTS = {
         "train": {"epochs": 1, "logging_steps": 4, "dataloader_workers": 0},
         "finetune": {"max_seq_length": 128, "max_train_samples": 96, "max_eval_samples": 48},
     },
+    "tiny_csv": {
+        **MINILM_FINETUNE,
+        "description": "CSV/TSV classification example: SST-2 dev as a labelled TSV, folded at 32 tokens, 1 epoch",
+        "task": "csv",
+        "csv": {"path": "glue/SST-2/dev.tsv", "text_column": "sentence", "label_column": "label",
+                "val_fraction": 0.15, "test_fraction": 0.15},
+        "train": {**MINILM_FINETUNE["train"], "epochs": 1, "global_batch_size": 16, "logging_steps": 4,
+                  "dataloader_workers": 0},
+        "finetune": {"max_seq_length": 32, "max_train_samples": 192},
+    },
 }

@@ -1,0 +1,114 @@
+"""Finetuning end to end on CPU with the real MiniLM on small slices of the real GLUE, SQuAD, GAP files."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from sparsebert.cli import main as cli_main
+from sparsebert.config import Registry
+from sparsebert.results import Registry as Results
+from sparsebert.runner import RunOptions, run_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return Registry.from_directory(REPO / "experiments")
+
+
+@pytest.fixture(scope="module")
+def glue_root(registry, data_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("glue")
+    run_experiment(registry.build("tiny_glue"), RunOptions(output_root=out, data_dir=data_dir))
+    return out
+
+
+def test_tiny_glue_writes_every_run_and_registers_it(glue_root, data_dir):
+    root = glue_root / "tiny_glue"
+    runs = sorted(p.relative_to(root).as_posix() for p in root.glob("*/run*") if (p / "DONE").is_file())
+    assert runs == ["glue_rte/run0", "glue_rte/run1", "glue_stsb/run0"]
+    seeds = [json.loads((root / r / "config.json").read_text())["seed"] for r in runs]
+    assert seeds == [42, 43, 42]
+    rte = json.loads((root / "glue_rte/run0/metrics.json").read_text())
+    assert 0.0 <= rte["accuracy"] <= 1.0 and rte["score"] == rte["accuracy"]
+    stsb = json.loads((root / "glue_stsb/run0/metrics.json").read_text())
+    assert {"pearson", "spearman", "score"} <= set(stsb)
+    with open(root / "glue_rte/run0/predictions_dev.tsv") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["index", "prediction", "label"] and len(rows) == 1 + 64  # max_eval_samples
+    records = Results.in_output_root(glue_root).runs(experiments=["tiny_glue"])
+    assert sorted((r.task, r.seed) for r in records) == [("glue:rte", 42), ("glue:rte", 43), ("glue:stsb", 42)]
+    summary = json.loads((root / "metrics.json").read_text())
+    assert summary["glue:rte"]["runs"] == 2 and (root / "DONE").is_file()
+
+
+def test_glue_table_from_the_registry(glue_root, capsys):
+    assert cli_main(["--table", "glue", "--output-dir", str(glue_root), "--agg", "mean"]) == 0
+    table = capsys.readouterr().out
+    assert "| tiny_glue" in table and "average_bert over: rte, stsb (2 tasks)" in table
+
+
+def test_resume_reruns_only_unfinished_runs(registry, glue_root, data_dir):
+    root = glue_root / "tiny_glue"
+    kept = (root / "glue_rte/run0/metrics.json").stat().st_mtime_ns
+    (root / "glue_rte/run1/DONE").unlink()
+    (root / "DONE").unlink()
+    run_experiment(registry.build("tiny_glue"), RunOptions(output_root=glue_root, data_dir=data_dir, resume=True))
+    assert (root / "glue_rte/run1/DONE").is_file() and (root / "DONE").is_file()
+    assert (root / "glue_rte/run0/metrics.json").stat().st_mtime_ns == kept  # finished run not redone
+
+
+def test_tiny_squad_predictions_and_metrics(registry, data_dir, tmp_path):
+    summary = run_experiment(registry.build("tiny_squad"), RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run = tmp_path / "tiny_squad" / "squad_v1" / "run0"
+    predictions = json.loads((run / "predictions.json").read_text())
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["total"] == len(predictions) == 48
+    assert 0.0 <= metrics["exact"] <= metrics["f1"] <= 100.0
+    assert summary["squad_v1"]["f1"]["mean"] == pytest.approx(metrics["f1"])
+
+
+def test_tiny_gap_writes_submission_and_scorer_file(registry, data_dir, tmp_path):
+    run_experiment(registry.build("tiny_gap"), RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run = tmp_path / "tiny_gap" / "gap" / "run0"
+    lines = (run / "submission.csv").read_text().splitlines()
+    assert lines[0] == "ID,A,B,NEITHER" and len(lines) == 49
+    system = [line.split("\t") for line in (run / "gap_system.tsv").read_text().splitlines()]
+    assert len(system) == 48 and all(a in ("TRUE", "FALSE") and b in ("TRUE", "FALSE") for _, a, b in system)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert {"accuracy", "log_loss", "f1", "f1_masculine", "f1_feminine", "bias"} <= set(metrics)
+
+
+def test_tiny_csv_folds_aggregates_and_reports(registry, data_dir, tmp_path):
+    run_experiment(registry.build("tiny_csv"), RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run = tmp_path / "tiny_csv" / "csv" / "run0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    with open(run / "test_predictions.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == metrics["test_rows"] and metrics["test_chunks"] > metrics["test_rows"]  # folded
+    assert sum(map(sum, metrics["confusion_matrix"])) == metrics["test_rows"]
+    assert (run / "confusion_matrix.png").stat().st_size > 1000
+    assert json.loads((run / "epochs.json").read_text())[0]["epoch"] == 1
+
+
+def test_glue_from_a_sparse_run_keeps_its_masks(registry, data_dir, tmp_path):
+    fast = ["data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=16", "data.max_seq_length=64",
+            "train.global_batch_size=8", "train.max_steps=6", "train.eval_steps=3", "train.save_steps=3",
+            "train.report_to=[]", "model.tokenizer=minilm"]
+    run_experiment(registry.build("sparse_tiny_rigl", fast), RunOptions(output_root=tmp_path, data_dir=data_dir))
+    cfg = registry.build("glue_from=sparse_tiny_rigl", [
+        "finetune.glue_tasks=[\"rte\"]", "finetune.max_train_samples=32", "finetune.max_eval_samples=16",
+        "train.epochs=1", "train.global_batch_size=16", "train.dataloader_workers=0"])
+    assert cfg.name == "glue_from=sparse_tiny_rigl" and cfg.model.init_from == "sparse_tiny_rigl"
+    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run = tmp_path / "glue_from=sparse_tiny_rigl" / "glue_rte" / "run0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-3)  # masks from the pretraining run, kept fixed
+    report = json.loads((run / "sparsity.json").read_text())
+    assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-3)
