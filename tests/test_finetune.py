@@ -112,3 +112,27 @@ def test_glue_from_a_sparse_run_keeps_its_masks(registry, data_dir, tmp_path):
     assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-3)  # masks from the pretraining run, kept fixed
     report = json.loads((run / "sparsity.json").read_text())
     assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-3)
+
+
+def test_tiny_squad_v2_reports_hasans_and_noans(registry, data_dir, tmp_path):
+    cfg = registry.build("tiny_squad", ["task=squad_v2", "finetune.squad_file=squad/dev-v2.0.reconstructed.json"])
+    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run = tmp_path / "tiny_squad" / "squad_v2" / "run0"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["HasAns_total"] + metrics["NoAns_total"] == metrics["total"] == 48
+    assert set(json.loads((run / "null_odds.json").read_text())) == set(json.loads((run / "predictions.json").read_text()))
+
+
+def test_glue_test_split_gets_leaderboard_predictions(registry, data_dir, tmp_path):
+    """A GLUE directory with test.tsv (no labels) gets a leaderboard-format prediction file."""
+    rte = tmp_path / "data" / "glue" / "RTE"
+    rte.mkdir(parents=True)
+    for split in ("train", "dev"):
+        (rte / f"{split}.tsv").write_text((data_dir / "glue" / "RTE" / f"{split}.tsv").read_text())
+    dev = (data_dir / "glue" / "RTE" / "dev.tsv").read_text().splitlines()
+    (rte / "test.tsv").write_text("\n".join("\t".join(line.split("\t")[:3]) for line in dev[:21]) + "\n")
+    cfg = registry.build("tiny_glue", ["finetune.glue_tasks=[\"rte\"]", "finetune.runs_per_task={}"])
+    run_experiment(cfg, RunOptions(output_root=tmp_path / "out", data_dir=tmp_path / "data"))
+    lines = (tmp_path / "out" / "tiny_glue" / "glue_rte" / "run0" / "test" / "RTE.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 21
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"entailment", "not_entailment"}

@@ -36,6 +36,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table")
     p.add_argument("--agg", choices=["max", "mean"], default="max",
                    help="with --table: how runs of one task with different seeds combine")
+    p.add_argument("--train-tokenizer", type=Path, metavar="OUT_DIR",
+                   help="train a WordPiece vocab on the corpus of --corpus (under --data-dir) and save it to OUT_DIR")
+    p.add_argument("--corpus", default="wikipedia-enwiki-2015-wikiextractor",
+                   help="with --train-tokenizer: corpus path under the data directory (or absolute)")
+    p.add_argument("--corpus-format", choices=["wikiextractor", "text"], default="wikiextractor")
+    p.add_argument("--vocab-size", type=int, default=30522, help="with --train-tokenizer")
+    p.add_argument("--max-files", type=int, default=None, help="with --train-tokenizer: read only N files")
     p.add_argument("--experiments-dir", type=Path, default=None, help=argparse.SUPPRESS)
     return p
 
@@ -51,6 +58,8 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         registry = Registry.from_directory(args.experiments_dir or experiments_dir or Path("experiments"))
+        if args.train_tokenizer:
+            return train_tokenizer(args)
         if args.table:
             return print_table(output_root(args.output_dir), args.table_experiments, args.format, args.agg)
         if args.list:
@@ -77,6 +86,24 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
     except (ConfigError, SparseBertError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def train_tokenizer(args: argparse.Namespace) -> int:
+    from sparsebert.data.corpus import corpus_files
+    from sparsebert.data.paths import HOW_TO_POINT, resolve_data_dir
+    from sparsebert.data.tokenizer import train_wordpiece
+
+    corpus = Path(args.corpus)
+    if not corpus.is_absolute():
+        data_dir = resolve_data_dir(args.data_dir)
+        if data_dir is None:
+            raise SparseBertError(f"no data directory for corpus '{args.corpus}'; {HOW_TO_POINT}")
+        corpus = data_dir / corpus
+    files = corpus_files(corpus, args.max_files)
+    tok = train_wordpiece(files, args.corpus_format, args.train_tokenizer, vocab_size=args.vocab_size)
+    print(f"trained a {len(tok)}-token WordPiece vocab on {len(files)} files -> {args.train_tokenizer} "
+          f"(use it with --set model.tokenizer={args.train_tokenizer})")
+    return 0
 
 
 def print_table(root: Path, experiments: list[str] | None, fmt: str, agg: str) -> int:

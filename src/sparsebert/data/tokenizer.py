@@ -11,7 +11,10 @@ from sparsebert.models.pretrained import resolve_pretrained
 
 
 def load_tokenizer(name: str, output_root: Path | None = None) -> PreTrainedTokenizerBase:
-    source = resolve_pretrained(name, output_root)
+    """``minilm``, a run or model directory, a directory written by ``--train-tokenizer``, or a hub name."""
+    path = Path(name)
+    is_tokenizer_dir = (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()
+    source = str(path) if is_tokenizer_dir else resolve_pretrained(name, output_root)
     try:
         tok = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as e:
@@ -19,3 +22,30 @@ def load_tokenizer(name: str, output_root: Path | None = None) -> PreTrainedToke
     if not tok.is_fast:
         raise SparseBertError(f"tokenizer '{name}' has no fast (Rust) implementation; sparsebert needs one")
     return tok
+
+
+def train_wordpiece(files: list[Path], fmt: str, out_dir: Path, vocab_size: int = 30522,
+                    lowercase: bool = True, min_frequency: int = 2):
+    """Train a BERT WordPiece vocab on a corpus with the ``tokenizers`` library; save it loadable by name.
+
+    The result is a fast BERT tokenizer (``[PAD] [UNK] [CLS] [SEP] [MASK]``) written to ``out_dir`` with
+    ``save_pretrained``: ``model.tokenizer=<out_dir>`` uses it.
+    """
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertTokenizerFast
+
+    from sparsebert.data.corpus import iter_documents
+
+    def texts():
+        for doc in iter_documents([str(f) for f in files], fmt):
+            yield from doc["text"].split("\n")
+
+    trainer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)
+    trainer.train_from_iterator(texts(), vocab_size=vocab_size, min_frequency=min_frequency,
+                                special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = BertTokenizerFast(tokenizer_object=trainer._tokenizer, do_lower_case=lowercase,
+                                  unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]",
+                                  mask_token="[MASK]")
+    tokenizer.save_pretrained(str(out_dir))
+    return tokenizer

@@ -1,0 +1,50 @@
+"""Run one experiment under torchrun and write this rank's parameter digests (used by test_distributed.py).
+
+    torchrun --nproc-per-node 2 tests/helpers/ddp_worker.py OUT_ROOT DATA_DIR EXPERIMENT [KEY=VALUE ...]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from sparsebert.config import Registry  # noqa: E402
+from sparsebert.runner import RunOptions, run_experiment  # noqa: E402
+
+
+class RankDigest(TrainerCallback):
+    """At the end of training, each rank writes a digest of every parameter and of every zero pattern."""
+
+    def __init__(self, out: Path):
+        self.out = out
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        rank = int(os.environ.get("RANK", "0"))
+        weights, zeros = {}, {}
+        for name, p in model.named_parameters():
+            data = p.detach().cpu().contiguous()
+            weights[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()
+            zeros[name] = hashlib.sha256((data == 0).numpy().tobytes()).hexdigest()
+        losses = [h["loss"] for h in state.log_history if "loss" in h]
+        (self.out / f"rank{rank}.json").write_text(json.dumps(
+            {"weights": weights, "zeros": zeros, "losses": losses, "world": int(os.environ["WORLD_SIZE"])}))
+
+
+def main() -> None:
+    out, data_dir, name, *overrides = sys.argv[1:]
+    out_root = Path(out)
+    cfg = Registry.from_directory(ROOT / "experiments").build(name, overrides)
+    run_experiment(cfg, RunOptions(output_root=out_root, data_dir=Path(data_dir)),
+                   callbacks=[RankDigest(out_root)])
+
+
+if __name__ == "__main__":
+    main()
