@@ -1,4 +1,10 @@
-"""Two processes on CPU (gloo) through torchrun: every rank must end with identical weights and masks."""
+"""Multi-process training on CPU (gloo) through torchrun, as on GPUs but with processes for devices.
+
+- 2 processes: every rank ends with identical weights and masks; the eval-loss trajectory matches a 1-process
+  run with the same global batch within 0.05 nats (masks are drawn per device batch, so they differ in detail);
+- 2 "nodes" on localhost with 1 and 2 processes (uneven) rendezvous, finish and agree;
+- a rank killed mid-run makes the whole job exit non-zero within 60 s.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +13,19 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+WORKER = str(REPO / "tests/helpers/ddp_worker.py")
 pytestmark = pytest.mark.slow
 
-FAST = ["data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=16", "data.max_seq_length=64",
-        "train.global_batch_size=8", "train.max_steps=12", "train.eval_steps=6", "train.save_steps=6",
-        "train.logging_steps=2", "train.report_to=[]", "rigl.update_freq=3", "train.dataloader_workers=0"]
+FAST = ["data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=32", "data.max_seq_length=64",
+        "train.global_batch_size=12", "train.max_steps=12", "train.eval_steps=6", "train.save_steps=6",
+        "train.logging_steps=2", "train.report_to=[]", "train.dataloader_workers=0"]
+SPARSE = [*FAST, "rigl.update_freq=3"]
 
 
 def free_port() -> int:
@@ -25,20 +34,65 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_end_with_identical_masks_and_weights(data_dir, tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-           "--master-port", str(free_port()), str(REPO / "tests/helpers/ddp_worker.py"),
-           str(tmp_path), str(data_dir), "sparse_tiny_rigl", *FAST]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache"), **extra}
+
+
+def torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+def ranks(out: Path, n: int) -> list[dict]:
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def test_two_ranks_identical_and_trajectory_matches_one_process(data_dir, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    single = subprocess.run([sys.executable, WORKER, str(one), str(data_dir), "sparse_tiny_rigl", *SPARSE],
+                            env=env_for(tmp_path), capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    cmd = torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                   WORKER, str(two), str(data_dir), "sparse_tiny_rigl", *SPARSE)
+    done = subprocess.run(cmd, env=env_for(tmp_path), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    assert ranks[0]["world"] == ranks[1]["world"] == 2
-    assert ranks[0]["zeros"] == ranks[1]["zeros"]  # the same masks after 3 RigL updates
-    assert ranks[0]["weights"] == ranks[1]["weights"]  # and the same weights, bit for bit
-    state = json.loads((tmp_path / "sparse_tiny_rigl" / "checkpoint-12" / "sparsity_state.json").read_text())
-    assert state["step"] == 12
-    history = json.loads((tmp_path / "sparse_tiny_rigl" / "checkpoint-12" / "trainer_state.json").read_text())
-    assert any("rigl/drop_fraction" in h for h in history["log_history"])  # RigL did update under DDP
-    metrics = json.loads((tmp_path / "sparse_tiny_rigl" / "metrics.json").read_text())
-    assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    r0, r1 = ranks(two, 2)
+    assert r0["world"] == r1["world"] == 2
+    assert r0["zeros"] == r1["zeros"]  # the same masks after 3 RigL updates
+    assert r0["weights"] == r1["weights"]  # and the same weights, bit for bit
+    run = two / "sparse_tiny_rigl"
+    assert json.loads((run / "checkpoint-12" / "sparsity_state.json").read_text())["step"] == 12
+    history = json.loads((run / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
+    assert any("rigl/drop_fraction" in h for h in history)  # RigL did update under DDP
+    assert json.loads((run / "metrics.json").read_text())["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    (base,) = ranks(one, 1)
+    assert base["world"] == 1 and len(base["eval_losses"]) == len(r0["eval_losses"]) == 3
+    for a, b in zip(base["eval_losses"], r0["eval_losses"]):
+        assert a == pytest.approx(b, abs=0.05)
+
+
+def test_two_nodes_with_uneven_processes(data_dir, tmp_path):
+    port = free_port()
+    common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+              "--rdzv-id", "uneven"]
+    rest = [WORKER, str(tmp_path), str(data_dir), "bert_tiny_quick", *FAST]
+    nodes = [subprocess.Popen(torchrun(*common, "--nproc-per-node", str(n), *rest), env=env_for(tmp_path),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for n in (1, 2)]
+    outputs = [p.communicate(timeout=600) for p in nodes]
+    for p, (_, err) in zip(nodes, outputs):
+        assert p.returncode == 0, err[-3000:]
+    digests = ranks(tmp_path, 3)
+    assert {d["world"] for d in digests} == {3}
+    assert digests[0]["weights"] == digests[1]["weights"] == digests[2]["weights"]
+    assert (tmp_path / "bert_tiny_quick" / "DONE").is_file()
+
+
+def test_a_killed_rank_ends_the_job_quickly(data_dir, tmp_path):
+    cmd = torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                   WORKER, str(tmp_path), str(data_dir), "bert_tiny_quick", *FAST)
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=env_for(tmp_path, KILL_RANK="1", KILL_STEP="4"), capture_output=True,
+                          text=True, timeout=120)
+    elapsed = time.monotonic() - start
+    assert done.returncode != 0
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to notice a dead rank"
+    assert not (tmp_path / "bert_tiny_quick" / "DONE").exists()

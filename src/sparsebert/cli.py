@@ -36,6 +36,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table")
     p.add_argument("--agg", choices=["max", "mean"], default="max",
                    help="with --table: how runs of one task with different seeds combine")
+    p.add_argument("--gpus", metavar="N|IDS",
+                   help="use the N least busy GPUs of this node (NVML), or these ids (e.g. 0,3); with more than "
+                        "one, run.py restarts under torchrun with one process per GPU")
     p.add_argument("--train-tokenizer", type=Path, metavar="OUT_DIR",
                    help="train a WordPiece vocab on the corpus of --corpus (under --data-dir) and save it to OUT_DIR")
     p.add_argument("--corpus", default="wikipedia-enwiki-2015-wikiextractor",
@@ -54,10 +57,13 @@ def output_root(explicit: Path | None) -> Path:
 
 
 def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         registry = Registry.from_directory(args.experiments_dir or experiments_dir or Path("experiments"))
+        if args.gpus and "LOCAL_RANK" not in os.environ:
+            return choose_gpus(args.gpus, argv)
         if args.train_tokenizer:
             return train_tokenizer(args)
         if args.table:
@@ -86,6 +92,20 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
     except (ConfigError, SparseBertError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def choose_gpus(spec: str, argv: list[str]) -> int:
+    """Set CUDA_VISIBLE_DEVICES before CUDA starts; one GPU continues here, several restart under torchrun."""
+    import subprocess
+
+    from sparsebert.gpus import pick_gpus, query_gpus, torchrun_command, without_gpus_flag
+
+    ids = pick_gpus(spec, query_gpus())
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
+    log.info("--gpus %s: using GPU(s) %s", spec, os.environ["CUDA_VISIBLE_DEVICES"])
+    if len(ids) == 1:
+        return main(without_gpus_flag(argv))
+    return subprocess.call(torchrun_command(sys.argv[0], argv, len(ids)))
 
 
 def train_tokenizer(args: argparse.Namespace) -> int:

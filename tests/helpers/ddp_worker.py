@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -18,6 +19,15 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from sparsebert.config import Registry  # noqa: E402
 from sparsebert.runner import RunOptions, run_experiment  # noqa: E402
+
+
+class KillRank(TrainerCallback):
+    """SIGKILLs this rank at a given step (a crashed worker), when the test asks for it through the env."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if (os.environ.get("KILL_RANK") == os.environ.get("RANK")
+                and state.global_step == int(os.environ.get("KILL_STEP", "-1"))):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class RankDigest(TrainerCallback):
@@ -34,8 +44,10 @@ class RankDigest(TrainerCallback):
             weights[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()
             zeros[name] = hashlib.sha256((data == 0).numpy().tobytes()).hexdigest()
         losses = [h["loss"] for h in state.log_history if "loss" in h]
+        eval_losses = [h["eval_loss"] for h in state.log_history if "eval_loss" in h]
         (self.out / f"rank{rank}.json").write_text(json.dumps(
-            {"weights": weights, "zeros": zeros, "losses": losses, "world": int(os.environ["WORLD_SIZE"])}))
+            {"weights": weights, "zeros": zeros, "losses": losses, "eval_losses": eval_losses,
+             "world": int(os.environ.get("WORLD_SIZE", "1"))}))
 
 
 def main() -> None:
@@ -43,7 +55,7 @@ def main() -> None:
     out_root = Path(out)
     cfg = Registry.from_directory(ROOT / "experiments").build(name, overrides)
     run_experiment(cfg, RunOptions(output_root=out_root, data_dir=Path(data_dir)),
-                   callbacks=[RankDigest(out_root)])
+                   callbacks=[RankDigest(out_root), KillRank()])
 
 
 if __name__ == "__main__":

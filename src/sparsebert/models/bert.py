@@ -23,7 +23,8 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
     behaves exactly like ``BertForMaskedLM``. Weights and checkpoints are interchangeable with it.
     """
 
-    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
+                num_items_in_batch=None, **kwargs):
         if labels is None:
             return super().forward(input_ids=input_ids, attention_mask=attention_mask,
                                    token_type_ids=token_type_ids, **kwargs)
@@ -31,7 +32,12 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
                            **kwargs).last_hidden_state
         masked = labels != -100
         logits = self.cls(hidden[masked])
-        loss = F.cross_entropy(logits.float(), labels[masked])
+        if num_items_in_batch is None:
+            loss = F.cross_entropy(logits.float(), labels[masked])
+        else:
+            # the Trainer's convention: sum over this micro-batch / masked tokens of the whole optimizer step
+            # (all micro-batches and processes), so accumulation and DDP weight every token equally
+            loss = F.cross_entropy(logits.float(), labels[masked], reduction="sum") / num_items_in_batch
         return MaskedLMOutput(loss=loss, logits=logits)
 
 

@@ -1,0 +1,116 @@
+"""Multi-GPU scaling of the real training step: 1..N GPUs of one machine, dense and sparse_80_rigl.
+
+BERT-base, seq 128, random full-length sequences, bf16, the registry's bert_100k and sparse_80_rigl with only
+the batch, step count and logging changed. Each configuration runs under torchrun in its own job; rank 0
+times optimizer steps warmup+1..steps (synchronized at both ends). Scaling efficiency at a per-GPU batch is
+samples/s(N GPUs) / (N * samples/s(1 GPU)), all measured in this one call on the same machine.
+
+    python bench/scaling.py --tokenizer minilm --gpus 1,2 --per-gpu-batch 128,256 --out scaling.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from datetime import date
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+VARIANTS = ("bert_100k", "sparse_80_rigl")
+
+
+def worker(args: argparse.Namespace) -> None:
+    """One configuration, inside torchrun: time it and let rank 0 write the result."""
+    from sparse_overhead import random_blocks, time_variant
+
+    from sparsebert.config import Registry
+    from sparsebert.data.tokenizer import load_tokenizer
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    tokenizer = load_tokenizer(args.tokenizer)
+    global_batch = args.batch * world
+    overrides = [f"train.max_steps={args.steps}", "train.warmup_steps=10", f"train.global_batch_size={global_batch}",
+                 "train.eval_at_start=false", "train.eval_steps=100000", "train.save_steps=100000",
+                 "train.logging_steps=50", "train.report_to=[]", "train.dataloader_workers=4",
+                 f"model.tokenizer={args.tokenizer}", f"model.size={args.size}"]
+    data = random_blocks(args.steps * global_batch, 128, len(tokenizer), tokenizer, seed=0)
+    result = time_variant(Registry.from_directory(ROOT / "experiments"), args.variant, overrides, tokenizer,
+                          data, args.warmup)
+    if int(os.environ.get("RANK", "0")) == 0:
+        result.update({"gpus": world, "per_gpu_batch": args.batch})
+        Path(args.result).write_text(json.dumps(result))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokenizer", default="minilm")
+    p.add_argument("--gpus", default="1,2")
+    p.add_argument("--per-gpu-batch", default="128,256")
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--size", default="base", help="model size (tiny for a CPU smoke run)")
+    p.add_argument("--out", type=Path, default=None)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--variant", default="bert_100k", help=argparse.SUPPRESS)
+    p.add_argument("--batch", type=int, default=128, help=argparse.SUPPRESS)
+    p.add_argument("--result", default="", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        return worker(args)
+
+    import torch
+
+    from sparsebert.env_info import git_commit
+
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for batch in map(int, args.per_gpu_batch.split(",")):
+            for n in map(int, args.gpus.split(",")):
+                for variant in VARIANTS:
+                    out = Path(tmp) / f"{variant}-{n}-{batch}.json"
+                    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
+                           "--master-port", str(free_port()), __file__, "--worker", "--variant", variant,
+                           "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                           "--tokenizer", args.tokenizer, "--size", args.size, "--result", str(out)]
+                    done = subprocess.run(cmd, capture_output=True, text=True)
+                    if done.returncode != 0 or not out.is_file():
+                        print(done.stderr[-2000:], file=sys.stderr)
+                        raise SystemExit(f"{variant} on {n} GPU(s), batch {batch} failed")
+                    results.append(json.loads(out.read_text()))
+                    print(json.dumps(results[-1]), flush=True)
+
+    def speed(variant: str, n: int, batch: int) -> float:
+        return next(r["samples_per_second"] for r in results
+                    if r["variant"] == variant and r["gpus"] == n and r["per_gpu_batch"] == batch)
+
+    rows = []
+    for r in results:
+        one = speed(r["variant"], 1, r["per_gpu_batch"])
+        r["scaling_efficiency"] = r["samples_per_second"] / (r["gpus"] * one)
+        rows.append(f"| {r['variant']} | {r['per_gpu_batch']} | {r['gpus']} | {r['samples_per_second']:.0f} "
+                    f"| {r['scaling_efficiency']:.3f} |")
+    card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    summary = {"card": card, "gpus_on_machine": torch.cuda.device_count(),
+               "date": date.today().isoformat(), "commit": git_commit(ROOT), "runs": results}
+    print(f"\n{summary['card']} x{summary['gpus_on_machine']}\n| variant | per-GPU batch | GPUs | samples/s | "
+          "scaling efficiency |\n|---|---|---|---|---|\n" + "\n".join(rows))
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""``--gpus``: choose this node's GPUs before any worker starts.
+
+``--gpus 2`` takes the 2 least busy GPUs (lowest utilization, then most free memory, read through NVML);
+``--gpus 0,3`` takes those ids. The choice goes into ``CUDA_VISIBLE_DEVICES``; with more than one GPU, run.py
+starts again under torchrun with one process per GPU, so the choice is made once, not by every worker.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from sparsebert.errors import SparseBertError
+
+
+@dataclass(frozen=True)
+class GpuState:
+    index: int
+    free_mib: int
+    utilization: int  # percent
+
+
+def query_gpus() -> list[GpuState]:
+    try:
+        import pynvml
+    except ImportError:
+        raise SparseBertError("--gpus needs NVML: pip install nvidia-ml-py") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as e:
+        raise SparseBertError(f"--gpus: cannot read the GPUs through NVML ({e}); is there an NVIDIA GPU?") from None
+    try:
+        states = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            free = pynvml.nvmlDeviceGetMemoryInfo(handle).free // 2**20
+            states.append(GpuState(i, int(free), int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)))
+        return states
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def pick_gpus(spec: str, gpus: list[GpuState]) -> list[int]:
+    """GPU ids for ``--gpus SPEC``: a count (least busy first) or a comma-separated list of ids."""
+    known = {g.index for g in gpus}
+    if "," in spec:
+        try:
+            ids = [int(x) for x in spec.split(",") if x.strip()]
+        except ValueError:
+            raise SparseBertError(f"--gpus {spec}: expected a count or comma-separated GPU ids") from None
+        missing = sorted(set(ids) - known)
+        if missing:
+            raise SparseBertError(f"--gpus {spec}: no GPU {missing[0]} on this node (it has {len(gpus)})")
+        return ids
+    try:
+        count = int(spec)
+    except ValueError:
+        raise SparseBertError(f"--gpus {spec}: expected a count or comma-separated GPU ids") from None
+    if not 1 <= count <= len(gpus):
+        raise SparseBertError(f"--gpus {count}: this node has {len(gpus)} GPU(s)")
+    ranked = sorted(gpus, key=lambda g: (g.utilization, -g.free_mib, g.index))
+    return sorted(g.index for g in ranked[:count])
+
+
+def without_gpus_flag(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--gpus":
+            skip = True
+        elif not arg.startswith("--gpus="):
+            out.append(arg)
+    return out
+
+
+def torchrun_command(script: str, argv: list[str], n: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), script,
+            *without_gpus_flag(argv)]

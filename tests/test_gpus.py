@@ -1,0 +1,36 @@
+"""--gpus: which GPUs are chosen (NVML itself needs a GPU and is not exercised here)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparsebert.errors import SparseBertError
+from sparsebert.gpus import GpuState, pick_gpus, torchrun_command, without_gpus_flag
+
+NODE = [GpuState(0, 1_000, 95), GpuState(1, 70_000, 0), GpuState(2, 80_000, 0), GpuState(3, 40_000, 10)]
+
+
+def test_count_takes_the_least_busy():
+    assert pick_gpus("1", NODE) == [2]  # idle, most free memory
+    assert pick_gpus("2", NODE) == [1, 2]
+    assert pick_gpus("3", NODE) == [1, 2, 3]
+
+
+def test_explicit_ids():
+    assert pick_gpus("0,3", NODE) == [0, 3]
+    assert pick_gpus("3,", NODE) == [3]
+
+
+@pytest.mark.parametrize("spec, message", [("5", "has 4 GPU"), ("0", "has 4 GPU"), ("0,7", "no GPU 7"),
+                                           ("two", "expected a count")])
+def test_bad_specs(spec, message):
+    with pytest.raises(SparseBertError, match=message):
+        pick_gpus(spec, NODE)
+
+
+def test_relaunch_drops_the_flag():
+    argv = ["bert_100k", "--gpus", "2", "--set", "train.max_steps=10", "--gpus=3"]
+    assert without_gpus_flag(argv) == ["bert_100k", "--set", "train.max_steps=10"]
+    cmd = torchrun_command("run.py", argv, 2)
+    assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    assert cmd[6:] == ["run.py", "bert_100k", "--set", "train.max_steps=10"]
