@@ -96,3 +96,13 @@ def test_a_killed_rank_ends_the_job_quickly(data_dir, tmp_path):
     assert done.returncode != 0
     assert elapsed < 60, f"the job took {elapsed:.0f} s to notice a dead rank"
     assert not (tmp_path / "bert_tiny_quick" / "DONE").exists()
+
+
+def test_unreachable_main_node_times_out_naming_the_address(tmp_path):
+    port = free_port()  # nothing listens there: a main node that never came up
+    cmd = torchrun("--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+                   "--master-port", str(port), "--rdzv-conf", "timeout=5", str(REPO / "run.py"), "--list")
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=env_for(tmp_path), capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and time.monotonic() - start < 60
+    assert f"(127.0.0.1, {port})" in done.stderr and "timed out" in done.stderr
