@@ -203,3 +203,15 @@ def test_kd_onecycle_rigl_runs_with_the_dense_run_as_teacher(registry, data_dir,
     assert lrs.index(peak) not in (0, len(lrs) - 1) and lrs[-1] < peak / 100
     assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
     assert math.isfinite(metrics["eval_loss"])
+
+
+def test_trackers_write_locally_and_wandb_never_blocks(registry, data_dir, tmp_path, monkeypatch):
+    """tensorboard event files in the run dir; wandb without an API key runs offline instead of prompting."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    (tmp_path / "wandb").mkdir()
+    run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=["train.report_to=tensorboard,wandb",
+                                                                "train.max_steps=4"])
+    assert list((tmp_path / "bert_tiny_quick").rglob("events.out.tfevents.*"))
+    assert list((tmp_path / "wandb").rglob("offline-run-*"))

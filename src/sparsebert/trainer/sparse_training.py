@@ -45,7 +45,6 @@ class SparsityCallback(TrainerCallback):
     def __init__(self, controller: SparsityController, trainer):
         self.controller = controller
         self.trainer = trainer
-        self.skipped_steps = 0
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
         # the model is on its device and the optimizer exists only now; RigL resets the AdamW state of
@@ -56,10 +55,8 @@ class SparsityCallback(TrainerCallback):
         log.info("sparsity: %s", report["headline"])
 
     def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        # a step the fp16 scaler skipped is not a step for the mask schedules (SkippedStepCounter logs it)
         skipped = bool(getattr(optimizer, "step_was_skipped", False))
-        if skipped:
-            self.skipped_steps += 1
-            self.trainer.pending_logs.add({"fp16_skipped_steps": self.skipped_steps})
         stats = self.controller.on_optimizer_step(skipped=skipped)
         if stats:
             self.trainer.pending_logs.add(stats)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import time
 
-from transformers import Trainer
+from transformers import Trainer, TrainerCallback
 
 from sparsebert.errors import SparseBertError
 from sparsebert.trainer.distillation import DistillationMixin
@@ -36,6 +36,19 @@ class PendingLogs:
         return items
 
 
+class SkippedStepCounter(TrainerCallback):
+    """Counts optimizer steps the fp16 loss scaler skipped (inf/nan gradients) into the training logs."""
+
+    def __init__(self, pending: PendingLogs):
+        self.pending = pending
+        self.skipped = 0
+
+    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+        if getattr(optimizer, "step_was_skipped", False):
+            self.skipped += 1
+            self.pending.add({"fp16_skipped_steps": self.skipped})
+
+
 class ThroughputLoggingMixin:
     """Adds samples/s and tokens/s since the previous training log, and stops on a NaN or infinite loss.
 
@@ -47,6 +60,7 @@ class ThroughputLoggingMixin:
         self.pending_logs = PendingLogs()
         self._last_log: tuple[float, int] | None = None
         super().__init__(*args, **kwargs)
+        self.add_callback(SkippedStepCounter(self.pending_logs))
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if "loss" in logs:
