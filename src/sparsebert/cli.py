@@ -30,6 +30,8 @@ def parser() -> argparse.ArgumentParser:
                    help="override a setting, e.g. --set train.max_steps=1000 (repeatable)")
     p.add_argument("--resume", action="store_true", help="continue unfinished runs from their last checkpoint")
     p.add_argument("--overwrite", action="store_true", help="delete an existing run directory and start over")
+    p.add_argument("--profile", action="store_true",
+                   help="write a torch.profiler trace of 3 training steps after 5 warm-up steps into the run dir")
     p.add_argument("--table", choices=["glue"], help="print a results table from the registry in the output root")
     p.add_argument("--experiments", dest="table_experiments", nargs="+", default=None, metavar="NAME",
                    help="with --table: only these experiments (rows)")
@@ -85,7 +87,12 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
                           resume=args.resume, overwrite=args.overwrite)
         for cfg in configs:
             log.info("running %s -> %s", cfg.name, opts.output_root / cfg.name)
-            metrics = run_experiment(cfg, opts)
+            callbacks = []
+            if args.profile:
+                from sparsebert.trainer.profiling import ProfilerCallback
+
+                callbacks.append(ProfilerCallback())
+            metrics = run_experiment(cfg, opts, callbacks=callbacks)
             if metrics is not None:
                 log.info("%s finished: %s", cfg.name, _headline(metrics))
         return 0
