@@ -1,5 +1,5 @@
 """MLM pretraining data on two real Wikipedia files: packing, the document-level split, fixed eval masks,
-the datasets cache, the training collator and the hub fallback."""
+the feature cache, the training collator and the hub fallback."""
 
 from __future__ import annotations
 
@@ -52,7 +52,16 @@ def hf_cache(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def built(hf_cache, wiki_dir, tokenizer):
+def feature_cache(tmp_path_factory):
+    """A private feature cache ($SPARSEBERT_CACHE) for this module (restored afterwards)."""
+    path = tmp_path_factory.mktemp("features")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPARSEBERT_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(scope="module")
+def built(hf_cache, feature_cache, wiki_dir, tokenizer):
     return build_pretrain_data(config(), tokenizer, wiki_dir, SEED)
 
 
@@ -181,8 +190,9 @@ def test_eval_masks_cover_about_15_percent_and_never_special_tokens(built, token
 
 
 def test_eval_labels_are_fixed_across_builds(built, wiki_dir, tokenizer, tmp_path):
-    with pytest.MonkeyPatch.context() as mp:  # a fresh cache: the masks are recomputed, not reloaded
+    with pytest.MonkeyPatch.context() as mp:  # fresh caches: the masks are recomputed, not reloaded
         mp.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "other_cache")
+        mp.setenv("SPARSEBERT_CACHE", str(tmp_path / "other_features"))
         again = build_pretrain_data(config(), tokenizer, wiki_dir, SEED)
     assert again.eval.cache_files[0]["filename"] != built.eval.cache_files[0]["filename"]
     assert again.eval["input_ids"] == built.eval["input_ids"]
@@ -199,21 +209,21 @@ def test_mask_once_is_a_function_of_the_seed(built, tokenizer):
     assert a["labels"] != c["labels"]
 
 
-# --- the datasets cache --------------------------------------------------------------------------------------
+# --- the caches ----------------------------------------------------------------------------------------------
 
 
-def arrow_files(root: Path) -> dict[str, int]:
-    return {str(p): p.stat().st_mtime_ns for p in root.rglob("*.arrow")}
+def arrow_files(*roots: Path) -> dict[str, int]:
+    return {str(p): p.stat().st_mtime_ns for root in roots for p in root.rglob("*.arrow")}
 
 
-def test_second_build_reuses_the_cache(built, hf_cache, wiki_dir, tokenizer):
-    before = arrow_files(hf_cache)
+def test_second_build_reuses_the_cache(built, hf_cache, feature_cache, wiki_dir, tokenizer):
+    before = arrow_files(hf_cache, feature_cache)
     again = build_pretrain_data(config(), tokenizer, wiki_dir, SEED)
     assert again.train._fingerprint == built.train._fingerprint
     assert again.eval._fingerprint == built.eval._fingerprint
     assert again.train.cache_files == built.train.cache_files
-    assert again.train.cache_files and Path(again.train.cache_files[0]["filename"]).is_relative_to(hf_cache)
-    assert arrow_files(hf_cache) == before, "the second build wrote or rewrote cache files"
+    assert again.train.cache_files and Path(again.train.cache_files[0]["filename"]).is_relative_to(feature_cache)
+    assert arrow_files(hf_cache, feature_cache) == before, "the second build wrote or rewrote cache files"
 
 
 def test_other_max_seq_length_is_another_cache_entry(built, hf_cache, wiki_dir, tokenizer):

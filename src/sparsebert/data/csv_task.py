@@ -194,13 +194,25 @@ def aggregate_folded(row_ids: Sequence[Hashable], probs: Any) -> tuple[list, np.
     return list(position), sums / counts[:, None]
 
 
+def fold_batch(batch: dict[str, list], tokenizer: Any, max_seq_length: int, stride: int) -> dict[str, list]:
+    """:func:`fold_texts` on one batch of ``text``/``label``/``id`` rows (the featurizer's function)."""
+    return fold_texts(batch["text"], batch["label"], batch["id"], tokenizer, max_seq_length, stride)
+
+
 def build_csv_datasets(cfg: CsvTaskConfig, data_dir: str | Path, tokenizer: Any, max_seq_length: int,
-                       seed: int) -> tuple[datasets.DatasetDict, CsvData]:
-    """Read, split (train/dev/test) and fold a CSV task; ``row_id`` holds the CsvData id of each chunk."""
+                       seed: int, *, num_proc: int | None = None,
+                       cache_dir: str | Path | None = None) -> tuple[datasets.DatasetDict, CsvData]:
+    """Read, split (train/dev/test) and fold a CSV task; ``row_id`` holds the CsvData id of each chunk.
+
+    Folding runs through the featurizer: parallel, cached by each split's content, the tokenizer and settings.
+    """
     import datasets
+
+    from sparsebert.data.featurize import featurize
 
     cfg.validate()
     data = read_csv_task(cfg.resolve_path(data_dir), cfg)
+    fold_texts([], [], [], tokenizer, max_seq_length, cfg.fold_stride)  # bad settings fail here, not in a worker
     features = datasets.Features({
         "input_ids": datasets.Sequence(datasets.Value("int64")),
         "attention_mask": datasets.Sequence(datasets.Value("int64")),
@@ -211,9 +223,16 @@ def build_csv_datasets(cfg: CsvTaskConfig, data_dir: str | Path, tokenizer: Any,
     splits = {}
     for name, idx in zip(("train", "dev", "test"),
                          stratified_split(data.labels, cfg.val_fraction, cfg.test_fraction, seed)):
-        folded = fold_texts([data.texts[i] for i in idx], [data.labels[i] for i in idx],
-                            [data.ids[i] for i in idx], tokenizer, max_seq_length, cfg.fold_stride)
-        splits[name] = datasets.Dataset.from_dict(folded, features=features)
+        rows = datasets.Dataset.from_dict(
+            {"text": [data.texts[i] for i in idx], "label": [data.labels[i] for i in idx],
+             "id": [data.ids[i] for i in idx]},
+            features=datasets.Features({"text": datasets.Value("string"), "label": datasets.Value("int64"),
+                                        "id": datasets.Value("string")}))
+        splits[name] = featurize(rows, fold_batch, name="csv-fold", tokenizer=tokenizer,
+                                 fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length,
+                                            "stride": cfg.fold_stride},
+                                 num_proc=num_proc, remove_columns=["text", "label", "id"], features=features,
+                                 cache_dir=cache_dir)
     return datasets.DatasetDict(splits), data
 
 

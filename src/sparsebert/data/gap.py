@@ -7,6 +7,7 @@ Label: 0 = the pronoun refers to A, 1 = to B, 2 = to neither.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
@@ -197,6 +198,37 @@ def featurize_gap(
             out[f"{key}_end"].append(e + shift)
         out["labels"].append(ex.label)
     return out
+
+
+def gap_dataset(examples: Sequence[GapExample]):
+    """GAP examples as a ``datasets.Dataset`` with one column per GapExample field (the featurizer's input)."""
+    import datasets
+
+    fields = [f.name for f in dataclasses.fields(GapExample)]
+    return datasets.Dataset.from_dict({f: [getattr(ex, f) for ex in examples] for f in fields})
+
+
+def featurize_gap_batch(batch: dict[str, list], tokenizer: Any, max_seq_length: int, head: str,
+                        pad_to_max_length: bool = True) -> dict[str, list]:
+    """:func:`featurize_gap` on one batch of :func:`gap_dataset` rows."""
+    fields = [f.name for f in dataclasses.fields(GapExample)]
+    examples = [GapExample(*values) for values in zip(*(batch[f] for f in fields))]
+    return featurize_gap(examples, tokenizer, max_seq_length, head, pad_to_max_length)
+
+
+def gap_features(examples: Sequence[GapExample], tokenizer: Any, max_seq_length: int, head: str,
+                 pad_to_max_length: bool = True, *, num_proc: int | None = None, cache_dir=None):
+    """:func:`featurize_gap` as a ``datasets.Dataset`` (one row per example, in order), through the
+    featurizer: parallel and cached by the examples' content, the tokenizer and the settings."""
+    from sparsebert.data.featurize import featurize
+
+    if head not in HEADS:  # fail here, before any worker starts, with featurize_gap's message
+        raise SparseBertError(f"featurize_gap: unknown head {head!r}; choose one of {', '.join(HEADS)}")
+    raw = gap_dataset(examples)
+    return featurize(raw, featurize_gap_batch, name=f"gap-{head}", tokenizer=tokenizer,
+                     fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length, "head": head,
+                                "pad_to_max_length": pad_to_max_length},
+                     num_proc=num_proc, remove_columns=raw.column_names, cache_dir=cache_dir)
 
 
 # ---------------------------------------------------------------------------------------------- metrics

@@ -259,31 +259,38 @@ def load_glue(task: str | GlueTask, data_dir: str | Path | None) -> datasets.Dat
     return datasets.DatasetDict({s: out[s] for s in [*t.splits, *t.test_splits] if s in out})
 
 
-def featurize_glue(dataset: datasets.Dataset | datasets.DatasetDict, tokenizer: Any,
-                   max_seq_length: int) -> datasets.Dataset | datasets.DatasetDict:
+def encode_glue_batch(batch: dict[str, list], tokenizer: Any, max_seq_length: int, labeled: bool) -> dict:
+    """One batch of featurize_glue: text_a (+ text_b) -> input_ids/attention_mask/token_type_ids (+ labels)."""
+    pairs = any(b is not None for b in batch["text_b"])
+    enc = tokenizer(batch["text_a"], batch["text_b"] if pairs else None, truncation=True,
+                    max_length=max_seq_length, return_token_type_ids=True, return_attention_mask=True)
+    out = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+    if labeled:
+        out["labels"] = batch["label"]
+    return out
+
+
+def featurize_glue(dataset: datasets.Dataset | datasets.DatasetDict, tokenizer: Any, max_seq_length: int,
+                   *, num_proc: int | None = None,
+                   cache_dir: str | Path | None = None) -> datasets.Dataset | datasets.DatasetDict:
     """Tokenize text_a (+ text_b) into input_ids/attention_mask/token_type_ids/labels, keeping ``idx``.
 
     Truncates to ``max_seq_length`` but does not pad: the collator pads each batch to its longest row.
-    Splits whose labels are all None (test files) get no ``labels`` column.
+    Splits whose labels are all None (test files) get no ``labels`` column. Runs through the featurizer
+    (:mod:`sparsebert.data.featurize`): parallel, cached by the split's content, tokenizer and settings.
     """
     import datasets
 
+    from sparsebert.data.featurize import featurize
+
     if isinstance(dataset, datasets.DatasetDict):
-        return datasets.DatasetDict({k: featurize_glue(v, tokenizer, max_seq_length) for k, v in dataset.items()})
+        return datasets.DatasetDict({k: featurize_glue(v, tokenizer, max_seq_length, num_proc=num_proc,
+                                                       cache_dir=cache_dir) for k, v in dataset.items()})
 
     labeled = any(label is not None for label in dataset["label"])
-
-    def encode(batch: dict[str, list]) -> dict[str, list]:
-        pairs = any(b is not None for b in batch["text_b"])
-        enc = tokenizer(batch["text_a"], batch["text_b"] if pairs else None, truncation=True,
-                        max_length=max_seq_length, return_token_type_ids=True, return_attention_mask=True)
-        out = {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
-        if labeled:
-            out["labels"] = batch["label"]
-        return out
-
-    return dataset.map(encode, batched=True, remove_columns=["text_a", "text_b", "label"],
-                       desc="tokenizing")
+    return featurize(dataset, encode_glue_batch, name="glue", tokenizer=tokenizer,
+                     fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length, "labeled": labeled},
+                     num_proc=num_proc, remove_columns=["text_a", "text_b", "label"], cache_dir=cache_dir)
 
 
 def _as_predictions(t: GlueTask, predictions: Any) -> np.ndarray:

@@ -1,7 +1,8 @@
 """MLM pretraining data: documents -> document-level train/eval split -> packed fixed-length blocks.
 
-Tokenization runs through ``datasets.map`` with worker processes, so the datasets cache makes a second run with
-the same corpus, tokenizer and settings skip it. Blocks are ``[CLS] tokens... [SEP]`` of exactly
+Tokenization runs through :func:`sparsebert.data.featurize.featurize` (worker processes, an on-disk cache keyed
+by the corpus files' content, the tokenizer and the settings), so a second run with the same corpus, tokenizer
+and settings loads the blocks instead of tokenizing again. Blocks are ``[CLS] tokens... [SEP]`` of exactly
 ``max_seq_length`` tokens cut from the concatenated documents (``[SEP]`` between documents): no padding.
 """
 
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +19,8 @@ from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerBas
 
 from sparsebert.config.sections import DataConfig
 from sparsebert.data.corpus import corpus_files, iter_documents
+from sparsebert.data.featurize import default_num_proc as _default_num_proc
+from sparsebert.data.featurize import featurize, files_digest, source_digest
 from sparsebert.data.paths import HOW_TO_POINT
 from sparsebert.errors import SparseBertError
 
@@ -34,7 +36,7 @@ class PretrainData:
 
 
 def default_num_proc(requested: int | None) -> int:
-    return requested or max(1, min(os.cpu_count() or 1, 16))
+    return _default_num_proc(requested)
 
 
 def _generate(files: tuple[str, ...], fmt: str, max_documents: int | None, signature: tuple[Any, ...]):
@@ -43,16 +45,24 @@ def _generate(files: tuple[str, ...], fmt: str, max_documents: int | None, signa
     yield from iter_documents(list(files), fmt, max_documents)
 
 
-def load_documents(cfg: DataConfig, data_dir: Path | None):
+def local_corpus_files(cfg: DataConfig, data_dir: Path | None) -> list[Path] | None:
+    """The corpus files a local corpus is read from; None for a hub dataset."""
+    if cfg.format == "hub" or data_dir is None:
+        return None
+    root = data_dir / cfg.corpus
+    if not root.exists():
+        raise SparseBertError(f"corpus '{cfg.corpus}' not found in data directory {data_dir}; {HOW_TO_POINT}")
+    return corpus_files(root, cfg.max_files)
+
+
+def load_documents(cfg: DataConfig, data_dir: Path | None, files: list[Path] | None = None):
     """The corpus as a ``datasets.Dataset`` of whole documents (columns id, title, text)."""
     import datasets
 
     if cfg.format == "hub" or data_dir is None:
         return _load_hub_documents(cfg, data_dir)
     root = data_dir / cfg.corpus
-    if not root.exists():
-        raise SparseBertError(f"corpus '{cfg.corpus}' not found in data directory {data_dir}; {HOW_TO_POINT}")
-    files = corpus_files(root, cfg.max_files)
+    files = files or local_corpus_files(cfg, data_dir)
     signature = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
     try:
         docs = datasets.Dataset.from_generator(
@@ -106,16 +116,22 @@ def pack_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, max_s
     return {"input_ids": blocks}
 
 
-def pack_documents(docs, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, num_proc: int, desc: str):
-    return docs.map(
-        pack_batch,
-        batched=True,
-        batch_size=256,
-        num_proc=min(num_proc, max(1, len(docs) // 8)),
-        remove_columns=docs.column_names,
-        fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length},
-        desc=desc,
-    )
+PACK_BATCH_SIZE = 256  # documents packed together: each batch's remainder (< one block) is dropped
+
+
+def pack_documents(docs, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, num_proc: int | None = None,
+                   desc: str = "pretrain-pack", *, input_digest: str | None = None,
+                   key_parts: dict[str, Any] | None = None, batch_size: int = PACK_BATCH_SIZE,
+                   cache_dir: str | Path | None = None):
+    """Documents -> packed blocks through the featurizer; the same for any ``num_proc``.
+
+    ``input_digest``/``key_parts`` identify ``docs`` for the cache (e.g. the corpus files' digest and how they
+    were read and split); without them the documents' content is hashed.
+    """
+    return featurize(docs, pack_batch, name=desc, tokenizer=tokenizer,
+                     fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length},
+                     input_digest=input_digest, key_parts=key_parts, num_proc=num_proc, batch_size=batch_size,
+                     remove_columns=docs.column_names, cache_dir=cache_dir)
 
 
 @dataclass
@@ -147,33 +163,48 @@ class MLMCollator(DataCollatorForLanguageModeling):
         return super().torch_mask_tokens(inputs, special_tokens_mask, offset_mapping)
 
 
-def mask_once(blocks, tokenizer: PreTrainedTokenizerBase, mlm_probability: float, seed: int):
-    """Mask evaluation blocks once, so every evaluation scores the same masked tokens."""
+def mask_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, mlm_probability: float,
+               seed: int) -> dict[str, list]:
     collator = MLMCollator(tokenizer, mlm_probability=mlm_probability, mask_seed=seed)
+    out = collator([{"input_ids": ids} for ids in batch["input_ids"]])
+    return {"input_ids": out["input_ids"].tolist(), "labels": out["labels"].tolist()}
 
-    def mask(batch: dict[str, list]) -> dict[str, list]:
-        out = collator([{"input_ids": ids} for ids in batch["input_ids"]])
-        return {"input_ids": out["input_ids"].tolist(), "labels": out["labels"].tolist()}
 
-    return blocks.map(mask, batched=True, batch_size=512, desc="masking eval blocks")
+def mask_once(blocks, tokenizer: PreTrainedTokenizerBase, mlm_probability: float, seed: int,
+              num_proc: int | None = None, cache_dir: str | Path | None = None):
+    """Mask evaluation blocks once, so every evaluation scores the same masked tokens."""
+    return featurize(blocks, mask_batch, name="pretrain-eval-masks", tokenizer=tokenizer,
+                     fn_kwargs={"tokenizer": tokenizer, "mlm_probability": mlm_probability, "seed": seed},
+                     num_proc=num_proc, batch_size=512, cache_dir=cache_dir)
 
 
 def build_pretrain_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, data_dir: Path | None,
-                        seed: int) -> PretrainData:
-    docs = load_documents(cfg, data_dir)
+                        seed: int, cache_dir: str | Path | None = None) -> PretrainData:
+    files = local_corpus_files(cfg, data_dir)
+    docs = load_documents(cfg, data_dir, files)
     if len(docs) <= cfg.eval_documents:
         raise SparseBertError(f"the corpus has {len(docs)} documents; data.eval_documents={cfg.eval_documents} "
                               "would leave none for training")
     split = docs.train_test_split(test_size=cfg.eval_documents, seed=seed, shuffle=True)
     num_proc = default_num_proc(cfg.num_proc)
-    train = pack_documents(split["train"], tokenizer, cfg.max_seq_length, num_proc, "tokenizing + packing train")
-    eval_blocks = pack_documents(split["test"], tokenizer, cfg.max_seq_length, num_proc,
-                                 "tokenizing + packing eval")
+    # the input's identity: the corpus files' bytes and how they are read and split (a hub dataset: its
+    # fingerprint, which names the cached hub files and every step applied to them)
+    corpus = files_digest(files) if files is not None else None
+    blocks = {}
+    for side, name in (("train", "pretrain-pack-train"), ("test", "pretrain-pack-eval")):
+        key_parts = {"format": cfg.format, "max_documents": cfg.max_documents, "eval_documents": cfg.eval_documents,
+                     "split_seed": seed, "side": side, "reader_source": source_digest(iter_documents)}
+        if files is None:
+            key_parts.update(hub=[cfg.hub_name, cfg.hub_config, cfg.hub_split, cfg.text_column])
+        blocks[side] = pack_documents(
+            split[side], tokenizer, cfg.max_seq_length, num_proc, name, key_parts=key_parts, cache_dir=cache_dir,
+            input_digest=f"files:{corpus}" if corpus else f"fingerprint:{split[side]._fingerprint}")
+    train, eval_blocks = blocks["train"], blocks["test"]
     if len(train) == 0 or len(eval_blocks) == 0:
         raise SparseBertError(f"the corpus is too small for blocks of {cfg.max_seq_length} tokens")
     if cfg.max_eval_samples and len(eval_blocks) > cfg.max_eval_samples:
         eval_blocks = eval_blocks.select(range(cfg.max_eval_samples))
-    eval_masked = mask_once(eval_blocks, tokenizer, cfg.mlm_probability, seed)
+    eval_masked = mask_once(eval_blocks, tokenizer, cfg.mlm_probability, seed, num_proc, cache_dir)
     log.info("pretraining data: %d train blocks from %d documents, %d eval blocks from %d held-out documents",
              len(train), len(split["train"]), len(eval_masked), len(split["test"]))
     return PretrainData(train, eval_masked, len(split["train"]), len(split["test"]))

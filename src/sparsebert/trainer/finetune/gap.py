@@ -6,12 +6,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
 from transformers import default_data_collator
 
 from sparsebert.data.gap import (
-    featurize_gap,
+    gap_features,
     gap_metrics,
     read_gap,
     write_gap_system_file,
@@ -30,9 +29,8 @@ def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
         train_ex = train_ex[:fcfg.max_train_samples]
     if fcfg.max_eval_samples:
         eval_ex = eval_ex[:fcfg.max_eval_samples]
-    featurize = lambda ex: datasets.Dataset.from_dict(  # noqa: E731
-        featurize_gap(ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head))
-    train_features, eval_features = featurize(train_ex), featurize(eval_ex)
+    train_features = gap_features(train_ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head)
+    eval_features = gap_features(eval_ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head)
 
     model = GapClassifier.from_pretrained_encoder(ctx.model_source, fcfg.gap_head)
     model_inputs = ["input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "labels"]

@@ -9,6 +9,7 @@ from typing import Any
 import datasets
 from transformers import AutoModelForQuestionAnswering, default_data_collator
 
+from sparsebert.data.featurize import featurize
 from sparsebert.data.squad import (
     postprocess_predictions,
     prepare_eval_features,
@@ -40,19 +41,27 @@ def squad_examples(ctx: FinetuneContext) -> tuple[list[dict], list[dict]]:
     return train, evaluation
 
 
+def squad_features(examples: list[dict], tokenizer, *, train: bool, max_seq_length: int, doc_stride: int,
+                   max_query_length: int, num_proc: int | None = None, cache_dir=None) -> datasets.Dataset:
+    """Windowed features of SQuAD examples (train: with answer positions; eval: with example ids and offsets),
+    through the featurizer: parallel and cached by the examples' content, the tokenizer and the settings."""
+    raw = datasets.Dataset.from_list(examples)
+    return featurize(raw, prepare_train_features if train else prepare_eval_features,
+                     name="squad-train" if train else "squad-eval", tokenizer=tokenizer,
+                     fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length, "doc_stride": doc_stride,
+                                "max_query_length": max_query_length},
+                     num_proc=num_proc, remove_columns=raw.column_names, cache_dir=cache_dir)
+
+
 def run_squad(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[str, Any]:
     started = time.time()
     fcfg = ctx.cfg.finetune
     version_2 = task == "squad_v2"
     train_ex, eval_ex = squad_examples(ctx)
-    window = {"tokenizer": ctx.tokenizer, "max_seq_length": fcfg.max_seq_length, "doc_stride": fcfg.doc_stride,
+    window = {"max_seq_length": fcfg.max_seq_length, "doc_stride": fcfg.doc_stride,
               "max_query_length": fcfg.max_query_length}
-    train_raw = datasets.Dataset.from_list(train_ex)
-    train_features = train_raw.map(prepare_train_features, batched=True, remove_columns=train_raw.column_names,
-                                   fn_kwargs=window, desc="SQuAD train windows")
-    eval_raw = datasets.Dataset.from_list(eval_ex)
-    eval_features = eval_raw.map(prepare_eval_features, batched=True, remove_columns=eval_raw.column_names,
-                                 fn_kwargs=window, desc="SQuAD eval windows")
+    train_features = squad_features(train_ex, ctx.tokenizer, train=True, **window)
+    eval_features = squad_features(eval_ex, ctx.tokenizer, train=False, **window)
 
     model = AutoModelForQuestionAnswering.from_pretrained(ctx.model_source)
     trainer = make_trainer(ctx, model, run_dir, seed, train_features, None, default_data_collator,
