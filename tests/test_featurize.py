@@ -2,7 +2,7 @@
 misses, interrupted and corrupt caches.
 
 Batches are made small (``DEFAULT_BATCH_SIZE`` patched to 64) so that every slice spans several batches and
-``num_proc=2`` really runs two worker processes on two shards.
+``num_proc=2`` really runs worker processes over several shards.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def test_parallel_output_is_identical_to_serial(task, tmp_path, request, tokeniz
     for name in serial:
         assert shards_of(serial[name]) == 1
         assert_same(serial[name], parallel[name])
-    assert max(shards_of(d) for d in parallel.values()) == 2  # two workers did run
+    assert max(shards_of(d) for d in parallel.values()) >= 2  # the workers did run, over several shards
 
 
 def test_featurize_equals_the_old_serial_code(tmp_path, tokenizer, docs, rte, gap_examples):

@@ -4,8 +4,9 @@
 returns the result as a memory-mapped Arrow ``datasets.Dataset``, so every training process on a node shares
 the same pages instead of holding its own copy.
 
-Parallelism. The rows are cut into ``num_proc`` contiguous shards whose boundaries fall on multiples of
-``batch_size``, and each worker process maps one shard into its own Arrow file. The function, its kwargs and
+Parallelism. The rows are cut into contiguous shards (``SHARDS_PER_PROC`` per worker) whose boundaries fall on
+multiples of ``batch_size``; ``num_proc`` worker processes map them, each shard into its own Arrow file, the
+next shard going to whichever worker is free (documents differ in length, so equal shards take unequal time). The function, its kwargs and
 the tokenizer travel to a worker once per shard, never per row. Because the batches are exactly those of a
 serial run, the output is identical to ``num_proc=1``, row order included, even for functions whose output
 depends on the batch (pretraining packs each batch's documents into blocks). Workers run with
@@ -63,6 +64,9 @@ MAX_NUM_PROC = 16  # default cap on worker processes; $SPARSEBERT_NUM_PROC overr
 # rows per call of the function; also the unit of work split among workers, so kept small enough that a
 # 10k-example input still has ~40 batches to spread over 16 processes (no slower than 1000 at one process)
 DEFAULT_BATCH_SIZE = 256
+# shards per worker process: documents differ in length, so equal-row shards take unequal time; with several
+# small shards per process the pool hands the next shard to whichever worker is free (no straggler tail)
+SHARDS_PER_PROC = 4
 _CHUNK = 1 << 20
 
 
@@ -366,7 +370,8 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
     host = socket.gethostname().replace("-", "_")
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-{host}-{os.getpid()}-", dir=entry.parent))
     try:
-        bounds = shard_bounds(len(dataset), batch_size, default_num_proc(num_proc))
+        procs = default_num_proc(num_proc)
+        bounds = shard_bounds(len(dataset), batch_size, procs * SHARDS_PER_PROC if procs > 1 else 1)
         source = dataset
         if len(bounds) > 1 and not dataset.cache_files:
             # in-memory input: write it once, so each worker gets a memory-mapped slice (a path), not a copy
@@ -385,8 +390,8 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
 
             # set before the fork: workers then neither warn about nor use the tokenizers thread pool
             with _env(TOKENIZERS_PARALLELISM="false"):
-                pool = multiprocess.Pool(len(jobs), initializer=_init_worker)
-            with pool:
+                pool = multiprocess.Pool(min(procs, len(jobs)), initializer=_init_worker)
+            with pool:  # results come back in shard order; shards go to whichever worker is free
                 results = pool.map(_run_shard, jobs, chunksize=1)
         (tmp / "input.arrow").unlink(missing_ok=True)
         first = results[0][1]
@@ -418,7 +423,7 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
             log.info("%s was written by another process meanwhile; using that one", entry)
         else:
             _fsync_dir(entry.parent)
-        return len(jobs)
+        return min(procs, len(jobs))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
 
