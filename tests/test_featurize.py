@@ -489,3 +489,11 @@ def test_corrupt_cache_is_detected_and_rebuilt(corrupt, tmp_path, tokenizer, few
     with caplog.at_level(logging.WARNING, logger="sparsebert.data.featurize"):
         flaky_run(few_docs, tokenizer, tmp_path, 2)
     assert not caplog.records  # and the rebuilt entry is trusted
+
+
+def test_shard_count_oversplits_only_large_inputs():
+    from sparsebert.data.featurize import SHARDS_PER_PROC, shard_count
+
+    assert shard_count(10_000, 256, 1) == 1
+    assert shard_count(42 * 256, 256, 16) == 16  # SQuAD dev: one shard per process
+    assert shard_count(64 * 4 * 16 * 256, 256, 16) == 16 * SHARDS_PER_PROC

@@ -327,6 +327,18 @@ def shard_bounds(num_rows: int, batch_size: int, num_shards: int) -> list[tuple[
     return [(min(a, num_rows), min(b, num_rows)) for a, b in zip(cuts, cuts[1:])]
 
 
+def shard_count(num_rows: int, batch_size: int, procs: int) -> int:
+    """One shard per process, or ``SHARDS_PER_PROC`` per process when every shard still gets 4+ batches.
+
+    Measured on a 16-core host (docs/benchmarks.md): small shards balance long documents better, but each shard
+    costs a fixed start-up, so a small input (SQuAD dev: 42 batches) is faster with one shard per process.
+    """
+    if procs <= 1:
+        return 1
+    batches = -(-num_rows // batch_size)
+    return procs * SHARDS_PER_PROC if batches >= 4 * procs * SHARDS_PER_PROC else procs
+
+
 def _run_shard(job: dict[str, Any]) -> tuple[str, Any]:
     """Map one shard into its Arrow file (in a worker process, or in-process when serial)."""
     import datasets
@@ -371,7 +383,7 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}.tmp-{host}-{os.getpid()}-", dir=entry.parent))
     try:
         procs = default_num_proc(num_proc)
-        bounds = shard_bounds(len(dataset), batch_size, procs * SHARDS_PER_PROC if procs > 1 else 1)
+        bounds = shard_bounds(len(dataset), batch_size, shard_count(len(dataset), batch_size, procs))
         source = dataset
         if len(bounds) > 1 and not dataset.cache_files:
             # in-memory input: write it once, so each worker gets a memory-mapped slice (a path), not a copy
