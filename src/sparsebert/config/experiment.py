@@ -52,6 +52,8 @@ class ExperimentConfig:
                 raise ConfigError(f"{hook} needs a sparsity section (the target sparsity and which layers)")
         if self.rigl is not None and self.gmp is not None:
             raise ConfigError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
+        if not self.is_finetuning and self.train.epochs is not None:
+            raise ConfigError("train.epochs is for finetuning; pretraining runs train.max_steps optimizer steps")
         if self.is_finetuning and not self.model.init_from:
             raise ConfigError(f"task {self.task} finetunes a pretrained model: set model.init_from "
                               "(minilm, a finished run, a model directory or a hub name)")

@@ -129,8 +129,8 @@ class FinetuneJob:
                 seed = self.cfg.seed + k
                 set_seed(seed)
                 log.info("finetuning %s on %s, run %d (seed %d) -> %s", self.cfg.name, task, k, seed, sub)
-                runs.append(RUNNERS[task.split(":")[0]](self.ctx, task.split(":")[-1] if task.startswith("glue")
-                                                        else task, seed, sub))
+                kind, _, glue_name = task.partition(":")  # "glue:rte" -> glue runner on rte; else the task
+                runs.append(RUNNERS[kind](self.ctx, glue_name or task, seed, sub))
             summary[task] = summarize(runs)
         return summary
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +60,11 @@ def limit(dataset, n: int | None):
     return dataset.select(range(min(n, len(dataset)))) if n else dataset
 
 
-def total_optimizer_steps(cfg: ExperimentConfig, n_train: int, world: int = 1) -> int:
+def total_optimizer_steps(cfg: ExperimentConfig, n_train: int) -> int:
+    """Optimizer steps of a finetuning run: the RigL / GMP schedules are laid out over them."""
     if cfg.train.epochs is None:
         return cfg.train.max_steps
-    return max(1, math.ceil(n_train / cfg.train.global_batch_size) * math.ceil(cfg.train.epochs))
+    return max(1, math.ceil(math.ceil(n_train / cfg.train.global_batch_size) * cfg.train.epochs))
 
 
 def make_trainer(ctx: FinetuneContext, model, run_dir: Path, seed: int, train_ds, eval_ds, collator,
@@ -121,7 +122,7 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
     if cfg.finetune.save_model:
         trainer.save_model(str(run_dir / "model"))
     atomic_write_json(run_dir / "epochs.json", epoch_stats(trainer))
-    run_cfg = to_dict(replace(cfg))
+    run_cfg = to_dict(cfg)
     run_cfg.update({"task": task, "seed": seed, "experiment": cfg.name, "model_source": ctx.model_source})
     atomic_write_json(run_dir / "config.json", run_cfg)
     atomic_write_json(run_dir / "metrics.json", metrics)

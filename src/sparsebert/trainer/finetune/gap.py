@@ -17,7 +17,7 @@ from sparsebert.data.gap import (
     write_kaggle_submission,
 )
 from sparsebert.models.gap_heads import GapClassifier
-from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, limit, make_trainer, softmax
+from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, make_trainer, softmax
 
 
 def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     model = GapClassifier.from_pretrained_encoder(ctx.model_source, fcfg.gap_head)
     model_inputs = ["input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "labels"]
     train_features = train_features.select_columns(model_inputs)
-    eval_features = limit(eval_features.select_columns(model_inputs), None)
+    eval_features = eval_features.select_columns(model_inputs)
     trainer = make_trainer(ctx, model, run_dir, seed, train_features, eval_features, default_data_collator,
                            ["labels"], compute_metrics=_accuracy)
     trainer.train()
