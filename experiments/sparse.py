@@ -31,6 +31,19 @@ EXPERIMENTS = {
         "kd": {"teacher": "bert_100k", "alpha": 0.5, "temperature": 2.0},
         "onecycle": {"max_lr": 5e-4, "pct_start": 0.1},
     },
+    # the one-GPU Wikipedia-mirror scale (bert_small_wiki: BERT-medium, 8k steps)
+    "small_wiki_sparse_80_rigl": {
+        "parent": "bert_small_wiki",
+        "description": "bert_small_wiki with 80% sparse encoder layers and RigL (same data, steps and seed)",
+        "sparsity": SPARSE_80,
+        "rigl": {"update_freq": 100, "drop_fraction": 0.3, "drop_schedule": "cosine", "end_fraction": 0.75},
+    },
+    "small_wiki_sparse_80_kd_onecycle_lr_rigl": {
+        "parent": "small_wiki_sparse_80_rigl",
+        "description": "small_wiki_sparse_80_rigl + distillation from the dense bert_small_wiki run + one-cycle LR",
+        "kd": {"teacher": "bert_small_wiki", "alpha": 0.5, "temperature": 2.0},
+        "onecycle": {"max_lr": 1e-3, "pct_start": 0.1},
+    },
     # tiny CPU variants (CI): same hooks, tiny model, seconds per step
     "sparse_tiny_rigl": {
         "parent": "bert_tiny_quick",
