@@ -1,6 +1,7 @@
 """Sparse pretraining experiments: 80-90 % sparse encoder Linear layers (embeddings and MLM head dense)."""
 
 SPARSE_80 = {"sparsity": 0.8, "distribution": "uniform"}
+RIGL = {"update_freq": 100, "drop_fraction": 0.3, "drop_schedule": "cosine", "end_fraction": 0.75}
 
 EXPERIMENTS = {
     "sparse_80_static": {
@@ -12,7 +13,7 @@ EXPERIMENTS = {
         "parent": "bert_100k",
         "description": "BERT-base, 80% sparse encoder layers, RigL every 100 steps until 75% of training",
         "sparsity": SPARSE_80,
-        "rigl": {"update_freq": 100, "drop_fraction": 0.3, "drop_schedule": "cosine", "end_fraction": 0.75},
+        "rigl": RIGL,
     },
     "sparse_90_rigl": {
         "parent": "sparse_80_rigl",
@@ -36,7 +37,7 @@ EXPERIMENTS = {
         "parent": "bert_small_wiki",
         "description": "bert_small_wiki with 80% sparse encoder layers and RigL (same data, steps and seed)",
         "sparsity": SPARSE_80,
-        "rigl": {"update_freq": 100, "drop_fraction": 0.3, "drop_schedule": "cosine", "end_fraction": 0.75},
+        "rigl": RIGL,
     },
     "small_wiki_sparse_80_kd_onecycle_lr_rigl": {
         "parent": "small_wiki_sparse_80_rigl",
