@@ -84,4 +84,14 @@ EXPERIMENTS = {
                   "dataloader_workers": 0},
         "finetune": {"max_seq_length": 32, "max_train_samples": 192},
     },
+    "tiny_gap_kd": {
+        "parent": "tiny_gap",
+        "description": "tiny_gap distilled from the finished tiny_gap run (its teacher): CPU smoke run",
+        "kd": {"teacher": "tiny_gap", "alpha": 0.5, "temperature": 2.0},
+    },
+    "tiny_squad_kd": {
+        "parent": "tiny_squad",
+        "description": "tiny_squad distilled from the finished tiny_squad run (its teacher): CPU smoke run",
+        "kd": {"teacher": "tiny_squad", "alpha": 0.5, "temperature": 2.0},
+    },
 }

@@ -136,3 +136,27 @@ def test_glue_test_split_gets_leaderboard_predictions(registry, data_dir, tmp_pa
     lines = (tmp_path / "out" / "tiny_glue" / "glue_rte" / "run0" / "test" / "RTE.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and len(lines) == 21
     assert {line.split("\t")[1] for line in lines[1:]} <= {"entailment", "not_entailment"}
+
+
+@pytest.mark.parametrize("student, teacher, task", [("tiny_gap_kd", "tiny_gap", "gap"),
+                                                     ("tiny_squad_kd", "tiny_squad", "squad_v1")])
+def test_distillation_from_a_finetuned_teacher(registry, data_dir, tmp_path, student, teacher, task):
+    from sparsebert.trainer.distillation import DistillationMixin
+
+    seen = []
+    original = DistillationMixin.compute_loss
+
+    def spy(self, model, inputs, *args, **kwargs):
+        seen.append(self.teacher is not None and model.training)
+        return original(self, model, inputs, *args, **kwargs)
+
+    opts = RunOptions(output_root=tmp_path, data_dir=data_dir)
+    run_experiment(registry.build(teacher), opts)
+    DistillationMixin.compute_loss = spy
+    try:
+        run_experiment(registry.build(student), opts)
+    finally:
+        DistillationMixin.compute_loss = original
+    assert any(seen)  # the teacher was used for the training losses
+    metrics = json.loads((tmp_path / student / task / "run0" / "metrics.json").read_text())
+    assert metrics["global_step"] > 0

@@ -3,8 +3,9 @@
 loss = alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alpha) * task loss
 
 For MLM both models score only the masked positions (``BertForMaskedLMAtMasked`` returns one logits row per
-masked token, in the same order for teacher and student); for classification, every example. Distillation is
-off during evaluation: eval loss is the task loss alone, comparable with a run without a teacher.
+masked token, in the same order for teacher and student); for classification (GLUE, CSV, GAP), every example;
+for extractive QA (SQuAD), the start and the end distributions, averaged. Distillation is off during
+evaluation: eval loss is the task loss alone, comparable with a run without a teacher.
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     return kl * t * t
 
 
+def output_logits(outputs) -> list[torch.Tensor]:
+    """The distributions a model predicts: ``logits``, or QA's start and end logits."""
+    if getattr(outputs, "start_logits", None) is not None:
+        return [outputs.start_logits, outputs.end_logits]
+    return [outputs.logits]
+
+
 class DistillationMixin:
     """Trainer mixin: ``distillation=(config, teacher_model)`` or None."""
 
@@ -67,8 +75,9 @@ class DistillationMixin:
         task_loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
                                                   num_items_in_batch=num_items_in_batch)
         with torch.no_grad():
-            teacher_logits = self.teacher(**inputs).logits
+            teacher = output_logits(self.teacher(**inputs))
         alpha = self.kd_config.alpha_at(self.state.global_step, self.state.max_steps)
-        kd = distillation_loss(outputs.logits, teacher_logits, self.kd_config.temperature)
+        student = output_logits(outputs)
+        kd = sum(distillation_loss(s, t, self.kd_config.temperature) for s, t in zip(student, teacher)) / len(student)
         loss = alpha * kd + (1.0 - alpha) * task_loss
         return (loss, outputs) if return_outputs else loss

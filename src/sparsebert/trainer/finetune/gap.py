@@ -37,7 +37,8 @@ def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     train_features = train_features.select_columns(model_inputs)
     eval_features = eval_features.select_columns(model_inputs)
     trainer = make_trainer(ctx, model, run_dir, seed, train_features, eval_features, default_data_collator,
-                           ["labels"], compute_metrics=_accuracy)
+                           ["labels"], compute_metrics=_accuracy, teacher_source=ctx.teacher_source("gap"),
+                           load_teacher=lambda source: load_gap_teacher(ctx.model_source, fcfg.gap_head, source))
     trainer.train()
     out = trainer.predict(eval_features)
     probs = softmax(out.predictions)
@@ -47,6 +48,15 @@ def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     write_gap_system_file(run_dir / "gap_system.tsv", ids, probs)
     metrics.update({"head": fcfg.gap_head, "train_examples": len(train_ex), "eval_examples": len(eval_ex)})
     return finish_run(ctx, trainer, run_dir, "gap", seed, metrics, started)
+
+
+def load_gap_teacher(encoder_source: str, head: str, teacher_dir: str) -> GapClassifier:
+    """A finetuned GAP model: the same architecture, with the weights its run saved (model.safetensors)."""
+    from safetensors.torch import load_file
+
+    teacher = GapClassifier.from_pretrained_encoder(encoder_source, head)
+    teacher.load_state_dict(load_file(str(Path(teacher_dir) / "model.safetensors")))
+    return teacher
 
 
 def _accuracy(p) -> dict[str, float]:

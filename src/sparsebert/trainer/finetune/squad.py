@@ -65,7 +65,8 @@ def run_squad(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict
 
     model = AutoModelForQuestionAnswering.from_pretrained(ctx.model_source)
     trainer = make_trainer(ctx, model, run_dir, seed, train_features, None, default_data_collator,
-                           ["start_positions", "end_positions"])
+                           ["start_positions", "end_positions"], teacher_source=ctx.teacher_source(task),
+                           load_teacher=AutoModelForQuestionAnswering.from_pretrained)
     trainer.train()
     out = trainer.predict(eval_features.remove_columns(["example_id", "offset_mapping"]))
     start_logits, end_logits = out.predictions[:2]
