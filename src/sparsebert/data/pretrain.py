@@ -19,7 +19,7 @@ from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerBas
 
 from sparsebert.config.sections import DataConfig
 from sparsebert.data.corpus import corpus_files, iter_documents
-from sparsebert.data.featurize import default_num_proc as _default_num_proc
+from sparsebert.data.featurize import default_num_proc
 from sparsebert.data.featurize import featurize, files_digest, source_digest
 from sparsebert.data.paths import HOW_TO_POINT
 from sparsebert.errors import SparseBertError
@@ -33,10 +33,6 @@ class PretrainData:
     eval: Any  # datasets.Dataset with input_ids and fixed labels (masked once, the same at every evaluation)
     train_documents: int
     eval_documents: int
-
-
-def default_num_proc(requested: int | None) -> int:
-    return _default_num_proc(requested)
 
 
 def _generate(files: tuple[str, ...], fmt: str, max_documents: int | None, signature: tuple[Any, ...]):

@@ -51,29 +51,26 @@ def task_dir(task: str) -> str:
     return task.replace(":", "_")
 
 
-def pretrain_metrics_of(source_name: str | None, output_root: Path) -> dict[str, float]:
-    """Eval loss and perplexity of our pretraining run the model came from (empty for other models)."""
+def finished_run_file(source_name: str | None, output_root: Path, filename: str) -> dict[str, Any]:
+    """A JSON file of the finished run of ours the model starts from (a path or a run name); {} otherwise."""
     if not source_name:
         return {}
     for run in (Path(source_name), output_root / source_name):
-        path = run / "metrics.json"
-        if (run / "DONE").is_file() and path.is_file():
-            m = json.loads(path.read_text())
-            return {k: m[k] for k in ("eval_loss", "perplexity") if k in m}
+        if (run / "DONE").is_file() and (run / filename).is_file():
+            return json.loads((run / filename).read_text())
     return {}
+
+
+def pretrain_metrics_of(source_name: str | None, output_root: Path) -> dict[str, float]:
+    """Eval loss and perplexity of our pretraining run the model came from (empty for other models)."""
+    metrics = finished_run_file(source_name, output_root, "metrics.json")
+    return {k: metrics[k] for k in ("eval_loss", "perplexity") if k in metrics}
 
 
 def sparsity_of_run(source_name: str | None, output_root: Path) -> SparsityConfig | None:
     """The sparsity section of our pretraining run, as masks read from its zeros (init "zeros")."""
-    if not source_name:
-        return None
-    for run in (Path(source_name), output_root / source_name):
-        path = run / "config.json"
-        if (run / "DONE").is_file() and path.is_file():
-            section = json.loads(path.read_text()).get("sparsity")
-            if section:
-                return from_dict(SparsityConfig, {**section, "init": "zeros"}, prefix="sparsity")
-    return None
+    section = finished_run_file(source_name, output_root, "config.json").get("sparsity")
+    return from_dict(SparsityConfig, {**section, "init": "zeros"}, prefix="sparsity") if section else None
 
 
 RUNNERS = {"glue": run_glue, "squad_v1": run_squad, "squad_v2": run_squad, "gap": run_gap, "csv": run_csv}
