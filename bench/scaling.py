@@ -24,7 +24,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-VARIANTS = ("bert_100k", "sparse_80_rigl")
+# variant -> (experiment, extra overrides). "trainer_ddp_defaults" is bert_100k with the DDP settings the
+# Transformers Trainer picks by itself (find_unused_parameters and buffer broadcast on): the lever's A/B.
+VARIANTS = {
+    "bert_100k": ("bert_100k", []),
+    "sparse_80_rigl": ("sparse_80_rigl", []),
+    "trainer_ddp_defaults": ("bert_100k", ["train.ddp.find_unused_parameters=true",
+                                           "train.ddp.broadcast_buffers=true"]),
+}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -41,11 +48,15 @@ def worker(args: argparse.Namespace) -> None:
                  "train.eval_at_start=false", "train.eval_steps=100000", "train.save_steps=100000",
                  "train.logging_steps=50", "train.report_to=[]", "train.dataloader_workers=4",
                  f"model.tokenizer={args.tokenizer}", f"model.size={args.size}"]
+    experiment, extra = VARIANTS[args.variant]
+    if args.compile:
+        extra = [*extra, "train.torch_compile=true"]
     data = random_blocks(args.steps * global_batch, 128, len(tokenizer), tokenizer, seed=0)
-    result = time_variant(Registry.from_directory(ROOT / "experiments"), args.variant, overrides, tokenizer,
-                          data, args.warmup)
+    result = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, [*overrides, *extra],
+                          tokenizer, data, args.warmup)
     if int(os.environ.get("RANK", "0")) == 0:
-        result.update({"gpus": world, "per_gpu_batch": args.batch})
+        result.update({"variant": args.variant, "gpus": world, "per_gpu_batch": args.batch,
+                       "compiled": args.compile})
         Path(args.result).write_text(json.dumps(result))
 
 
@@ -53,6 +64,32 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def report(results: list[dict], out: Path | None, table: bool = True) -> None:
+    """Efficiencies against the 1-GPU run of the same variant and per-GPU batch; the table; the JSON file."""
+    import torch
+
+    from sparsebert.env_info import git_commit
+
+    one_gpu = {(r["variant"], r["per_gpu_batch"]): r["samples_per_second"] for r in results if r["gpus"] == 1}
+    rows = []
+    for r in results:
+        # trainer_ddp_defaults has no 1-GPU run of its own: one process has no DDP, so it is bert_100k's
+        one = one_gpu.get((r["variant"], r["per_gpu_batch"])) or one_gpu.get((VARIANTS[r["variant"]][0],
+                                                                              r["per_gpu_batch"]))
+        if one:
+            r["scaling_efficiency"] = r["samples_per_second"] / (r["gpus"] * one)
+        rows.append(f"| {r['variant']} | {r['per_gpu_batch']} | {r['gpus']} | {r['samples_per_second']:.0f} "
+                    f"| {r.get('scaling_efficiency', float('nan')):.3f} |")
+    card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    summary = {"card": card, "gpus_on_machine": torch.cuda.device_count(),
+               "date": date.today().isoformat(), "commit": git_commit(ROOT), "runs": results}
+    if table:
+        print(f"\n{summary['card']} x{summary['gpus_on_machine']}\n| variant | per-GPU batch | GPUs | samples/s | "
+              "scaling efficiency |\n|---|---|---|---|---|\n" + "\n".join(rows), flush=True)
+    if out:
+        out.write_text(json.dumps(summary, indent=2) + "\n")
 
 
 def main() -> None:
@@ -63,6 +100,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--size", default="base", help="model size (tiny for a CPU smoke run)")
+    p.add_argument("--variants", default="bert_100k,sparse_80_rigl", help=f"any of {', '.join(VARIANTS)}")
+    p.add_argument("--compile", action="store_true", help="train.torch_compile=true in every variant")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="bert_100k", help=argparse.SUPPRESS)
@@ -72,44 +111,28 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    import torch
-
-    from sparsebert.env_info import git_commit
-
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         for batch in map(int, args.per_gpu_batch.split(",")):
             for n in map(int, args.gpus.split(",")):
-                for variant in VARIANTS:
+                for variant in args.variants.split(","):
+                    if variant == "trainer_ddp_defaults" and n == 1:
+                        continue  # one process has no DDP: its 1-GPU reference is bert_100k's
                     out = Path(tmp) / f"{variant}-{n}-{batch}.json"
                     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
                            "--master-port", str(free_port()), __file__, "--worker", "--variant", variant,
                            "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                           "--tokenizer", args.tokenizer, "--size", args.size, "--result", str(out)]
+                           "--tokenizer", args.tokenizer, "--size", args.size, "--result", str(out),
+                           *(["--compile"] if args.compile else [])]
                     done = subprocess.run(cmd, capture_output=True, text=True)
                     if done.returncode != 0 or not out.is_file():
                         print(done.stderr[-2000:], file=sys.stderr)
                         raise SystemExit(f"{variant} on {n} GPU(s), batch {batch} failed")
                     results.append(json.loads(out.read_text()))
                     print(json.dumps(results[-1]), flush=True)
+                    report(results, args.out, table=False)  # after every run: a cut-off call still leaves its numbers
 
-    def speed(variant: str, n: int, batch: int) -> float:
-        return next(r["samples_per_second"] for r in results
-                    if r["variant"] == variant and r["gpus"] == n and r["per_gpu_batch"] == batch)
-
-    rows = []
-    for r in results:
-        one = speed(r["variant"], 1, r["per_gpu_batch"])
-        r["scaling_efficiency"] = r["samples_per_second"] / (r["gpus"] * one)
-        rows.append(f"| {r['variant']} | {r['per_gpu_batch']} | {r['gpus']} | {r['samples_per_second']:.0f} "
-                    f"| {r['scaling_efficiency']:.3f} |")
-    card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    summary = {"card": card, "gpus_on_machine": torch.cuda.device_count(),
-               "date": date.today().isoformat(), "commit": git_commit(ROOT), "runs": results}
-    print(f"\n{summary['card']} x{summary['gpus_on_machine']}\n| variant | per-GPU batch | GPUs | samples/s | "
-          "scaling efficiency |\n|---|---|---|---|---|\n" + "\n".join(rows))
-    if args.out:
-        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+    report(results, args.out)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,26 @@ class DataConfig:
 
 
 @dataclass
+class DDPConfig:
+    """DistributedDataParallel settings (multi-process runs only). The defaults are the fast ones for BERT.
+
+    Transformers' Trainer turns ``find_unused_parameters`` on for every model without activation checkpointing,
+    which makes DDP walk the autograd graph after each forward; every sparsebert model uses all of its
+    parameters in the loss, so it is off here. BERT's buffers (position ids) never change, so they are not
+    broadcast from rank 0 before each forward either.
+    """
+
+    find_unused_parameters: bool = False  # True only for a custom model that leaves parameters out of the loss
+    broadcast_buffers: bool = False
+    bucket_cap_mb: int = 25  # gradient bucket size: all-reduce of one bucket overlaps the rest of the backward
+    static_graph: bool = False
+
+    def validate(self) -> None:
+        if self.bucket_cap_mb < 1:
+            raise ValueError(f"train.ddp.bucket_cap_mb must be >= 1, got {self.bucket_cap_mb}")
+
+
+@dataclass
 class TrainConfig:
     max_steps: int = 1000  # optimizer steps (ignored when epochs is set)
     epochs: float | None = None  # finetuning: passes over the training set instead of max_steps
@@ -101,8 +121,10 @@ class TrainConfig:
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])  # tensorboard, wandb
     dataloader_workers: int = 2
     torch_compile: bool = False
+    ddp: DDPConfig = field(default_factory=DDPConfig)
 
     def validate(self) -> None:
+        self.ddp.validate()
         if self.epochs is not None and self.epochs <= 0:
             raise ValueError(f"train.epochs must be > 0, got {self.epochs}")
         for name in ("max_steps", "global_batch_size", "eval_steps", "save_steps", "logging_steps",

@@ -50,6 +50,10 @@ class GapClassifier(nn.Module):
             raise SparseBertError(
                 "GapClassifier: the encoder must be a BertModel-like model with token types"
             )
+        if getattr(encoder, "pooler", None) is not None:
+            # no head reads the pooled [CLS] vector: an unused pooler would stall DistributedDataParallel,
+            # which here runs with find_unused_parameters=False (train.ddp)
+            encoder.pooler = None
         self.encoder = encoder
         self.head = head
         self.config = encoder.config  # lets the runner save the encoder config next to the state dict

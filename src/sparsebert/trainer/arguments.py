@@ -90,6 +90,10 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         logging_nan_inf_filter=False,  # a NaN loss must surface (and stop the run), not be averaged away
         report_to=list(cfg.report_to) or "none",
         dataloader_num_workers=cfg.dataloader_workers,
+        ddp_find_unused_parameters=cfg.ddp.find_unused_parameters,
+        ddp_broadcast_buffers=cfg.ddp.broadcast_buffers,
+        ddp_bucket_cap_mb=cfg.ddp.bucket_cap_mb,
+        ddp_static_graph=cfg.ddp.static_graph,
         dataloader_pin_memory=torch.cuda.is_available(),
         remove_unused_columns=False,
         label_names=label_names or ["labels"],

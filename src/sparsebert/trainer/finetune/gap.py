@@ -55,7 +55,9 @@ def load_gap_teacher(encoder_source: str, head: str, teacher_dir: str) -> GapCla
     from safetensors.torch import load_file
 
     teacher = GapClassifier.from_pretrained_encoder(encoder_source, head)
-    teacher.load_state_dict(load_file(str(Path(teacher_dir) / "model.safetensors")))
+    state = load_file(str(Path(teacher_dir) / "model.safetensors"))
+    # runs saved before the unused pooler was dropped still carry its weights
+    teacher.load_state_dict({k: v for k, v in state.items() if not k.startswith("encoder.pooler.")})
     return teacher
 
 

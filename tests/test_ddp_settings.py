@@ -1,0 +1,79 @@
+"""DistributedDataParallel settings: train.ddp reaches the Trainer, and every model sparsebert trains uses all of
+its parameters in the loss, which is what lets DDP run with find_unused_parameters=False (no autograd-graph walk
+after each forward). A parameter left out would make DDP fail at the second step of a multi-GPU run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertModel
+
+from sparsebert.config import Registry
+from sparsebert.config.schema import ConfigError
+from sparsebert.models.bert import BertForMaskedLMAtMasked
+from sparsebert.models.gap_heads import HEADS, GapClassifier
+from sparsebert.trainer.arguments import training_arguments
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+TINY = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=32, type_vocab_size=2)
+
+
+@pytest.fixture
+def registry() -> Registry:
+    return Registry.from_directory(EXPERIMENTS)
+
+
+def test_train_ddp_section_reaches_training_arguments(registry, tmp_path):
+    cfg = registry.build("bert_tiny_quick", ["train.ddp.bucket_cap_mb=50", "train.ddp.static_graph=true"])
+    args = training_arguments(cfg.train, tmp_path, cfg.seed, "x")
+    assert args.ddp_find_unused_parameters is False  # Trainer's own default would be True for these models
+    assert args.ddp_broadcast_buffers is False
+    assert args.ddp_bucket_cap_mb == 50
+    assert args.ddp_static_graph is True
+
+
+def test_bad_bucket_size_is_refused(registry):
+    with pytest.raises(ConfigError, match="train.ddp.bucket_cap_mb"):
+        registry.build("bert_tiny_quick", ["train.ddp.bucket_cap_mb=0"])
+
+
+def unused(model: torch.nn.Module, loss: torch.Tensor) -> list[str]:
+    loss.backward()
+    return [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+
+
+def batch(n: int = 3, length: int = 10) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {"input_ids": torch.randint(5, 60, (n, length), generator=g),
+            "attention_mask": torch.ones(n, length, dtype=torch.long),
+            "token_type_ids": torch.zeros(n, length, dtype=torch.long)}
+
+
+def test_mlm_model_uses_every_parameter():
+    torch.manual_seed(0)
+    model = BertForMaskedLMAtMasked(BertConfig(**TINY))
+    labels = torch.full((3, 10), -100)
+    labels[:, 2] = 7
+    assert unused(model, model(**batch(), labels=labels).loss) == []
+
+
+def test_glue_and_squad_models_use_every_parameter():
+    torch.manual_seed(0)
+    classifier = BertForSequenceClassification(BertConfig(**TINY, num_labels=2))
+    assert unused(classifier, classifier(**batch(), labels=torch.tensor([0, 1, 1])).loss) == []
+    qa = BertForQuestionAnswering(BertConfig(**TINY))
+    positions = torch.tensor([1, 2, 3])
+    assert unused(qa, qa(**batch(), start_positions=positions, end_positions=positions + 1).loss) == []
+
+
+@pytest.mark.parametrize("head", HEADS)
+def test_gap_heads_use_every_parameter(head):
+    torch.manual_seed(0)
+    model = GapClassifier(BertModel(BertConfig(**TINY)), head)  # the pooler, which no head reads, is dropped
+    assert not any(n.startswith("encoder.pooler.") for n, _ in model.named_parameters())
+    b = batch()
+    b.update(p_idx=torch.tensor([7, 7, 7]), a_idx=torch.tensor([2, 2, 2]), b_idx=torch.tensor([4, 4, 4]))
+    assert unused(model, model(**b, labels=torch.tensor([0, 1, 2])).loss) == []
