@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -35,7 +36,9 @@ VARIANTS = {
 
 
 def worker(args: argparse.Namespace) -> None:
-    """One configuration, inside torchrun: time it and let rank 0 write the result."""
+    """One world size and batch, inside torchrun: time each variant ``--repeats`` times (variants alternate, so
+    drift spreads over all of them); rank 0 writes the results. One launch per world size saves the start-up
+    (imports, process group) of every further run."""
     from sparse_overhead import random_blocks, time_variant
 
     from sparsebert.config import Registry
@@ -48,16 +51,20 @@ def worker(args: argparse.Namespace) -> None:
                  "train.eval_at_start=false", "train.eval_steps=100000", "train.save_steps=100000",
                  "train.logging_steps=50", "train.report_to=[]", "train.dataloader_workers=4",
                  f"model.tokenizer={args.tokenizer}", f"model.size={args.size}"]
-    experiment, extra = VARIANTS[args.variant]
-    if args.compile:
-        extra = [*extra, "train.torch_compile=true"]
     data = random_blocks(args.steps * global_batch, 128, len(tokenizer), tokenizer, seed=0)
-    result = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, [*overrides, *extra],
-                          tokenizer, data, args.warmup)
-    if int(os.environ.get("RANK", "0")) == 0:
-        result.update({"variant": args.variant, "gpus": world, "per_gpu_batch": args.batch,
-                       "compiled": args.compile})
-        Path(args.result).write_text(json.dumps(result))
+    registry = Registry.from_directory(ROOT / "experiments")
+    results = []
+    for repeat in range(args.repeats):
+        for variant in args.variant.split(","):
+            experiment, extra = VARIANTS[variant]
+            if args.compile:
+                extra = [*extra, "train.torch_compile=true"]
+            result = time_variant(registry, experiment, [*overrides, *extra], tokenizer, data, args.warmup)
+            result.update({"variant": variant, "gpus": world, "per_gpu_batch": args.batch, "repeat": repeat,
+                           "compiled": args.compile})
+            results.append(result)
+            if int(os.environ.get("RANK", "0")) == 0:
+                Path(args.result).write_text(json.dumps(results))
 
 
 def free_port() -> int:
@@ -66,28 +73,35 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def report(results: list[dict], out: Path | None, table: bool = True) -> None:
-    """Efficiencies against the 1-GPU run of the same variant and per-GPU batch; the table; the JSON file."""
+def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
+    """Median samples/s over repeats per (variant, GPUs, batch); efficiency against the 1-GPU median of the same
+    variant and per-GPU batch; the table; the JSON file (medians and every run)."""
     import torch
 
     from sparsebert.env_info import git_commit
 
-    one_gpu = {(r["variant"], r["per_gpu_batch"]): r["samples_per_second"] for r in results if r["gpus"] == 1}
-    rows = []
-    for r in results:
+    cells: dict[tuple[str, int, int], list[float]] = {}
+    for r in runs:
+        cells.setdefault((r["variant"], r["gpus"], r["per_gpu_batch"]), []).append(r["samples_per_second"])
+    medians = {k: statistics.median(v) for k, v in cells.items()}
+    rows, summary_rows = [], []
+    for (variant, n, batch), speed in medians.items():
         # trainer_ddp_defaults has no 1-GPU run of its own: one process has no DDP, so it is bert_100k's
-        one = one_gpu.get((r["variant"], r["per_gpu_batch"])) or one_gpu.get((VARIANTS[r["variant"]][0],
-                                                                              r["per_gpu_batch"]))
-        if one:
-            r["scaling_efficiency"] = r["samples_per_second"] / (r["gpus"] * one)
-        rows.append(f"| {r['variant']} | {r['per_gpu_batch']} | {r['gpus']} | {r['samples_per_second']:.0f} "
-                    f"| {r.get('scaling_efficiency', float('nan')):.3f} |")
+        one = medians.get((variant, 1, batch)) or medians.get((VARIANTS[variant][0], 1, batch))
+        eff = speed / (n * one) if one else None
+        summary_rows.append({"variant": variant, "gpus": n, "per_gpu_batch": batch, "samples_per_second": speed,
+                             "runs": cells[(variant, n, batch)], "scaling_efficiency": eff})
+        runs_text = " / ".join(f"{x:.0f}" for x in cells[(variant, n, batch)])
+        rows.append(f"| {variant} | {batch} | {n} | {speed:.0f} ({runs_text}) | "
+                    + (f"{eff:.3f} |" if eff else "- |"))
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    summary = {"card": card, "gpus_on_machine": torch.cuda.device_count(),
-               "date": date.today().isoformat(), "commit": git_commit(ROOT), "runs": results}
+    summary = {"card": card, "gpus_on_machine": torch.cuda.device_count(), "date": date.today().isoformat(),
+               "commit": git_commit(ROOT), "compiled": bool(runs and runs[0]["compiled"]), "cells": summary_rows,
+               "runs": runs}
     if table:
-        print(f"\n{summary['card']} x{summary['gpus_on_machine']}\n| variant | per-GPU batch | GPUs | samples/s | "
-              "scaling efficiency |\n|---|---|---|---|---|\n" + "\n".join(rows), flush=True)
+        print(f"\n{card} x{summary['gpus_on_machine']}, compiled={summary['compiled']}\n"
+              "| variant | per-GPU batch | GPUs | samples/s median (runs) | scaling efficiency |\n"
+              "|---|---|---|---|---|\n" + "\n".join(rows), flush=True)
     if out:
         out.write_text(json.dumps(summary, indent=2) + "\n")
 
@@ -101,6 +115,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--size", default="base", help="model size (tiny for a CPU smoke run)")
     p.add_argument("--variants", default="bert_100k,sparse_80_rigl", help=f"any of {', '.join(VARIANTS)}")
+    p.add_argument("--repeats", type=int, default=2, help="timed runs of each variant (median reported)")
     p.add_argument("--compile", action="store_true", help="train.torch_compile=true in every variant")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -111,28 +126,28 @@ def main() -> None:
     if args.worker:
         return worker(args)
 
-    results = []
+    runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for batch in map(int, args.per_gpu_batch.split(",")):
             for n in map(int, args.gpus.split(",")):
-                for variant in args.variants.split(","):
-                    if variant == "trainer_ddp_defaults" and n == 1:
-                        continue  # one process has no DDP: its 1-GPU reference is bert_100k's
-                    out = Path(tmp) / f"{variant}-{n}-{batch}.json"
-                    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
-                           "--master-port", str(free_port()), __file__, "--worker", "--variant", variant,
-                           "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
-                           "--tokenizer", args.tokenizer, "--size", args.size, "--result", str(out),
-                           *(["--compile"] if args.compile else [])]
-                    done = subprocess.run(cmd, capture_output=True, text=True)
-                    if done.returncode != 0 or not out.is_file():
-                        print(done.stderr[-2000:], file=sys.stderr)
-                        raise SystemExit(f"{variant} on {n} GPU(s), batch {batch} failed")
-                    results.append(json.loads(out.read_text()))
-                    print(json.dumps(results[-1]), flush=True)
-                    report(results, args.out, table=False)  # after every run: a cut-off call still leaves its numbers
+                # one process has no DDP: trainer_ddp_defaults' 1-GPU reference is bert_100k's
+                variants = [v for v in args.variants.split(",") if not (v == "trainer_ddp_defaults" and n == 1)]
+                out = Path(tmp) / f"{n}-{batch}.json"
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
+                       "--master-port", str(free_port()), __file__, "--worker", "--variant", ",".join(variants),
+                       "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
+                       "--repeats", str(args.repeats), "--tokenizer", args.tokenizer, "--size", args.size,
+                       "--result", str(out), *(["--compile"] if args.compile else [])]
+                done = subprocess.run(cmd, capture_output=True, text=True)
+                if done.returncode != 0 or not out.is_file():
+                    print(done.stderr[-2000:], file=sys.stderr)
+                    raise SystemExit(f"{variants} on {n} GPU(s), batch {batch} failed")
+                runs.extend(json.loads(out.read_text()))
+                for r in runs[-len(variants) * args.repeats:]:
+                    print(json.dumps(r), flush=True)
+                report(runs, args.out, table=False)  # after every launch: a cut-off call keeps its numbers
 
-    report(results, args.out)
+    report(runs, args.out)
 
 
 if __name__ == "__main__":

@@ -77,3 +77,21 @@ def test_gap_heads_use_every_parameter(head):
     b = batch()
     b.update(p_idx=torch.tensor([7, 7, 7]), a_idx=torch.tensor([2, 2, 2]), b_idx=torch.tensor([4, 4, 4]))
     assert unused(model, model(**b, labels=torch.tensor([0, 1, 2])).loss) == []
+
+
+def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
+    """The two settings TrainingArguments cannot carry are set on the handler Accelerate wraps the model with."""
+    from accelerate.utils import DDPCommunicationHookType
+
+    from sparsebert.trainer.hooks import build_hooks
+    from sparsebert.trainer.trainer import SparseBertTrainer
+
+    cfg = registry.build("bert_tiny_quick", ["train.ddp.comm_hook=bf16"])
+    model = BertForMaskedLMAtMasked(BertConfig(**TINY))
+    args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
+    trainer = SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
+    handler = trainer.accelerator.ddp_handler
+    assert handler.gradient_as_bucket_view is True
+    assert handler.comm_hook == DDPCommunicationHookType.BF16
+    assert handler.find_unused_parameters is False
+    assert handler.bucket_cap_mb == 25

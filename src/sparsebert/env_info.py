@@ -14,6 +14,10 @@ PACKAGES = ("sparsebert", "torch", "transformers", "accelerate", "datasets", "to
 
 
 def git_commit(cwd: Path | None = None) -> str | None:
+    """HEAD of the checkout (with -dirty for uncommitted changes), or $SPARSEBERT_COMMIT where it is set: a copy
+    of the working tree on another machine may carry no .git, or a stale one."""
+    if os.environ.get("SPARSEBERT_COMMIT"):
+        return os.environ["SPARSEBERT_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
                              capture_output=True, text=True, timeout=5)

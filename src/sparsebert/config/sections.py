@@ -90,10 +90,16 @@ class DDPConfig:
     broadcast_buffers: bool = False
     bucket_cap_mb: int = 25  # gradient bucket size: all-reduce of one bucket overlaps the rest of the backward
     static_graph: bool = False
+    # gradients live in the all-reduce buckets: no copy kernel per parameter and step, less memory
+    gradient_as_bucket_view: bool = True
+    # "bf16" / "fp16": all-reduce gradients in half precision (half the bytes on the wire, rounded gradients)
+    comm_hook: str = "none"
 
     def validate(self) -> None:
         if self.bucket_cap_mb < 1:
             raise ValueError(f"train.ddp.bucket_cap_mb must be >= 1, got {self.bucket_cap_mb}")
+        if self.comm_hook not in ("none", "bf16", "fp16"):
+            raise ValueError(f"train.ddp.comm_hook must be none, bf16 or fp16, got {self.comm_hook!r}")
 
 
 @dataclass

@@ -6,6 +6,7 @@ taking one keyword argument (None = off) and passing everything else on:
 - ``sparsity=``      SparseTrainingMixin (sparse_training.py): exact masks, RigL / GMP
 - ``distillation=``  DistillationMixin (distillation.py): teacher soft targets
 - ``onecycle=``      OneCycleMixin (onecycle.py): torch OneCycleLR
+- ``ddp=``           DDPTuningMixin (ddp.py): DDP settings TrainingArguments cannot carry (train.ddp)
 - always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
 """
 
@@ -17,6 +18,7 @@ import time
 from transformers import Trainer, TrainerCallback
 
 from sparsebert.errors import SparseBertError
+from sparsebert.trainer.ddp import DDPTuningMixin
 from sparsebert.trainer.distillation import DistillationMixin
 from sparsebert.trainer.onecycle import OneCycleMixin
 from sparsebert.trainer.sparse_training import SparseTrainingMixin
@@ -86,5 +88,6 @@ class ThroughputLoggingMixin:
         return metrics
 
 
-class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, ThroughputLoggingMixin, Trainer):
+class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, ThroughputLoggingMixin,
+                        Trainer):
     """The Trainer every sparsebert job runs."""

@@ -1,0 +1,31 @@
+"""DDPTuningMixin: the train.ddp settings that TrainingArguments has no field for.
+
+``find_unused_parameters``, ``broadcast_buffers``, ``bucket_cap_mb`` and ``static_graph`` travel as
+TrainingArguments (arguments.py). ``gradient_as_bucket_view`` and the communication hook are set here on the
+DistributedDataParallelKwargs handler the Trainer gives Accelerate; Accelerate reads it when it wraps the model
+at the start of training, so setting it after ``Trainer.__init__`` is in time.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sparsebert.config.sections import DDPConfig
+
+log = logging.getLogger(__name__)
+
+
+class DDPTuningMixin:
+    def __init__(self, *args, ddp: DDPConfig | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        handler = getattr(self.accelerator, "ddp_handler", None)
+        if ddp is None:
+            return
+        if handler is None:
+            log.warning("this Accelerate version exposes no DDP handler: train.ddp.gradient_as_bucket_view and "
+                        "train.ddp.comm_hook are not applied")
+            return
+        from accelerate.utils import DDPCommunicationHookType
+
+        handler.gradient_as_bucket_view = ddp.gradient_as_bucket_view
+        handler.comm_hook = DDPCommunicationHookType("no" if ddp.comm_hook == "none" else ddp.comm_hook)
