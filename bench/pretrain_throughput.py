@@ -1,0 +1,152 @@
+"""Pretraining throughput: sparsebert's real training step against a plain Hugging Face loop, same call, same card.
+
+Baseline (the issue's reference, written here in ~30 lines): ``BertForMaskedLM`` with the BERT-base config, seq 128,
+batch 256, bf16 autocast, fused AdamW, random full-length sequences with 15 % of positions labelled, a plain
+``forward / backward / step`` loop; eager and sdpa attention, then sdpa + ``torch.compile``.
+
+Ours: the registry's ``bert_100k`` (dense) and ``sparse_80_rigl`` through SparseBertTrainer (MLM collator with
+content-seeded masking, decoder only at masked positions, fused AdamW, bf16), eager and with
+``train.torch_compile=true``.
+
+MFU counts the baseline's model FLOPs for every variant, 6 * (matmul params incl. the full decoder) + 12 * L * H * S
+per token, against the card's dense bf16 peak (--peak-tflops; 781 measured on H100 in the issue), so MFU is
+proportional to samples/s and the ratio column says how much faster each variant does the same job.
+
+    python bench/pretrain_throughput.py --tokenizer minilm --out pretrain_throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+SEQ = 128
+
+
+def flops_per_token(cfg) -> float:
+    h, layers, inter, vocab = cfg.hidden_size, cfg.num_hidden_layers, cfg.intermediate_size, cfg.vocab_size
+    matmul_params = layers * (4 * h * h + 2 * h * inter) + h * h + h * vocab  # encoder, MLM transform, decoder
+    return 6 * matmul_params + 12 * layers * h * SEQ
+
+
+def baseline(vocab: int, batch: int, steps: int, warmup: int, attn: str, compiled: bool) -> dict:
+    """The plain loop: no Trainer, no collator, nothing but the model and the optimizer."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=vocab)
+    model = BertForMaskedLM._from_config(cfg, attn_implementation=attn).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+    step_fn = torch.compile(model) if compiled else model
+    g = torch.Generator(device="cuda").manual_seed(0)
+    ids = torch.randint(1000, vocab, (steps, batch, SEQ), device="cuda", generator=g)
+    picked = torch.rand(steps, batch, SEQ, device="cuda", generator=g) < 0.15
+    labels = torch.where(picked, ids, torch.full_like(ids, -100))
+    torch.cuda.reset_peak_memory_stats()
+    start = 0.0
+    for i in range(steps):
+        if i == warmup:
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = step_fn(input_ids=ids[i], labels=labels[i]).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / (steps - warmup)
+    return {"variant": f"plain HF BertForMaskedLM, {attn}" + (" + torch.compile" if compiled else ""),
+            "step_ms": 1000 * seconds, "samples_per_second": batch / seconds,
+            "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30, "flops_config": cfg}
+
+
+def ours(experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: int, compiled: bool) -> dict:
+    from sparse_overhead import random_blocks, time_variant
+
+    from sparsebert.config import Registry
+    from sparsebert.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_path)
+    overrides = [f"train.max_steps={steps}", "train.warmup_steps=10", f"train.global_batch_size={batch}",
+                 "train.eval_at_start=false", "train.eval_steps=100000", "train.save_steps=100000",
+                 "train.logging_steps=50", "train.report_to=[]", "train.dataloader_workers=4",
+                 f"model.tokenizer={tokenizer_path}", f"train.torch_compile={str(compiled).lower()}"]
+    data = random_blocks(steps * batch, SEQ, len(tokenizer), tokenizer, seed=0)
+    r = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, overrides, tokenizer, data, warmup)
+    r["variant"] = f"sparsebert {experiment}" + (" + torch.compile" if compiled else "")
+    return r
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tokenizer", default="minilm")
+    p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--steps", type=int, default=50, help="baseline steps (the first --warmup untimed)")
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--ours-steps", type=int, default=120, help="Trainer steps (RigL: one update per 100)")
+    p.add_argument("--peak-tflops", type=float, default=781.0, help="dense bf16 matmul peak of the card")
+    p.add_argument("--skip", default="", help="comma list of variant keys to skip: eager,sdpa,compiled,ours-eager")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("pretrain_throughput: needs a CUDA GPU (bf16, fused AdamW)")
+
+    from transformers import BertConfig
+
+    from sparsebert.data.tokenizer import load_tokenizer
+    from sparsebert.env_info import git_commit
+
+    vocab = len(load_tokenizer(args.tokenizer))
+    skip = set(args.skip.split(","))
+    results = []
+    plan = [("eager", lambda: baseline(vocab, args.batch, args.steps, args.warmup, "eager", False)),
+            ("sdpa", lambda: baseline(vocab, args.batch, args.steps, args.warmup, "sdpa", False)),
+            ("compiled", lambda: baseline(vocab, args.batch, args.steps, args.warmup, "sdpa", True)),
+            ("ours-eager", lambda: ours("bert_100k", args.tokenizer, args.batch, args.ours_steps, args.warmup,
+                                        False)),
+            ("ours", lambda: ours("bert_100k", args.tokenizer, args.batch, args.ours_steps, args.warmup, True)),
+            ("ours-sparse", lambda: ours("sparse_80_rigl", args.tokenizer, args.batch, args.ours_steps,
+                                         args.warmup, True))]
+    for key, fn in plan:
+        if key in skip:
+            continue
+        r = fn()
+        r.pop("flops_config", None)
+        r["key"] = key
+        results.append(r)
+        print(json.dumps(r), flush=True)
+        torch.cuda.empty_cache()
+
+    per_token = flops_per_token(BertConfig(vocab_size=vocab))
+    reference = next((r for r in results if r["key"] == "compiled"), results[0])
+    card = torch.cuda.get_device_name(0)
+    lines = [f"\n{card}, batch {args.batch}, seq {SEQ}\n",
+             "| variant | samples/s | tokens/s | MFU | peak memory GB | ratio vs compiled baseline |",
+             "|---|---|---|---|---|---|"]
+    for r in results:
+        r["tokens_per_second"] = r["samples_per_second"] * SEQ
+        r["mfu"] = r["tokens_per_second"] * per_token / (args.peak_tflops * 1e12)
+        r["ratio"] = r["samples_per_second"] / reference["samples_per_second"]
+        lines.append(f"| {r['variant']} | {r['samples_per_second']:.0f} | {r['tokens_per_second']:.0f} | "
+                     f"{100 * r['mfu']:.1f} % | {r['peak_memory_gb']:.1f} | {r['ratio']:.2f} |")
+    print("\n".join(lines))
+    summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
+               "torch": torch.__version__, "batch": args.batch, "seq": SEQ, "flops_per_token": per_token,
+               "peak_tflops": args.peak_tflops, "reference": reference["variant"], "runs": results}
+    if args.out:
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
