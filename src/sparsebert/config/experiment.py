@@ -52,6 +52,10 @@ class ExperimentConfig:
                 raise ConfigError(f"{hook} needs a sparsity section (the target sparsity and which layers)")
         if self.rigl is not None and self.gmp is not None:
             raise ConfigError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
+        evolving = self.rigl is not None or self.gmp is not None
+        if evolving and self.sparsity is not None and self.sparsity.pattern == "2:4":
+            raise ConfigError('rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number '
+                              "of weights per group; 2:4 masks stay fixed")
         if not self.is_finetuning and self.train.epochs is not None:
             raise ConfigError("train.epochs is for finetuning; pretraining runs train.max_steps optimizer steps")
         if self.is_finetuning and not self.model.init_from:

@@ -1,4 +1,5 @@
-"""Sparse training core: select weights, build and apply masks, evolve them with RigL or GMP, and report.
+"""Sparse training core: select weights, build and apply masks, evolve them with RigL or GMP, and report; export
+2:4 masked Linear layers to semi-structured sparse tensors for inference.
 
 Plain PyTorch on purpose (nothing from ``transformers``): it works on any ``nn.Module`` whose parameter names
 the include/exclude regexes can address.
@@ -8,28 +9,34 @@ from .config import DEFAULT_INCLUDE, GMPConfig, RigLConfig, SparsityConfig
 from .controller import SparsityController
 from .distribution import erk_densities, explicit_densities, layer_densities, uniform_densities
 from .gmp import gmp_sparsity, gmp_update_due
+from .masks import nm_mask
 from .report import layer_type, sparsity_report
 from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
 from .selection import select_parameters
+from .semi_structured import SemiStructuredLinear, is_two_four, to_semi_structured
 
 __all__ = [
     "DEFAULT_INCLUDE",
     "GMPConfig",
     "MaskChange",
     "RigLConfig",
+    "SemiStructuredLinear",
     "SparsityConfig",
     "SparsityController",
     "erk_densities",
     "explicit_densities",
     "gmp_sparsity",
     "gmp_update_due",
+    "is_two_four",
     "layer_densities",
     "layer_type",
+    "nm_mask",
     "rigl_drop_fraction",
     "rigl_global_change",
     "rigl_layer_change",
     "rigl_update_due",
     "select_parameters",
     "sparsity_report",
+    "to_semi_structured",
     "uniform_densities",
 ]

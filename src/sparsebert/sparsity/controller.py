@@ -17,7 +17,7 @@ from torch import nn
 from .config import GMPConfig, RigLConfig, SparsityConfig
 from .distribution import kept_count, layer_densities
 from .gmp import gmp_prune, gmp_sparsity, gmp_update_due
-from .masks import apply_masks_, magnitude_mask, make_generator, random_mask
+from .masks import apply_masks_, magnitude_mask, make_generator, nm_mask, nm_violations, random_mask
 from .optimizer_state import reset_optimizer_state
 from .persistence import load_sparsity_state, save_sparsity_state
 from .report import sparsity_report
@@ -45,6 +45,11 @@ class SparsityController:
         sparsity.validate()
         if rigl is not None and gmp is not None:
             raise ValueError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
+        if sparsity.pattern == "2:4" and (rigl is not None or gmp is not None):
+            raise ValueError(
+                'rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number of weights per '
+                "group; 2:4 masks stay fixed"
+            )
         if rigl is not None:
             rigl.validate()
         if gmp is not None:
@@ -61,6 +66,8 @@ class SparsityController:
         self._growth_grads: dict[str, torch.Tensor] | None = None
 
         self.params = select_parameters(model, sparsity)
+        if sparsity.pattern == "2:4":
+            self._check_two_four_shapes()
         self.target_densities = layer_densities(sparsity, {n: tuple(p.shape) for n, p in self.params.items()})
         self.masks = self._given_masks(masks) if masks is not None else self._initial_masks()
         self.initial_masks = {n: m.clone() for n, m in self.masks.items()}
@@ -156,9 +163,11 @@ class SparsityController:
         self.load_state_dict(load_sparsity_state(directory))
 
     def report(self) -> dict[str, Any]:
-        return sparsity_report(self.model, self.masks)
+        return sparsity_report(self.model, self.masks, pattern=self.sparsity.pattern)
 
     def _initial_masks(self) -> dict[str, torch.Tensor]:
+        if self.sparsity.pattern == "2:4":
+            return self._two_four_masks()
         # One generator for all layers, consumed in a fixed order: equal-shaped layers (Q, K, V) must not get
         # identical random masks. The (seed, 0) stream is free: updates happen after step t >= 1.
         generator = make_generator(self.seed, 0, self._device)
@@ -172,6 +181,30 @@ class SparsityController:
                 # GMP starts denser and prunes towards the target; a layer already sparser stays as is.
                 density = max(density, 1.0 - self.gmp.initial_sparsity)
             masks[name] = build(param, kept_count(density, param.numel()), generator)
+        return masks
+
+    def _check_two_four_shapes(self) -> None:
+        for name, param in self.params.items():
+            if param.dim() != 2 or param.shape[1] % 4:
+                raise ValueError(
+                    f'sparsity.pattern "2:4" needs 2-D weights whose input dimension (columns) is a multiple of '
+                    f"4: {name} has shape {tuple(param.shape)}; exclude it with sparsity.exclude"
+                )
+
+    def _two_four_masks(self) -> dict[str, torch.Tensor]:
+        """Fixed 2:4 masks: from the weights' magnitudes, or (init "zeros") from a model that is already 2:4."""
+        masks = {}
+        for name, param in self.params.items():
+            if self.sparsity.init == "zeros":
+                bad = nm_violations(param)
+                if bad:
+                    raise ValueError(
+                        f'sparsity.init "zeros" with sparsity.pattern "2:4": {name} is not 2:4 ({bad} groups of 4 '
+                        'have more than 2 non-zeros); use init "magnitude" to prune it to 2:4'
+                    )
+            # For "zeros" the non-zeros are then among the 2 largest |w| of their group, so this keeps all of
+            # them and tops up a group with fewer than 2 non-zeros with its first zeros: exactly half stays active.
+            masks[name] = nm_mask(param)
         return masks
 
     @property
@@ -191,6 +224,11 @@ class SparsityController:
                     f"mask for {name!r} has shape {tuple(mask.shape)}, the weight {tuple(param.shape)}"
                 )
             result[name] = mask.to(device=param.device, dtype=torch.bool).clone()
+            if self.sparsity.pattern == "2:4" and (bad := nm_violations(result[name])):
+                raise ValueError(
+                    f'mask for {name!r} is not 2:4 ({bad} groups of 4 have more than 2 active weights) but '
+                    'sparsity.pattern is "2:4"'
+                )
         return result
 
     def _commit(self, name: str, change: MaskChange) -> None:

@@ -53,6 +53,38 @@ def magnitude_mask(weight: torch.Tensor, n_active: int, generator: torch.Generat
     return mask_from_indices(top_k_indices(weight.detach().abs(), everything, n_active, generator), weight)
 
 
+def _groups(tensor: torch.Tensor, m: int) -> torch.Tensor:
+    """``tensor`` [out, in] viewed as [out * in / m, m]: groups of ``m`` consecutive entries of a row."""
+    if tensor.dim() != 2 or tensor.shape[1] % m:
+        raise ValueError(
+            f"N:M sparsity groups {m} consecutive weights of a row: need a 2-D weight whose input dimension "
+            f"is a multiple of {m}, got shape {tuple(tensor.shape)}"
+        )
+    return tensor.reshape(-1, m)
+
+
+def nm_mask(weight: torch.Tensor, n: int = 2, m: int = 4) -> torch.Tensor:
+    """Keep the ``n`` entries of largest |w| in every group of ``m`` consecutive entries of each row.
+
+    Rows are a Linear's output units and columns its inputs, so groups run along the input dimension, the
+    layout sparse tensor cores expect (columns ``m*j .. m*j+m-1`` of each row). Ties are broken
+    deterministically towards the lower column: a stable descending sort keeps equal values in index order. No
+    generator is needed: unlike the top-k over a whole layer in ``top_k_indices``, there is no large class of
+    tied scores to spread out, only occasional equal |w| inside one group of 4 (mostly exact zeros, e.g. a model
+    that already has fewer than 2 non-zeros in a group), where either choice is as good.
+    """
+    groups = _groups(weight.detach().abs(), m)
+    keep = torch.sort(groups, dim=1, descending=True, stable=True).indices[:, :n]
+    mask = torch.zeros_like(groups, dtype=torch.bool)
+    mask.scatter_(1, keep, True)
+    return mask.view(weight.shape)
+
+
+def nm_violations(tensor: torch.Tensor, n: int = 2, m: int = 4) -> int:
+    """Number of groups of ``m`` (as in ``nm_mask``) with more than ``n`` non-zero (or True) entries."""
+    return int((_groups(tensor.detach(), m) != 0).sum(dim=1).gt(n).sum())
+
+
 @torch.no_grad()
 def apply_masks_(weights: list[torch.Tensor], masks: list[torch.Tensor]) -> None:
     """Zero every inactive weight in place.

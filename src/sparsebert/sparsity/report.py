@@ -2,7 +2,8 @@
 
 Numbers count actual zeros in the weights, not mask bits, so the report cannot overstate sparsity (e.g. if
 something wrote into masked weights). The headline says what was pruned and what was not, because "80% sparse
-BERT" usually means 80% of the encoder Linear weights, which is far from 80% of the whole model.
+BERT" usually means 80% of the encoder Linear weights, which is far from 80% of the whole model. For 2:4 masks it
+says "2:4 semi-structured" only if the weights really are 2:4, since that is what the sparse kernels need.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from .masks import nm_violations
 
 _LAYER_TYPES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (kind, re.compile(pattern))
@@ -36,8 +39,14 @@ def layer_type(name: str) -> str:
     return next((kind for kind, pattern in _LAYER_TYPES if pattern.search(name)), "other")
 
 
-def sparsity_report(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> dict[str, Any]:
-    """JSON-serializable sparsity summary of ``model`` whose selected (masked) weights are ``masks``' keys."""
+def sparsity_report(
+    model: nn.Module, masks: Mapping[str, torch.Tensor], pattern: str = "unstructured"
+) -> dict[str, Any]:
+    """JSON-serializable sparsity summary of ``model`` whose selected (masked) weights are ``masks``' keys.
+
+    ``pattern`` is the mask pattern of the sparsity config; for "2:4" the selected totals also count the
+    tensors whose weights are actually 2:4 (``two_four_tensors``).
+    """
     params = dict(model.named_parameters())
     layers = []
     for name, mask in masks.items():
@@ -66,6 +75,8 @@ def sparsity_report(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> dict
         "nonzero": sum(layer["nonzero"] for layer in layers),
     }
     selected["sparsity"] = _sparsity(selected["nonzero"], selected["total"])
+    if pattern == "2:4":
+        selected["two_four_tensors"] = sum(nm_violations(params[name]) == 0 for name in masks)
     whole = _count(params.values())
     without_embeddings = _count(p for name, p in params.items() if not _EMBEDDINGS.search(name))
     return {
@@ -74,7 +85,8 @@ def sparsity_report(model: nn.Module, masks: Mapping[str, torch.Tensor]) -> dict
         "selected": selected,
         "model": whole,
         "model_excluding_embeddings": without_embeddings,
-        "headline": _headline(by_type, selected, whole, without_embeddings),
+        "pattern": pattern,
+        "headline": _headline(by_type, selected, whole, without_embeddings, pattern),
     }
 
 
@@ -90,7 +102,7 @@ def _sparsity(nonzero: int, total: int) -> float:
     return 1.0 - nonzero / total if total else 0.0
 
 
-def _headline(by_type: dict, selected: dict, whole: dict, without_embeddings: dict) -> str:
+def _headline(by_type: dict, selected: dict, whole: dict, without_embeddings: dict, pattern: str) -> str:
     parts = []
     if _ENCODER_LINEAR & by_type.keys():
         parts.append("encoder linear layers")
@@ -100,7 +112,14 @@ def _headline(by_type: dict, selected: dict, whole: dict, without_embeddings: di
         parts.append("MLM head")
     if "other" in by_type:
         parts.append("other layers")
-    text = f"{selected['sparsity']:.1%} sparse {' + '.join(parts)} ({selected['tensors']} tensors)"
+    what = f"{' + '.join(parts)} ({selected['tensors']} tensors)"
+    text = f"{selected['sparsity']:.1%} sparse {what}"
+    if pattern == "2:4":
+        off = selected["tensors"] - selected["two_four_tensors"]
+        if off:  # something wrote into masked weights: the kernels cannot use these tensors as they are
+            text = f"2:4 masks, but {off} of {selected['tensors']} tensors not 2:4 in the weights: {text}"
+        else:
+            text = f"2:4 semi-structured ({selected['sparsity']:.1%} sparse) {what}"
     if "word_embeddings" not in by_type:
         text += "; embeddings dense"
     return (

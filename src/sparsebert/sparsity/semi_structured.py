@@ -1,0 +1,161 @@
+"""Inference export of 2:4 sparse Linear layers to PyTorch semi-structured sparse tensors.
+
+A weight trained with ``pattern: "2:4"`` masks is still stored dense; sparse tensor cores (NVIDIA sm80+) only
+skip the zeros once the weight is compressed into values + metadata. ``to_semi_structured`` does that for every
+eligible ``nn.Linear`` of a model, in place, for inference (the compressed weights take no gradient and are not
+meant for ``state_dict`` round trips: keep the dense checkpoint and convert after loading).
+
+Torch's constraints (``torch/sparse/semi_structured.py``): CUDA tensors only; 2-D; contiguous; per backend a
+dtype table whose (min rows, min cols) both bound and divide the weight's shape. For bf16/fp16 that is (16, 16)
+with cuSPARSELt and (32, 64) with CUTLASS; float32 runs only on CUTLASS, (32, 32). torch's CUTLASS kernels run
+only on sm8x (Ampere/Ada): on Hopper and newer only cuSPARSELt works. The sparse matmul itself is 2-D only, so
+``SemiStructuredLinear`` flattens leading (batch, seq) dimensions around it.
+
+Faster is not guaranteed: on an H200 (torch 2.11, cuSPARSELt 0.8) every 2:4 matmul took about 0.45 ms whatever
+its size (dense: 0.02-0.2 ms for BERT-base layers), so the exported BERT ran 5-15x slower than the same masked
+weights run dense (``bench/semi_structured.py``; see also pytorch/pytorch#153825). Measure on the target card.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.sparse import (
+    SparseSemiStructuredTensor,
+    SparseSemiStructuredTensorCUSPARSELT,
+    SparseSemiStructuredTensorCUTLASS,
+)
+
+from .masks import nm_violations
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "cutlass", "cusparselt")
+# int8 / float8 need scaled matmuls with their own scales: out of scope for a drop-in Linear.
+_FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def is_two_four(weight: torch.Tensor) -> bool:
+    """True if ``weight`` [out, in] has at most 2 non-zeros in every group of 4 consecutive entries of a row.
+
+    A weight whose input dimension is not a multiple of 4 (or that is not 2-D) cannot be 2:4: False.
+    """
+    if weight.dim() != 2 or weight.shape[1] % 4:
+        return False
+    return nm_violations(weight) == 0
+
+
+class SemiStructuredLinear(nn.Linear):
+    """An ``nn.Linear`` whose weight is a ``SparseSemiStructuredTensor``; inference only.
+
+    The subclass's matmul raises "Broadcasting is not implemented" for N-D operands, and its own ``linear``
+    handler flattens with ``view``, which fails on non-contiguous activations; ``reshape`` here is a free view
+    for contiguous inputs and a copy otherwise. Inputs are cast to the weight's dtype and the output back to the
+    input's dtype, so converting some layers of an fp32 model leaves the rest of it as it was (both casts are
+    no-ops when the model already runs in the export dtype).
+    """
+
+    @classmethod
+    def from_linear(
+        cls, linear: nn.Linear, dtype: torch.dtype, sparse_cls: type[SparseSemiStructuredTensor]
+    ) -> SemiStructuredLinear:
+        # Built on the meta device so no dense weight is allocated only to be replaced.
+        new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
+        dense = linear.weight.detach().to(dtype).contiguous()
+        new.weight = nn.Parameter(sparse_cls.from_dense(dense), requires_grad=False)
+        if linear.bias is not None:
+            # cuSPARSELt fuses the bias only in the weight's dtype.
+            new.bias = nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+        new.train(linear.training)
+        return new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        out = F.linear(x.reshape(-1, x.shape[-1]).to(self.weight.dtype), self.weight, self.bias)
+        return out.view(*lead, out.shape[-1]).to(x.dtype)
+
+
+def to_semi_structured(
+    model: nn.Module,
+    dtype: torch.dtype = torch.bfloat16,
+    names: Iterable[str] | None = None,
+    backend: str = "auto",
+) -> list[str]:
+    """Replace each eligible ``nn.Linear`` of ``model`` (on a CUDA sm80+ GPU) by a ``SemiStructuredLinear``.
+
+    Eligible: the weight is 2:4 (``is_two_four``) and its shape meets the backend's constraints for ``dtype``.
+    ``names``: module names (as in ``named_modules()``) to consider; None: every Linear. A named module that is
+    not a Linear is an error; ineligible ones are skipped and logged with the reason. ``backend``: "cusparselt",
+    "cutlass" (what ``SparseSemiStructuredTensor._FORCE_CUTLASS`` selects; sm8x only), or "auto" (cuSPARSELt
+    where this torch build has it, else CUTLASS). The chosen class is called directly rather than flipping the
+    global flag. The capability check uses the current CUDA device, where the model is expected to be.
+    Returns the names of the converted modules; the rest of the model is untouched.
+    """
+    if not torch.cuda.is_available():
+        raise RuntimeError("semi-structured sparse kernels need a CUDA GPU (sm80+); CUDA is not available here")
+    sparse_cls = _backend_class(backend, torch.cuda.get_device_capability())
+    if dtype not in _FLOAT_DTYPES or dtype not in sparse_cls._DTYPE_SHAPE_CONSTRAINTS:
+        supported = [d for d in _FLOAT_DTYPES if d in sparse_cls._DTYPE_SHAPE_CONSTRAINTS]
+        raise ValueError(f"dtype {dtype} is not supported by the {sparse_cls.BACKEND} backend; use one of {supported}")
+    limits = sparse_cls._DTYPE_SHAPE_CONSTRAINTS[dtype]
+    min_rows, min_cols = limits.sparse_min_rows, limits.sparse_min_cols
+
+    modules = dict(model.named_modules())
+    if names is None:
+        candidates = [n for n, m in modules.items() if isinstance(m, nn.Linear) and n]
+    else:
+        candidates = list(names)
+        for name in candidates:
+            if not name or not isinstance(modules.get(name), nn.Linear):
+                raise ValueError(f"{name!r} is not an nn.Linear submodule of the model")
+
+    converted: list[str] = []
+    skipped: list[str] = []
+    for name in candidates:
+        linear = modules[name]
+        weight = linear.weight
+        if isinstance(linear, SemiStructuredLinear) or isinstance(weight, SparseSemiStructuredTensor):
+            skipped.append(f"{name} (already semi-structured)")
+            continue
+        if not weight.is_cuda:
+            raise RuntimeError(f"{name} is on {weight.device}: move the model to the CUDA GPU before exporting")
+        rows, cols = weight.shape
+        if not is_two_four(weight):
+            skipped.append(f"{name} (not 2:4)")
+        elif rows % min_rows or cols % min_cols:  # multiples of a positive minimum are also >= it
+            skipped.append(f"{name} (shape {rows}x{cols} is not a multiple of ({min_rows}, {min_cols}))")
+        else:
+            parent, _, child = name.rpartition(".")
+            sparse = SemiStructuredLinear.from_linear(linear, dtype, sparse_cls)
+            setattr(model.get_submodule(parent), child, sparse)
+            converted.append(name)
+    if skipped:
+        log.info(
+            "semi-structured export (%s) kept %d Linear layers as they were: %s",
+            sparse_cls.BACKEND,
+            len(skipped),
+            ", ".join(skipped),
+        )
+    return converted
+
+
+def _backend_class(backend: str, capability: tuple[int, int]) -> type[SparseSemiStructuredTensor]:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+    if capability < (8, 0):
+        raise RuntimeError(f"semi-structured sparse kernels need a CUDA GPU (sm80+); this one is sm{capability[0]}x")
+    has_cusparselt = torch.backends.cusparselt.is_available()
+    if backend == "cusparselt" and not has_cusparselt:
+        raise RuntimeError('backend "cusparselt": this torch build has no cuSPARSELt; use "cutlass" or "auto"')
+    if backend == "cusparselt" or (backend == "auto" and has_cusparselt):
+        return SparseSemiStructuredTensorCUSPARSELT
+    if capability[0] != 8:  # the kernels would fail at the first matmul, long after the export "worked"
+        raise RuntimeError(
+            f"torch's CUTLASS semi-structured kernels run only on sm8x GPUs, this one is sm{capability[0]}x: "
+            'use backend "cusparselt"'
+        )
+    return SparseSemiStructuredTensorCUTLASS
