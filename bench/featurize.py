@@ -4,30 +4,46 @@ featurizer (``sparsebert.data.featurize``) at 1, 2, 4, 8, 16 worker processes, s
 Workloads:
   squad  SQuAD v1.1 dev (10570 questions): training windows, max_seq_length 384, doc_stride 128, query 64,
          256 questions per batch (the featurizer's default)
-  wiki   the Wikipedia mirror: documents packed into blocks of 128 tokens (256 documents per batch)
+  wiki   the Wikipedia mirror: documents packed into blocks of 128 tokens (256 documents per batch); all its
+         files by default, the first N with ``--wiki-files N``, and ``--wiki-repeat K`` feeds the documents K
+         times over (a larger input than the mirror, for the process counts where small inputs run out of batches)
 
-Reported per method: seconds, examples/s (questions or documents), MB/s (UTF-8 bytes of the text that is
-tokenized: question + context per question, document text), peak memory of the whole process tree (this process
-and its workers: summed RSS, where shared pages count once per process, and summed PSS), parallel
-efficiency speed(N) / (N * speed(1)) against the featurizer at one process, whether the output is identical to
-the serial featurizer's (a digest of every column), and the cached reload: a second ``featurize`` call on the
-same inputs (input digest + manifest check + memory-mapping) and its speedup over featurizing.
+Reported per method: seconds (the best of ``--repeats``), examples/s (questions or documents), MB/s (UTF-8 bytes of
+the text that is tokenized: question + context per question, document text), CPU seconds of the process tree
+(this process and its reaped workers) and cores used (CPU / wall: about 1.0 for every one-process method, which
+makes the efficiency denominator one core), peak summed RSS of the process tree, parallel efficiency
+speed(N) / (N * speed(1)) against the featurizer at one process, whether the output is identical to the serial
+featurizer's (a digest of every column), and the cached reload: a second ``featurize`` call on the same inputs
+(input digest + manifest check + memory-mapping) and its speedup over featurizing. For each featurizer run, the
+stages from its manifest's ``build`` record: cache key, worker starts (forks), mapping, finishing, loading; how
+long the workers took to start and how long the last worker ran after the first one ran out of shards.
 
-The per-example loop calls the same featurization function on one example at a time and keeps only counts (no
-Arrow output): what older multiprocessing scripts did per item. By default ``TOKENIZERS_PARALLELISM=false``,
-so one process is one core everywhere; ``--rust-threads`` leaves the tokenizer's own thread pool on.
+Memory. Timed runs sample only the summed RSS (every 50 ms, cheap). PSS (shared pages divided among the
+processes that map them: what the tree really occupies) is measured in one extra run at the largest process
+count: reading it walks every process's page tables (~10 ms per process per sample), which would slow the
+timed runs it watches.
+
+Cores. ``TOKENIZERS_PARALLELISM=false`` by default, so one process is one core everywhere (the per-example loop,
+``datasets.map`` and the featurizer at one process, all in this process; the featurizer's workers set it
+themselves); ``--rust-threads`` leaves the tokenizer's own thread pool on, and cores used then shows it. The
+per-example loop calls the same featurization function on one example at a time and keeps only counts (no Arrow
+output): what older multiprocessing scripts did per item. Its inputs (Python lists of the texts) are dropped
+before the featurizer runs, so the process the workers fork from holds only what a training process would.
 
     python bench/featurize.py --data-dir ../shared/data --procs 1,2,4,8,16 --out featurize_bench.json
-    python bench/featurize.py --max-files 4 --procs 1,2          # a quick CPU check
+    python bench/featurize.py --workloads wiki --wiki-all --wiki-repeat 4 --no-baselines --repeats 2
+    python bench/featurize.py --wiki-files 4 --procs 1,2          # a quick CPU check
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import platform
+import shutil
 import sys
 import tempfile
 import threading
@@ -43,14 +59,15 @@ CORPUS = "wikipedia-enwiki-2015-wikiextractor"
 
 
 class PeakRSS:
-    """Peak memory of this process plus all its descendants, sampled in a thread: the summed RSS (every 20 ms;
-    pages shared between processes count once per process) and the summed PSS (every 200 ms; shared pages
-    divided among their processes, so it adds up to what the tree really occupies)."""
+    """Peak memory of this process plus all its descendants, sampled in a thread: the summed RSS (every
+    ``interval`` s; pages shared between processes count once per process) and, with ``pss``, the summed PSS
+    every ``pss_every`` samples (shared pages divided among their processes, so it adds up to what the tree
+    really occupies; costly to read, see the module docstring)."""
 
-    def __init__(self, interval: float = 0.02, pss_every: int = 10):
+    def __init__(self, interval: float = 0.05, pss: bool = False, pss_every: int = 4):
         import psutil
 
-        self.proc, self.interval, self.pss_every = psutil.Process(), interval, pss_every
+        self.proc, self.interval, self.pss, self.pss_every = psutil.Process(), interval, pss, pss_every
         self.peak = self.peak_pss = 0
         self._stop = threading.Event()
 
@@ -72,12 +89,12 @@ class PeakRSS:
     def _run(self) -> None:
         n = 0
         while not self._stop.is_set():
-            self.sample(pss=n % self.pss_every == 0)
+            self.sample(pss=self.pss and n % self.pss_every == 0)
             n += 1
             self._stop.wait(self.interval)
 
     def __enter__(self):
-        self.sample(pss=True)
+        self.sample(pss=self.pss)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -85,16 +102,30 @@ class PeakRSS:
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.sample(pss=True)
+        self.sample(pss=self.pss)
 
 
-def measure(run: Callable[[], object]) -> tuple[object, float, tuple[float, float]]:
-    """(result, seconds, (peak RSS, peak PSS) in MB) of one call."""
-    with PeakRSS() as mem:
+def cpu_seconds() -> float:
+    """CPU time (user + system) of this process and of its children that have been waited for."""
+    import resource
+
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+def measure(run: Callable[[], object], pss: bool = False) -> tuple[object, dict]:
+    """(result, {seconds, cpu_seconds, peak_rss_mb, peak_pss_mb (None unless ``pss``), parent_rss_mb}) of a call."""
+    import psutil
+
+    parent_rss = psutil.Process().memory_info().rss / 2**20
+    with PeakRSS(interval=0.2 if pss else 0.05, pss=pss, pss_every=1) as mem:
+        cpu = cpu_seconds()
         start = time.perf_counter()
         result = run()
         seconds = time.perf_counter() - start
-    return result, seconds, (mem.peak / 2**20, mem.peak_pss / 2**20)
+        cpu = cpu_seconds() - cpu
+    return result, {"seconds": seconds, "cpu_seconds": cpu, "peak_rss_mb": mem.peak / 2**20,
+                    "peak_pss_mb": mem.peak_pss / 2**20 if pss else None, "parent_rss_mb": parent_rss}
 
 
 # ---------------------------------------------------------------------------------------------- workloads
@@ -128,15 +159,21 @@ def squad_workload(args, tokenizer):
 
 
 def wiki_workload(args, tokenizer):
+    import datasets
+
     from sparsebert.config import DataConfig
     from sparsebert.data.corpus import corpus_files
     from sparsebert.data.featurize import files_digest
     from sparsebert.data.pretrain import PACK_BATCH_SIZE, load_documents, pack_batch
 
     wiki = Path(args.wiki_dir)
-    files = corpus_files(wiki, args.max_files)
-    docs = load_documents(DataConfig(corpus=wiki.name, max_files=args.max_files), wiki.parent)
-    texts = docs["text"]
+    files = corpus_files(wiki, args.wiki_files)
+    docs = load_documents(DataConfig(corpus=wiki.name, max_files=args.wiki_files), wiki.parent)
+    texts = list(docs["text"])
+    repeat = max(1, args.wiki_repeat)
+    if repeat > 1:
+        docs = datasets.concatenate_datasets([docs] * repeat)  # memory-mapped: the same file K times
+        texts = texts * repeat
     kwargs = {"tokenizer": tokenizer, "max_seq_length": 128}
 
     def loop(limit: int | None) -> int:
@@ -154,16 +191,47 @@ def wiki_workload(args, tokenizer):
             del stream[:start]
         return tokens_out // (body + 2)
 
+    mib = sum(f.stat().st_size for f in files) / 2**20
     return {
-        "name": "wiki", "what": f"Wikipedia mirror, {len(files)} files ({sum(f.stat().st_size for f in files) / 2**20:.1f} MiB "
-                                f"compressed), packed at 128", "dataset": docs, "fn": pack_batch,
-        "fn_kwargs": kwargs, "batch_size": PACK_BATCH_SIZE, "input_digest": f"files:{files_digest(files)}",
+        "name": "wiki", "what": f"Wikipedia mirror, {len(files)} files ({mib:.1f} MiB compressed)"
+                                + (f" x {repeat}" if repeat > 1 else "") + ", packed at 128",
+        "dataset": docs, "fn": pack_batch, "fn_kwargs": kwargs, "batch_size": PACK_BATCH_SIZE,
+        "input_digest": f"files:{files_digest(files)}" + (f":x{repeat}" if repeat > 1 else ""),
         "examples": len(docs), "unit": "documents", "input_bytes": sum(len(t.encode()) for t in texts),
-        "loop": loop,
+        "loop": loop, "files": len(files), "repeat": repeat,
     }
 
 
 # ---------------------------------------------------------------------------------------------- one workload
+
+
+def stages(out, m: dict) -> dict | None:
+    """Where one featurizer run's time went, from its manifest's build record (None for a cache hit)."""
+    manifest = Path(out.cache_files[0]["filename"]).parent / "manifest.json"
+    build = json.loads(manifest.read_text()).get("build")
+    if not build:
+        return None
+    shards = build["shard_timings"]
+    ends: dict[int, float] = {}
+    for t in shards:
+        ends[t["pid"]] = max(ends.get(t["pid"], 0.0), t["began"] + t["seconds"])
+    busy = sum(t["seconds"] for t in shards)
+    window = build["pool_start_seconds"] + build["map_seconds"] if build.get("workers") else build["map_seconds"]
+    workers = max(1, build.get("workers") or 1)
+    return {
+        "shards": build["shards"], "workers": build.get("workers"), "start_method": build.get("start_method"),
+        "key_s": build.get("key_seconds"), "prepare_s": build["prepare_seconds"],
+        "fork_s": build.get("pool_start_seconds", 0.0), "map_s": build["map_seconds"],
+        "finish_s": build["finish_seconds"], "build_s": build["seconds"],
+        # the rest of the call: the cache look-up miss, the manifest write and rename, the final load
+        "load_s": m["seconds"] - build["seconds"] - (build.get("key_seconds") or 0.0),
+        "first_shard_s": min(t["began"] for t in shards),
+        "last_worker_start_s": max(build.get("worker_began") or [0.0]),
+        # how long the last worker ran on after the first one found no shard left
+        "tail_s": max(ends.values()) - min(ends.values()) if len(ends) > 1 else 0.0,
+        "busy_fraction": busy / (workers * window) if window > 0 else None,
+        "shard_cpu_s": sum(t["cpu_seconds"] for t in shards),
+    }
 
 
 def run_workload(w: dict, args, tokenizer, cache_root: Path) -> dict:
@@ -172,83 +240,152 @@ def run_workload(w: dict, args, tokenizer, cache_root: Path) -> dict:
     raw = w["dataset"]
     mb = w["input_bytes"] / 1e6
     rows: list[dict] = []
+    runs = 0
 
-    def row(method: str, procs: int | None, seconds: float, mem: tuple[float, float], examples: int | None = None,
-            **extra):
+    def row(method: str, procs: int | None, m: dict, examples: int | None = None, **extra):
         n = examples if examples is not None else w["examples"]
-        rows.append({"method": method, "procs": procs, "seconds": seconds, "examples": n,
-                     "examples_per_s": n / seconds, "mb_per_s": mb * n / w["examples"] / seconds,
-                     "peak_rss_mb": mem[0], "peak_pss_mb": mem[1], **extra})
+        seconds = m["seconds"]
+        rows.append({"method": method, "procs": procs, "examples": n, "examples_per_s": n / seconds,
+                     "mb_per_s": mb * n / w["examples"] / seconds, "cores_used": m["cpu_seconds"] / seconds,
+                     **m, **extra})
         r = rows[-1]
+        pss = f", PSS {r['peak_pss_mb']:6.0f} MB" if r.get("peak_pss_mb") is not None else ""
         print(f"  {method:<22} procs={procs!s:<3} {seconds:8.2f} s {r['examples_per_s']:9.1f} {w['unit']}/s "
-              f"{r['mb_per_s']:7.2f} MB/s  peak RSS {mem[0]:6.0f} MB, PSS {mem[1]:6.0f} MB"
-              + (f", {extra['shards']} shards" if extra.get("shards") else ""), flush=True)
+              f"{r['mb_per_s']:7.2f} MB/s {r['cores_used']:5.2f} cores  peak RSS {r['peak_rss_mb']:6.0f} MB{pss}"
+              + (f", {extra['shards']} shards" if extra.get("shards") else "")
+              + (f", efficiency {extra['efficiency']:.2f}" if extra.get("efficiency") is not None else ""), flush=True)
+        st = extra.get("stages")
+        if st and st.get("workers"):
+            print(f"      key {st['key_s']:.3f} s, forks {st['fork_s']:.3f} s (first shard at {st['first_shard_s']:.3f} s, "
+                  f"last worker up at {st['last_worker_start_s']:.3f} s), map {st['map_s']:.3f} s, finish "
+                  f"{st['finish_s']:.3f} s, load {st['load_s']:.3f} s; tail {st['tail_s']:.3f} s, workers busy "
+                  f"{st['busy_fraction']:.0%}", flush=True)
 
-    limit = args.loop_limit if args.loop_limit and args.loop_limit < w["examples"] else None
-    _, seconds, mem = measure(lambda: w["loop"](limit))
-    row("per-example loop", 1, seconds, mem, examples=limit or w["examples"], identical=None)
+    if args.baselines:
+        limit = args.loop_limit if args.loop_limit and args.loop_limit < w["examples"] else None
+        _, m = measure(lambda: w["loop"](limit))
+        row("per-example loop", 1, m, examples=limit or w["examples"], identical=None)
+    w.pop("loop")  # and with it the Python lists of texts: the workers fork from a process without them
+    gc.collect()
 
     def call(num_proc: int, cache_dir: Path):
         return featurize(raw, w["fn"], name=f"bench-{w['name']}", tokenizer=tokenizer, fn_kwargs=w["fn_kwargs"],
                          input_digest=w["input_digest"], num_proc=num_proc, batch_size=w["batch_size"],
                          remove_columns=raw.column_names, cache_dir=cache_dir)
 
-    serial, seconds1, mem1 = measure(lambda: call(1, cache_root / f"{w['name']}-p1"))
+    def fresh_dir() -> Path:
+        nonlocal runs
+        runs += 1
+        return cache_root / f"{w['name']}-{runs}"
+
+    def best_of(num_proc: int) -> tuple[object, dict, list[float], Path]:
+        """The fastest of ``--repeats`` fresh builds (another cache directory each time; the others removed)."""
+        tries = []
+        for _ in range(args.repeats):
+            cache_dir = fresh_dir()
+            out, m = measure(lambda cache_dir=cache_dir: call(num_proc, cache_dir))
+            tries.append((m["seconds"], out, m, cache_dir))
+        seconds, out, m, cache_dir = min(tries, key=lambda t: t[0])
+        for t in tries:
+            if t[3] != cache_dir:
+                shutil.rmtree(t[3], ignore_errors=True)
+        return out, m, [t[0] for t in tries], cache_dir
+
+    serial, m1, all1, serial_dir = best_of(1)
     serial_digest = dataset_digest(serial)
     out_rows = len(serial)
+    serial_stages = stages(serial, m1)
+    del serial
+    shutil.rmtree(serial_dir, ignore_errors=True)
 
-    with tempfile.TemporaryDirectory(dir=cache_root) as tmp:
-        mapped, seconds, mem = measure(lambda: raw.map(
-            w["fn"], batched=True, batch_size=w["batch_size"], fn_kwargs=w["fn_kwargs"],
-            remove_columns=raw.column_names, cache_file_name=str(Path(tmp) / "map.arrow"),
-            load_from_cache_file=False, desc="datasets.map"))
-        row("batched datasets.map", 1, seconds, mem, identical=dataset_digest(mapped) == serial_digest)
-        del mapped
+    if args.baselines:
+        with tempfile.TemporaryDirectory(dir=cache_root) as tmp:
+            mapped, m = measure(lambda: raw.map(
+                w["fn"], batched=True, batch_size=w["batch_size"], fn_kwargs=w["fn_kwargs"],
+                remove_columns=raw.column_names, cache_file_name=str(Path(tmp) / "map.arrow"),
+                load_from_cache_file=False, desc="datasets.map"))
+            row("batched datasets.map", 1, m, identical=dataset_digest(mapped) == serial_digest)
+            del mapped
 
-    row("featurize", 1, seconds1, mem1, identical=True, efficiency=1.0, shards=1)
+    seconds1 = m1["seconds"]
+    row("featurize", 1, m1, identical=True, efficiency=1.0, shards=1, all_seconds=all1, stages=serial_stages)
     speed1 = w["examples"] / seconds1
     best = seconds1
+    reload_dir = None
     for n in args.procs:
         if n == 1:
             continue
-        out, seconds, mem = measure(lambda n=n: call(n, cache_root / f"{w['name']}-p{n}"))
-        best = min(best, seconds)
+        out, m, tries, cache_dir = best_of(n)
+        best = min(best, m["seconds"])
         # fewer shards than processes when the input has fewer batches: efficiency is then against those
         shards = len({f["filename"] for f in out.cache_files})
-        row("featurize", n, seconds, mem, identical=dataset_digest(out) == serial_digest,
-            efficiency=(w["examples"] / seconds) / (n * speed1), shards=shards)
+        row("featurize", n, m, identical=dataset_digest(out) == serial_digest,
+            efficiency=(w["examples"] / m["seconds"]) / (n * speed1), shards=shards, all_seconds=tries,
+            stages=stages(out, m))
         del out
+        if reload_dir is not None:
+            shutil.rmtree(reload_dir, ignore_errors=True)
+        reload_dir = cache_dir  # the largest process count's entry is reloaded below
 
-    reload_dir = cache_root / f"{w['name']}-p{max(args.procs)}"
+    memory = None
+    if args.pss:
+        n = max(args.procs)
+        cache_dir = fresh_dir()
+        out, m = measure(lambda: call(n, cache_dir), pss=True)
+        memory = {"procs": n, "seconds": m["seconds"], "peak_rss_mb": m["peak_rss_mb"],
+                  "peak_pss_mb": m["peak_pss_mb"], "identical": dataset_digest(out) == serial_digest}
+        print(f"  memory run, {n} processes: peak RSS {m['peak_rss_mb']:.0f} MB summed, PSS {m['peak_pss_mb']:.0f} MB "
+              f"({m['seconds']:.2f} s, slowed by the PSS sampling)", flush=True)
+        del out
+        shutil.rmtree(cache_dir, ignore_errors=True)
+
+    if reload_dir is None:  # one process only
+        reload_dir = fresh_dir()
+        call(1, reload_dir)
     reloads = []
     for _ in range(3):
-        again, seconds, mem = measure(lambda: call(max(args.procs), reload_dir))
-        reloads.append((seconds, mem))
-    seconds, mem = min(reloads)
-    reload = {"seconds": seconds, "peak_rss_mb": mem[0], "peak_pss_mb": mem[1], "speedup_vs_1_proc": seconds1 / seconds,
-              "speedup_vs_best": best / seconds, "identical": dataset_digest(again) == serial_digest}
+        again, m = measure(lambda: call(max(args.procs), reload_dir))
+        reloads.append((m["seconds"], m))
+    seconds, m = min(reloads, key=lambda t: t[0])
+    reload = {"seconds": seconds, "peak_rss_mb": m["peak_rss_mb"], "speedup_vs_1_proc": seconds1 / seconds,
+              "speedup_vs_best": best / seconds, "identical": dataset_digest(again) == serial_digest,
+              "shards": len({f["filename"] for f in again.cache_files})}
     print(f"  cached reload: {seconds:.3f} s ({seconds1 / seconds:.0f}x faster than featurizing at 1 process, "
-          f"{best / seconds:.0f}x than the fastest run)", flush=True)
+          f"{best / seconds:.0f}x than the fastest run; {reload['shards']} shards)", flush=True)
     return {"what": w["what"], "unit": w["unit"], "examples": w["examples"], "input_mb": mb,
-            "output_rows": out_rows, "batch_size": w["batch_size"], "results": rows, "cached_reload": reload}
+            "output_rows": out_rows, "batch_size": w["batch_size"],
+            "batches": -(-w["examples"] // w["batch_size"]), "results": rows, "memory_run": memory,
+            "cached_reload": reload}
 
 
 def markdown(report: dict) -> str:
-    lines = ["| workload | method | procs | seconds | examples/s | MB/s | peak RSS / PSS (MB) | efficiency | identical |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | method | procs | seconds | examples/s | MB/s | cores used | peak RSS (MB) | efficiency "
+             "| identical |", "|---|---|---|---|---|---|---|---|---|---|"]
+    stage_lines = ["| workload | procs | shards | key | forks (last worker up) | first shard | map | finish | load "
+                   "| tail | workers busy |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, w in report["workloads"].items():
         for r in w["results"]:
             eff = f"{r['efficiency']:.2f}" if r.get("efficiency") is not None else "-"
             same = {None: "-", True: "yes", False: "NO"}[r.get("identical")]
             procs = f"{r['procs']} ({r['shards']} shards)" if (r.get("shards") or 1) < (r["procs"] or 1) else r["procs"]
             lines.append(f"| {name} | {r['method']} | {procs} | {r['seconds']:.2f} | {r['examples_per_s']:.1f} "
-                         f"| {r['mb_per_s']:.2f} | {r['peak_rss_mb']:.0f} / {r['peak_pss_mb']:.0f} | {eff} | {same} |")
+                         f"| {r['mb_per_s']:.2f} | {r['cores_used']:.2f} | {r['peak_rss_mb']:.0f} | {eff} | {same} |")
+            st = r.get("stages")
+            if st and st.get("workers"):
+                stage_lines.append(
+                    f"| {name} | {r['procs']} | {st['shards']} | {st['key_s']:.3f} | {st['fork_s']:.3f} "
+                    f"({st['last_worker_start_s']:.3f}) | {st['first_shard_s']:.3f} | {st['map_s']:.3f} "
+                    f"| {st['finish_s']:.3f} | {st['load_s']:.3f} | {st['tail_s']:.3f} | {st['busy_fraction']:.0%} |")
         c = w["cached_reload"]
-        lines.append(f"| {name} | cached reload | - | {c['seconds']:.3f} | - | - | "
-                     f"{c['peak_rss_mb']:.0f} / {c['peak_pss_mb']:.0f} | "
+        lines.append(f"| {name} | cached reload | - | {c['seconds']:.3f} | - | - | - | {c['peak_rss_mb']:.0f} | "
                      f"{c['speedup_vs_1_proc']:.0f}x vs 1 proc, {c['speedup_vs_best']:.0f}x vs best | "
                      f"{'yes' if c['identical'] else 'NO'} |")
-    return "\n".join(lines)
+        mem = w.get("memory_run")
+        if mem:
+            lines.append(f"| {name} | memory run (PSS sampled) | {mem['procs']} | {mem['seconds']:.2f} | - | - | - "
+                         f"| {mem['peak_rss_mb']:.0f} (PSS {mem['peak_pss_mb']:.0f}) | - "
+                         f"| {'yes' if mem['identical'] else 'NO'} |")
+    return "\n".join(lines) + "\n\nStages of each parallel run (seconds):\n\n" + "\n".join(stage_lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,15 +393,25 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data-dir", default=default_data)
     p.add_argument("--wiki-dir", default=None, help=f"default: <data-dir>/{CORPUS}/text")
-    p.add_argument("--max-files", type=int, default=None, help="first N Wikipedia files (default: all)")
+    p.add_argument("--wiki-files", "--max-files", dest="wiki_files", type=int, default=None,
+                   help="the first N Wikipedia files (default: all of them)")
+    p.add_argument("--wiki-all", action="store_true", help="every file of the mirror (overrides --wiki-files)")
+    p.add_argument("--wiki-repeat", type=int, default=1, help="feed the Wikipedia documents K times over")
     p.add_argument("--tokenizer", default="minilm", help="a tokenizer path (default: the package MiniLM)")
     p.add_argument("--procs", default="1,2,4,8,16", help="worker processes to try (capped at os.cpu_count())")
+    p.add_argument("--repeats", type=int, default=1, help="time each featurizer run N times, keep the fastest")
     p.add_argument("--workloads", default="squad,wiki")
     p.add_argument("--cache-dir", default=None, help="feature cache root (default: a fresh temporary directory)")
     p.add_argument("--loop-limit", type=int, default=None, help="time the per-example loop on the first N only")
+    p.add_argument("--no-baselines", dest="baselines", action="store_false",
+                   help="skip the per-example loop and the plain datasets.map (featurizer scaling only)")
+    p.add_argument("--no-pss", dest="pss", action="store_false", help="skip the PSS memory run")
     p.add_argument("--rust-threads", action="store_true", help="leave TOKENIZERS_PARALLELISM as it is")
     p.add_argument("--out", default=None, help="write the JSON report here")
     args = p.parse_args(argv)
+    if args.wiki_all:
+        args.wiki_files = None
+    args.repeats = max(1, args.repeats)
     if not args.rust_threads:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
     args.wiki_dir = args.wiki_dir or str(Path(args.data_dir) / CORPUS / "text")
@@ -272,6 +419,7 @@ def main(argv: list[str] | None = None) -> int:
     args.procs = sorted({n for n in (int(x) for x in args.procs.split(",")) if 1 <= n <= cpus} | {1})
 
     import datasets
+    import multiprocess
     import tokenizers
     import transformers
 
@@ -290,17 +438,21 @@ def main(argv: list[str] | None = None) -> int:
                         "python": platform.python_version()},
             "versions": {"datasets": datasets.__version__, "tokenizers": tokenizers.__version__,
                          "transformers": transformers.__version__},
-            "settings": {"procs": args.procs, "tokenizer": args.tokenizer, "max_files": args.max_files,
-                         "loop_limit": args.loop_limit,
+            "settings": {"procs": args.procs, "tokenizer": args.tokenizer, "wiki_files": args.wiki_files,
+                         "wiki_repeat": args.wiki_repeat, "repeats": args.repeats, "loop_limit": args.loop_limit,
+                         "baselines": args.baselines, "start_method": multiprocess.get_start_method(),
                          "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM", "default")},
             "workloads": {},
         }
         for name in args.workloads.split(","):
             started = time.perf_counter()
             w = builders[name](args, tokenizer)
-            print(f"\n{name}: {w['what']}: {w['examples']} {w['unit']}, {w['input_bytes'] / 1e6:.1f} MB of text "
+            print(f"\n{name}: {w['what']}: {w['examples']} {w['unit']} in "
+                  f"{-(-w['examples'] // w['batch_size'])} batches, {w['input_bytes'] / 1e6:.1f} MB of text "
                   f"(read in {time.perf_counter() - started:.1f} s)", flush=True)
             report["workloads"][name] = run_workload(w, args, tokenizer, cache_root)
+            del w
+            gc.collect()
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
     print()

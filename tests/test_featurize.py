@@ -491,9 +491,93 @@ def test_corrupt_cache_is_detected_and_rebuilt(corrupt, tmp_path, tokenizer, few
     assert not caplog.records  # and the rebuilt entry is trusted
 
 
-def test_shard_count_oversplits_only_large_inputs():
+def test_shard_count_is_a_batch_per_shard_up_to_a_cap():
     from sparsebert.data.featurize import SHARDS_PER_PROC, shard_count
 
     assert shard_count(10_000, 256, 1) == 1
-    assert shard_count(42 * 256, 256, 16) == 16  # SQuAD dev: one shard per process
-    assert shard_count(64 * 4 * 16 * 256, 256, 16) == 16 * SHARDS_PER_PROC
+    assert shard_count(100, 256, 16) == 1
+    assert shard_count(42 * 256, 256, 16) == min(42, 16 * SHARDS_PER_PROC)  # SQuAD dev
+    assert shard_count(25 * 256 - 3, 256, 16) == 25
+    assert shard_count(10**6, 256, 16) == 16 * SHARDS_PER_PROC
+
+
+def test_shard_weights_follow_the_bytes_of_each_range():
+    rows = datasets.Dataset.from_dict({"text": ["a" * n for n in (10, 0, 300, 5, 7, 1000)],
+                                       "ids": [[1] * n for n in (1, 2, 3, 4, 5, 6)], "label": [0] * 6})
+    bounds = [(0, 2), (2, 4), (4, 6)]
+    assert fz.shard_weights(rows, bounds) == [2 + 10 + 3, 2 + 305 + 7, 2 + 1007 + 11]
+    shuffled = rows.select([5, 4, 3, 2, 1, 0])  # an indices mapping: its rows, not the table's
+    assert fz.shard_weights(shuffled, bounds) == [2 + 1007 + 11, 2 + 305 + 7, 2 + 10 + 3]
+    assert fz.shard_weights(rows.select(range(2, 6)), [(0, 2), (2, 4)]) == [2 + 305 + 7, 2 + 1007 + 11]
+
+
+PICKLED: list[int] = []  # one entry per pickling of a counting tokenizer (in this process)
+
+
+@pytest.fixture(scope="module")
+def counting_tokenizer(minilm_path, tokenizer):
+    """The MiniLM tokenizer as a subclass that records every time it is pickled."""
+
+    class CountingTokenizer(type(tokenizer)):
+        def __getstate__(self):
+            PICKLED.append(os.getpid())
+            return super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__.copy()
+
+    return CountingTokenizer.from_pretrained(minilm_path)
+
+
+def test_tokenizer_is_not_pickled_per_shard(tmp_path, counting_tokenizer, squad_examples):
+    import dill  # what multiprocess pickles with
+
+    dill.dumps(counting_tokenizer)
+    assert len(PICKLED) == 1  # the hook works
+    PICKLED.clear()
+    raw = datasets.Dataset.from_list(squad_examples)
+    out = featurize(raw, prepare_train_features, name="squad", tokenizer=counting_tokenizer, num_proc=2,
+                    batch_size=16, remove_columns=raw.column_names, cache_dir=tmp_path,
+                    fn_kwargs={"tokenizer": counting_tokenizer, "max_seq_length": 192, "doc_stride": 64})
+    assert shards_of(out) == 8
+    # under fork the workers inherit it; under spawn or forkserver it is serialized once for all of them
+    assert len(PICKLED) <= (0 if multiprocess.get_start_method() == "fork" else 1), PICKLED
+
+
+def test_many_small_shards_equal_serial(tmp_path, tokenizer, docs):
+    """Packing depends on which documents share a batch: a batch per shard, handed out longest first."""
+    serial = pack_documents(docs, tokenizer, 64, 1, batch_size=4, cache_dir=tmp_path / "serial")
+    parallel = pack_documents(docs, tokenizer, 64, 3, batch_size=4, cache_dir=tmp_path / "parallel")
+    batches = -(-len(docs) // 4)
+    assert shards_of(parallel) == min(batches, 3 * fz.SHARDS_PER_PROC) > 3
+    assert_same(serial, parallel)
+    entry = Path(parallel.cache_files[0]["filename"]).parent
+    build = json.loads((entry / "manifest.json").read_text())["build"]
+    assert build["shards"] == shards_of(parallel) and 1 <= build["workers"] <= 3
+    assert [tuple(t["rows"]) for t in build["shard_timings"]] == shard_bounds(len(docs), 4, build["shards"])
+    assert all(t["seconds"] >= 0 and t["cpu_seconds"] >= 0 for t in build["shard_timings"])
+
+
+def test_spawned_workers_equal_serial(tmp_path, tokenizer, squad_examples, monkeypatch):
+    """Without fork (spawn; forkserver alike) the shared state travels pickled, an in-memory input as a file."""
+    spawn = multiprocess.get_context("spawn")
+    monkeypatch.setattr(multiprocess, "get_context", lambda method=None: spawn)
+    raw = datasets.Dataset.from_list(squad_examples[:96])
+    kwargs = {"tokenizer": tokenizer, "max_seq_length": 192, "doc_stride": 64}
+
+    def run(num_proc, cache):
+        return featurize(raw, prepare_train_features, name="squad", tokenizer=tokenizer, num_proc=num_proc,
+                         batch_size=16, fn_kwargs=kwargs, remove_columns=raw.column_names, cache_dir=cache)
+
+    parallel = run(2, tmp_path / "parallel")
+    assert shards_of(parallel) == 6
+    assert_same(parallel, run(1, tmp_path / "serial"))
+    entry = Path(parallel.cache_files[0]["filename"]).parent
+    assert json.loads((entry / "manifest.json").read_text())["build"]["start_method"] == "spawn"
+    assert sorted(p.name for p in entry.iterdir()) == ["manifest.json"] + [f"shard-{i:05d}.arrow" for i in range(6)]
+
+
+def test_killed_worker_fails_the_build(tmp_path, tokenizer, few_docs, monkeypatch):
+    """A worker killed outright (the OOM killer, say) is an error, not a hang; nothing is left behind."""
+    monkeypatch.setenv("FLAKY_PACK", "kill")
+    monkeypatch.setenv("FLAKY_LAST_ID", few_docs[len(few_docs) - 1]["id"])
+    with pytest.raises(RuntimeError, match="died"):
+        flaky_run(few_docs, tokenizer, tmp_path, 2)
+    assert list(tmp_path.iterdir()) == []

@@ -4,13 +4,18 @@
 returns the result as a memory-mapped Arrow ``datasets.Dataset``, so every training process on a node shares
 the same pages instead of holding its own copy.
 
-Parallelism. The rows are cut into contiguous shards (``SHARDS_PER_PROC`` per worker) whose boundaries fall on
-multiples of ``batch_size``; ``num_proc`` worker processes map them, each shard into its own Arrow file, the
-next shard going to whichever worker is free (documents differ in length, so equal shards take unequal time). The function, its kwargs and
-the tokenizer travel to a worker once per shard, never per row. Because the batches are exactly those of a
-serial run, the output is identical to ``num_proc=1``, row order included, even for functions whose output
-depends on the batch (pretraining packs each batch's documents into blocks). Workers run with
-``TOKENIZERS_PARALLELISM=false`` and one torch thread, so N workers use N cores, not N x cores.
+Parallelism. The rows are cut into contiguous shards whose boundaries fall on multiples of ``batch_size`` (a
+batch per shard, at most ``SHARDS_PER_PROC`` shards per worker); ``num_proc`` worker processes map them, each shard
+into its own Arrow file. Shards are handed out longest first (estimated from the bytes of their text and list
+columns) and a worker takes the next one whenever it is free, so long documents leave no straggler. The
+function, its kwargs (the tokenizer too) and the input reach a worker once, inherited through fork and never
+pickled (under spawn or forkserver: serialized once for all workers); a job is a shard index and its row range.
+A worker starts on a job as soon as it is forked, and writes, fsyncs and counts its shard itself, so the parent
+only writes the manifest. Because the batches are exactly those of a serial run, the output is identical to
+``num_proc=1``, row order included, even for functions whose output depends on the batch (pretraining packs each
+batch's documents into blocks). Workers run with ``TOKENIZERS_PARALLELISM=false`` and one torch thread, so N
+workers use N cores, not N x cores; a serial run maps in the calling process and leaves the tokenizers' thread
+pool as it finds it. A worker that dies outright (killed, out of memory) fails the build instead of hanging it.
 
 Cache key: sha256 of a canonical JSON of
   - ``FEATURIZE_VERSION`` (bump it when featurization changes in a way the rest of the key cannot see),
@@ -27,9 +32,10 @@ directory is ``cache_dir``, else ``$SPARSEBERT_CACHE``, else ``~/.cache/sparsebe
 
 Atomic protocol. Shards are built in a temporary sibling directory ``.<entry>.tmp-<host>-<pid>-<random>``;
 when every shard is written and fsynced, ``manifest.json`` (shard file names, row counts, byte sizes, key,
-version) is written last and the directory is renamed into place. An entry is trusted only if its manifest
-parses, names this key and version, and every shard exists with the recorded size, opens as Arrow and has the
-recorded row count. Anything else is logged as a warning naming the path, removed and rebuilt. A failed
+version; for information, ``build``: processes, shards, seconds per stage) is written last, the directory is
+fsynced and renamed into place. An entry is trusted only if its manifest parses, names this key and version,
+and every shard exists with the recorded size, opens as Arrow, has the recorded row count and the first
+shard's schema. Anything else is logged as a warning naming the path, removed and rebuilt. A failed
 featurization removes its temporary directory; one killed outright leaves only a temporary directory, which
 is never read and is removed by the next build of that entry on the same host once its process is gone.
 Two builders racing (two nodes on a shared file system) both finish; the first rename wins, the other
@@ -41,6 +47,7 @@ local main process of each node featurizes (or finds the cache), the other ranks
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import inspect
 import json
@@ -64,8 +71,10 @@ MAX_NUM_PROC = 16  # default cap on worker processes; $SPARSEBERT_NUM_PROC overr
 # rows per call of the function; also the unit of work split among workers, so kept small enough that a
 # 10k-example input still has ~40 batches to spread over 16 processes (no slower than 1000 at one process)
 DEFAULT_BATCH_SIZE = 256
-# shards per worker process: documents differ in length, so equal-row shards take unequal time; with several
-# small shards per process the pool hands the next shard to whichever worker is free (no straggler tail)
+# at most this many shards per worker process (a shard is one batch or more): documents differ in length, so
+# equal-row shards take unequal time; handed out longest first to whichever worker is free, several small shards
+# per process leave no straggler tail. A shard costs ~5 ms of map set-up and a file; 4 per process kept the
+# simulated efficiency at 16 processes >= 0.8 on SQuAD dev and Wikipedia batches (per-batch times measured)
 SHARDS_PER_PROC = 4
 _CHUNK = 1 << 20
 
@@ -224,6 +233,7 @@ def featurize(
     decides the output and is not in ``fn_kwargs``. ``num_proc`` None: :func:`default_num_proc`;
     ``batch_size`` None: ``DEFAULT_BATCH_SIZE``.
     """
+    started = time.perf_counter()
     fn_kwargs = dict(fn_kwargs or {})
     batch_size = batch_size or DEFAULT_BATCH_SIZE
     material = {
@@ -249,9 +259,8 @@ def featurize(
         if found is not None:
             log.info("%s: %d rows from the feature cache %s", name, len(found), entry)
             return found
-        started = time.perf_counter()
         procs = _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_proc, entry, key,
-                       material)
+                       material, key_seconds=time.perf_counter() - started)
         found = _load(entry, key)
         if found is None:
             raise RuntimeError(f"feature cache {entry} is unreadable right after it was written")
@@ -274,6 +283,7 @@ class _Corrupt(Exception):
 def _load(entry: Path, key: str):
     """The cached dataset of a valid entry; None when there is none (a bad one is removed with a warning)."""
     import datasets
+    from datasets.table import MemoryMappedTable, concat_tables
 
     if not entry.exists():
         return None
@@ -300,15 +310,19 @@ def _load(entry: Path, key: str):
             if size != shard["bytes"]:
                 raise _Corrupt(f"shard {path.name} has {size} bytes, the manifest says {shard['bytes']}")
             try:
-                ds = datasets.Dataset.from_file(str(path))
+                table = MemoryMappedTable.from_file(str(path))
             except Exception as e:
                 raise _Corrupt(f"shard {path.name} is not readable Arrow: {type(e).__name__}: {e}") from None
-            if len(ds) != shard["num_rows"]:
-                raise _Corrupt(f"shard {path.name} has {len(ds)} rows, the manifest says {shard['num_rows']}")
-            shards.append(ds)
-        if not shards or sum(len(s) for s in shards) != manifest["num_rows"]:
+            if table.num_rows != shard["num_rows"]:
+                raise _Corrupt(f"shard {path.name} has {table.num_rows} rows, the manifest says {shard['num_rows']}")
+            if shards and not table.schema.equals(shards[0].schema, check_metadata=False):
+                raise _Corrupt(f"shard {path.name} has another schema than {manifest['shards'][0]['file']}")
+            shards.append(table)
+        if not shards or sum(t.num_rows for t in shards) != manifest["num_rows"]:
             raise _Corrupt("shard row counts do not add up to the manifest's num_rows")
-        return shards[0] if len(shards) == 1 else datasets.concatenate_datasets(shards)
+        # one memory-mapped table over all shards (what concatenate_datasets of Dataset.from_file per shard gives,
+        # without building a Dataset per shard: several times faster to load at 64 shards)
+        return datasets.Dataset(shards[0] if len(shards) == 1 else concat_tables(shards))
     except (_Corrupt, KeyError, TypeError) as e:
         reason = str(e) if isinstance(e, _Corrupt) else f"malformed manifest ({type(e).__name__}: {e})"
         log.warning("feature cache %s is corrupt (%s): removing it and featurizing again", entry, reason)
@@ -328,34 +342,72 @@ def shard_bounds(num_rows: int, batch_size: int, num_shards: int) -> list[tuple[
 
 
 def shard_count(num_rows: int, batch_size: int, procs: int) -> int:
-    """One shard per process, or ``SHARDS_PER_PROC`` per process when every shard still gets 4+ batches.
+    """How many shards to cut: one batch each, at most ``SHARDS_PER_PROC`` per process (1 when serial).
 
-    Measured on a 16-core host (docs/benchmarks.md): small shards balance long documents better, but each shard
-    costs a fixed start-up, so a small input (SQuAD dev: 42 batches) is faster with one shard per process.
+    A shard costs a worker a few milliseconds (its ``map`` set-up, Arrow writer and fsync) and a cached load
+    about one more; a batch costs tens of milliseconds to seconds. So small shards are cheap, and they balance:
+    the longest go first and each worker takes the next one when it is free.
     """
     if procs <= 1:
         return 1
-    batches = -(-num_rows // batch_size)
-    return procs * SHARDS_PER_PROC if batches >= 4 * procs * SHARDS_PER_PROC else procs
+    batches = max(1, -(-num_rows // batch_size))
+    return min(batches, procs * SHARDS_PER_PROC)
 
 
-def _run_shard(job: dict[str, Any]) -> tuple[str, Any]:
-    """Map one shard into its Arrow file (in a worker process, or in-process when serial)."""
-    import datasets
+def shard_weights(dataset, bounds: list[tuple[int, int]]) -> list[float]:
+    """Estimated work of each [start, stop) row range: its rows plus the bytes of their text and list columns.
 
-    if job["index"] > 0:
-        datasets.disable_progress_bars()  # one bar (the first shard's) is enough
-    out = job["shard"].map(
-        job["fn"], batched=True, batch_size=job["batch_size"], fn_kwargs=job["fn_kwargs"],
-        remove_columns=job["remove_columns"], features=job["features"], cache_file_name=job["path"],
-        load_from_cache_file=False, new_fingerprint=job["fingerprint"], desc=job["desc"],
+    Read from the Arrow offsets (no row is decoded); an indices mapping (a split, a shuffle) is followed.
+    Anything unexpected falls back to the row count.
+    """
+    import numpy as np
+
+    rows = [float(b - a) for a, b in bounds]
+    try:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        table = dataset.data.table
+        per_row = np.ones(table.num_rows)
+        for column in table.columns:
+            kind = column.type
+            if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind) \
+                    or pa.types.is_large_binary(kind):
+                sizes = pc.binary_length(column)
+            elif pa.types.is_list(kind) or pa.types.is_large_list(kind):
+                sizes = pc.list_value_length(column)
+            else:
+                continue
+            per_row += sizes.fill_null(0).to_numpy()
+        if dataset._indices is not None:
+            per_row = per_row[dataset._indices.column(0).to_numpy()]
+        if len(per_row) != len(dataset):
+            return rows
+        cumulative = np.concatenate([[0.0], np.cumsum(per_row)])
+        return [float(cumulative[b] - cumulative[a]) for a, b in bounds]
+    except Exception as e:  # an estimate only: never a reason to fail
+        log.debug("shard weights unavailable (%s: %s); using row counts", type(e).__name__, e)
+        return rows
+
+
+def _map_shard(shared: dict[str, Any], index: int, start: int, stop: int) -> dict[str, Any]:
+    """Map rows [start, stop) into ``shard-<index>.arrow``, fsync it; its row count, size, features, timings."""
+    began, cpu = time.time(), time.process_time()
+    source = shared["source"]
+    shard = source if (start, stop) == (0, len(source)) else source.select(range(start, stop))
+    path = os.path.join(shared["dir"], f"shard-{index:05d}.arrow")
+    out = shard.map(
+        shared["fn"], batched=True, batch_size=shared["batch_size"], fn_kwargs=shared["fn_kwargs"],
+        remove_columns=shared["remove_columns"], features=shared["features"], cache_file_name=path,
+        load_from_cache_file=False, new_fingerprint=f"{shared['fingerprint']}-{index}", desc=shared["desc"],
     )
-    return job["path"], out.features
-
-
-def _init_worker() -> None:
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(1)
+    features, num_rows = out.features, out.num_rows
+    del out
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+    return {"index": index, "path": path, "num_rows": num_rows, "bytes": os.path.getsize(path),
+            "features": features, "rows": [start, stop], "pid": os.getpid(), "began": began,
+            "seconds": time.time() - began, "cpu_seconds": time.process_time() - cpu}
 
 
 @contextmanager
@@ -372,11 +424,156 @@ def _env(**values: str) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_proc, entry: Path, key: str,
-           material: dict[str, Any]) -> int:
-    """Featurize into a temporary directory and rename it to ``entry``; returns the processes used."""
+# In a worker process: what every shard of the build shares (function, kwargs with the tokenizer, the input),
+# set once by _init_worker. Under fork it is inherited from the parent, never pickled; under spawn or
+# forkserver it arrives pickled once per worker, serialized once for all of them.
+_SHARED: dict[str, Any] | None = None
+
+
+def _init_worker(shared: dict[str, Any] | bytes) -> None:
+    global _SHARED
+    if isinstance(shared, bytes):
+        import dill
+
+        shared = dill.loads(shared)
+    _SHARED = shared
+    # objects inherited from the parent are never freed here: keep the collector off them, or its first full
+    # pass would touch (and so copy) every page of the parent's heap
+    gc.freeze()
     import datasets
 
+    datasets.disable_progress_bars()  # the parent shows one bar over all shards
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
+
+class _RemoteTraceback(Exception):
+    def __str__(self) -> str:
+        return self.args[0]
+
+
+def _worker(shared, jobs: list[tuple[int, int, int]], next_job, results, send_lock) -> None:
+    """A worker process: take the next job until none is left, send each shard's result (or its error)."""
+    began = time.time()
+    _init_worker(shared)
+    while True:
+        with next_job.get_lock():
+            k = next_job.value
+            next_job.value = k + 1
+        if k >= len(jobs):
+            return
+        try:
+            message = ("done", {**_map_shard(_SHARED, *jobs[k]), "worker_began": began})
+        except BaseException as e:
+            import traceback
+
+            message = ("error", e, "".join(traceback.format_exception(e)))
+        try:
+            with send_lock:
+                results.send(message)
+        except Exception:  # an exception that does not pickle: send its text
+            with send_lock:
+                results.send(("error", RuntimeError(f"{type(message[1]).__name__}: {message[1]}"), message[2]))
+        if message[0] == "error":
+            return
+
+
+def _map_parallel(shared: dict[str, Any], dataset, bounds: list[tuple[int, int]], procs: int,
+                  stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """Map the shards in ``procs`` worker processes, longest first; results in shard order.
+
+    Each worker takes the next job as soon as it is started (it does not wait for the other workers to be
+    forked: a fork costs milliseconds per GB of the parent's heap). A worker that dies outright (killed, out
+    of memory) fails the build instead of hanging it.
+    """
+    import datasets
+    import multiprocess
+    from multiprocess.connection import wait
+
+    context = multiprocess.get_context()
+    stats["start_method"] = method = context.get_start_method()
+    if method == "fork":
+        payload: dict[str, Any] | bytes = shared  # inherited by every worker with the rest of the parent
+    else:
+        import dill
+
+        if not dataset.cache_files:
+            # in-memory input: write it once, so the workers memory-map it instead of each unpickling a copy
+            shared["source"] = dataset.flatten_indices(
+                cache_file_name=os.path.join(shared["dir"], "input.arrow"),
+                new_fingerprint=f"{shared['fingerprint']}-input")
+        payload = dill.dumps(shared)
+    weights = shard_weights(shared["source"], bounds)
+    jobs = [(i, *bounds[i]) for i in sorted(range(len(bounds)), key=lambda i: (-weights[i], i))]
+    results: list[dict[str, Any] | None] = [None] * len(bounds)
+    reader, writer = context.Pipe(duplex=False)
+    next_job, send_lock = context.Value("q", 0), context.Lock()
+    workers = []
+    began = time.time()
+    try:
+        # set before the workers start: they then neither warn about nor use the tokenizers thread pool
+        with _env(TOKENIZERS_PARALLELISM="false"):
+            for _ in range(procs):
+                if next_job.value >= len(jobs):
+                    break  # the workers started so far have taken every job (a tiny input)
+                worker = context.Process(target=_worker, args=(payload, jobs, next_job, writer, send_lock),
+                                         daemon=True)
+                worker.start()
+                workers.append(worker)
+        writer.close()  # the workers hold the sending end now
+        stats["workers"] = len(workers)
+        stats["pool_start_seconds"] = time.time() - began  # the forks (the first workers are at work meanwhile)
+        running = {w.sentinel: w for w in workers}
+        done = 0
+        with datasets.utils.tqdm(total=len(dataset), unit=" examples",
+                                 desc=f"{shared['name']} ({procs} processes)",
+                                 disable=not datasets.utils.is_progress_bar_enabled()) as bar:
+            while done < len(bounds):
+                ready = wait([reader, *running], timeout=10)
+                for sentinel in [s for s in ready if s in running]:
+                    worker = running.pop(sentinel)
+                    worker.join()
+                    if worker.exitcode != 0:
+                        raise RuntimeError(f"featurize: worker process {worker.pid} died (exit code "
+                                           f"{worker.exitcode}) with {len(bounds) - done} shards unwritten")
+                if reader in ready or reader.poll():
+                    try:
+                        kind, *body = reader.recv()
+                    except EOFError:  # every worker has exited
+                        kind, body = "lost", []
+                    if kind == "error":
+                        raise body[0] from _RemoteTraceback(f"\n\nin a featurize worker:\n{body[1]}")
+                    if kind == "done":
+                        results[body[0]["index"]] = body[0]
+                        done += 1
+                        bar.update(body[0]["rows"][1] - body[0]["rows"][0])
+                        continue
+                if not running:
+                    raise RuntimeError(f"featurize: the workers exited with {len(bounds) - done} shards unwritten")
+        for worker in workers:
+            worker.join()
+    finally:
+        for worker in workers:
+            if worker.exitcode is None:
+                worker.terminate()
+        for worker in workers:
+            worker.join()
+        reader.close()
+        writer.close()
+    return results  # type: ignore[return-value]
+
+
+def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_proc, entry: Path, key: str,
+           material: dict[str, Any], key_seconds: float | None = None) -> int:
+    """Featurize into a temporary directory and rename it to ``entry``; returns the processes used.
+
+    The manifest's ``build`` records how: processes, shards, start method and the seconds of each stage
+    (``key_seconds``: the cache key and the cache look-up before the build), and per shard its rows, worker, start,
+    duration and CPU time. Informational only: loading never reads it.
+    """
+    import datasets
+
+    began = time.time()
     entry.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(entry)
     host = socket.gethostname().replace("-", "_")
@@ -384,49 +581,51 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
     try:
         procs = default_num_proc(num_proc)
         bounds = shard_bounds(len(dataset), batch_size, shard_count(len(dataset), batch_size, procs))
-        source = dataset
-        if len(bounds) > 1 and not dataset.cache_files:
-            # in-memory input: write it once, so each worker gets a memory-mapped slice (a path), not a copy
-            source = dataset.flatten_indices(cache_file_name=str(tmp / "input.arrow"),
-                                             new_fingerprint=f"{key[:40]}-input")
-        jobs = [{
-            "index": i, "shard": source.select(range(a, b)) if len(bounds) > 1 else source, "fn": fn,
-            "fn_kwargs": fn_kwargs, "batch_size": batch_size, "remove_columns": remove_columns,
-            "features": features, "path": str(tmp / f"shard-{i:05d}.arrow"), "fingerprint": f"{key[:40]}-{i}",
-            "desc": f"{material['name']}" + (f" (shard 1 of {len(bounds)})" if len(bounds) > 1 else ""),
-        } for i, (a, b) in enumerate(bounds)]
-        if len(jobs) == 1:
-            results = [_run_shard(jobs[0])]
+        procs = min(procs, len(bounds))
+        shared = {"source": dataset, "fn": fn, "fn_kwargs": fn_kwargs, "batch_size": batch_size,
+                  "remove_columns": remove_columns, "features": features, "dir": str(tmp),
+                  "fingerprint": key[:40], "name": material["name"], "desc": material["name"]}
+        stats: dict[str, Any] = {"procs": procs, "shards": len(bounds), "key_seconds": key_seconds}
+        mapping = time.time()
+        stats["prepare_seconds"] = mapping - began
+        if len(bounds) == 1:
+            results = [_map_shard(shared, 0, 0, len(dataset))]
+            stats["workers"] = 0
         else:
-            import multiprocess
-
-            # set before the fork: workers then neither warn about nor use the tokenizers thread pool
-            with _env(TOKENIZERS_PARALLELISM="false"):
-                pool = multiprocess.Pool(min(procs, len(jobs)), initializer=_init_worker)
-            with pool:  # results come back in shard order; shards go to whichever worker is free
-                results = pool.map(_run_shard, jobs, chunksize=1)
+            results = _map_parallel(shared, dataset, bounds, procs, stats)
+        finishing = time.time()
+        stats["map_seconds"] = finishing - mapping - stats.get("pool_start_seconds", 0.0)
         (tmp / "input.arrow").unlink(missing_ok=True)
-        first = results[0][1]
-        shards = []
-        for path, shard_features in results:
-            if shard_features != first:
+        first = results[0]["features"]
+        for r in results:
+            if r["features"] != first:
                 # a serial run writes every batch with the first batch's schema: do the same for this shard
+                path = r["path"]
                 cast = datasets.Dataset.from_file(path).cast(first, cache_file_name=path + ".cast")
                 del cast
                 os.replace(path + ".cast", path)
-            with open(path, "rb") as f:
-                os.fsync(f.fileno())
-            shards.append({"file": Path(path).name, "num_rows": datasets.Dataset.from_file(path).num_rows,
-                           "bytes": os.path.getsize(path)})
+                with open(path, "rb") as f:
+                    os.fsync(f.fileno())
+                r["bytes"] = os.path.getsize(path)
+        shards = [{"file": Path(r["path"]).name, "num_rows": r["num_rows"], "bytes": r["bytes"]} for r in results]
+        # per shard: its input rows, the worker's pid, when it began (seconds after the build began), how long
+        # it took and the CPU time it used
+        stats["shard_timings"] = [{"rows": r["rows"], "pid": r["pid"], "began": r["began"] - began,
+                                   "seconds": r["seconds"], "cpu_seconds": r["cpu_seconds"]} for r in results]
+        # when each worker process started, seconds after the build began (forks are sequential)
+        stats["worker_began"] = sorted({r["worker_began"] - began for r in results if "worker_began" in r})
         manifest = {
             "version": FEATURIZE_VERSION, "key": key, "name": material["name"],
             "function": material["function"], "num_rows": sum(s["num_rows"] for s in shards), "shards": shards,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "key_material": material,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "key_material": material, "build": stats,
         }
+        stats["finish_seconds"] = time.time() - finishing  # (the manifest's own write, fsync and rename excluded)
+        stats["seconds"] = time.time() - began
         with open(tmp / MANIFEST, "w") as f:
             json.dump(manifest, f, indent=1)
             f.flush()
             os.fsync(f.fileno())
+        _fsync_dir(tmp)
         try:
             os.rename(tmp, entry)
         except OSError:
@@ -435,7 +634,7 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
             log.info("%s was written by another process meanwhile; using that one", entry)
         else:
             _fsync_dir(entry.parent)
-        return min(procs, len(jobs))
+        return procs
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already after a successful rename
 
