@@ -1,6 +1,10 @@
-"""DistributedDataParallel settings: train.ddp reaches the Trainer, and every model sparsebert trains uses all of
-its parameters in the loss, which is what lets DDP run with find_unused_parameters=False (no autograd-graph walk
-after each forward). A parameter left out would make DDP fail at the second step of a multi-GPU run."""
+"""Trainer settings that cut host time per step.
+
+- DistributedDataParallel: train.ddp reaches the Trainer and Accelerate, and every model sparsebert trains uses all
+  of its parameters in the loss, which is what lets DDP run with find_unused_parameters=False (no autograd-graph
+  walk after each forward). A parameter left out would make DDP fail at the second step of a multi-GPU run.
+- The FLOP count the Trainer adds up every step is the Trainer's own, with the parameter count taken once.
+"""
 
 from __future__ import annotations
 
@@ -95,3 +99,18 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
     assert handler.comm_hook == DDPCommunicationHookType.BF16
     assert handler.find_unused_parameters is False
     assert handler.bucket_cap_mb == 25
+
+
+def test_cached_flop_count_equals_the_trainers(registry, tmp_path):
+    from transformers import Trainer
+
+    from sparsebert.trainer.hooks import build_hooks
+    from sparsebert.trainer.trainer import SparseBertTrainer
+
+    cfg = registry.build("bert_tiny_quick", [])
+    model = BertForMaskedLMAtMasked(BertConfig(**TINY))
+    args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
+    ours = SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
+    inputs = batch()
+    expected = Trainer.floating_point_ops(ours, inputs)
+    assert expected > 0 and ours.floating_point_ops(inputs) == ours.floating_point_ops(inputs) == expected
