@@ -29,6 +29,11 @@ EXPERIMENTS = {
         "gmp": {"initial_sparsity": 0.0, "begin_step": 0, "end_fraction": 0.6, "frequency": 10},
         "kd": {"teacher": "minilm_glue", "alpha": 0.5, "temperature": 2.0},
     },
+    "minilm_glue_2to4": {
+        "parent": "minilm_glue",
+        "description": "MiniLM with 2:4 semi-structured encoder layers (magnitude, fixed) finetuned on GLUE",
+        "sparsity": {"sparsity": 0.5, "pattern": "2:4", "init": "magnitude"},
+    },
     "minilm_squad_v1": {
         **MINILM_FINETUNE,
         "description": "package MiniLM on SQuAD v1.1 (dev file split by article 80/20), seq 384, stride 128",
@@ -61,6 +66,12 @@ EXPERIMENTS = {
         "train": {"epochs": 1, "global_batch_size": 16, "logging_steps": 4, "dataloader_workers": 0},
         "finetune": {"glue_tasks": ["rte", "stsb"], "max_train_samples": 128, "max_eval_samples": 64,
                      "runs_per_task": {"rte": 2, "stsb": 1}},
+    },
+    "tiny_glue_2to4": {
+        "parent": "tiny_glue",
+        "description": "tiny_glue with 2:4 semi-structured encoder layers: CPU smoke run",
+        "sparsity": {"sparsity": 0.5, "pattern": "2:4", "init": "magnitude"},
+        "finetune": {"glue_tasks": ["rte"], "runs_per_task": {}},
     },
     "tiny_squad": {
         "parent": "minilm_squad_v1",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,21 @@ def test_distillation_from_a_finetuned_teacher(registry, data_dir, tmp_path, stu
     assert any(seen)  # the teacher was used for the training losses
     metrics = json.loads((tmp_path / student / task / "run0" / "metrics.json").read_text())
     assert metrics["global_step"] > 0
+
+
+def test_two_four_masks_hold_through_finetuning(registry, data_dir, tmp_path):
+    """A 2:4 run trains, stays 2:4 in every encoder Linear of the saved model, and says so in sparsity.json."""
+    from transformers import AutoModelForSequenceClassification
+
+    from sparsebert.sparsity import is_two_four
+    from sparsebert.sparsity.config import DEFAULT_INCLUDE
+
+    run_experiment(registry.build("tiny_glue_2to4"), RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run = tmp_path / "tiny_glue_2to4" / "glue_rte" / "run0"
+    report = json.loads((run / "sparsity.json").read_text())
+    assert report["pattern"] == "2:4" and report["headline"].startswith("2:4 semi-structured (50.0% sparse)")
+    model = AutoModelForSequenceClassification.from_pretrained(run / "model")
+    encoder = {n: p for n, p in model.named_parameters() if any(re.search(pat, n) for pat in DEFAULT_INCLUDE)}
+    assert len(encoder) == 36  # 6 layers x (Q, K, V, attention output, intermediate, output)
+    assert all(is_two_four(p) for p in encoder.values())
+    assert all(abs((p == 0).float().mean().item() - 0.5) < 1e-6 for p in encoder.values())
