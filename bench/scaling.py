@@ -32,6 +32,10 @@ VARIANTS = {
     "sparse_80_rigl": ("sparse_80_rigl", []),
     "trainer_ddp_defaults": ("bert_100k", ["train.ddp.find_unused_parameters=true",
                                            "train.ddp.broadcast_buffers=true"]),
+    # levers not yet measured: fewer, larger buckets (under torch.compile also fewer graph splits), and
+    # half-precision all-reduce
+    "bucket_100mb": ("bert_100k", ["train.ddp.bucket_cap_mb=100"]),
+    "bf16_allreduce": ("bert_100k", ["train.ddp.comm_hook=bf16"]),
 }
 
 
@@ -86,7 +90,7 @@ def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
     medians = {k: statistics.median(v) for k, v in cells.items()}
     rows, summary_rows = [], []
     for (variant, n, batch), speed in medians.items():
-        # trainer_ddp_defaults has no 1-GPU run of its own: one process has no DDP, so it is bert_100k's
+        # a DDP-settings variant has no 1-GPU run of its own: one process has no DDP, so it is its experiment's
         one = medians.get((variant, 1, batch)) or medians.get((VARIANTS[variant][0], 1, batch))
         eff = speed / (n * one) if one else None
         summary_rows.append({"variant": variant, "gpus": n, "per_gpu_batch": batch, "samples_per_second": speed,
@@ -130,8 +134,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for batch in map(int, args.per_gpu_batch.split(",")):
             for n in map(int, args.gpus.split(",")):
-                # one process has no DDP: trainer_ddp_defaults' 1-GPU reference is bert_100k's
-                variants = [v for v in args.variants.split(",") if not (v == "trainer_ddp_defaults" and n == 1)]
+                # one process has no DDP: a DDP-settings variant's 1-GPU reference is its experiment's run
+                variants = [v for v in args.variants.split(",") if n > 1 or VARIANTS[v][0] == v]
                 out = Path(tmp) / f"{n}-{batch}.json"
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
                        "--master-port", str(free_port()), __file__, "--worker", "--variant", ",".join(variants),

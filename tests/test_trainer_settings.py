@@ -90,15 +90,29 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
     from sparsebert.trainer.hooks import build_hooks
     from sparsebert.trainer.trainer import SparseBertTrainer
 
-    cfg = registry.build("bert_tiny_quick", ["train.ddp.comm_hook=bf16"])
+    cfg = registry.build("bert_tiny_quick", ["train.ddp.comm_hook=fp16"])
     model = BertForMaskedLMAtMasked(BertConfig(**TINY))
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
     trainer = SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
     handler = trainer.accelerator.ddp_handler
     assert handler.gradient_as_bucket_view is True
-    assert handler.comm_hook == DDPCommunicationHookType.BF16
+    assert handler.comm_hook == DDPCommunicationHookType.FP16
     assert handler.find_unused_parameters is False
     assert handler.bucket_cap_mb == 25
+
+
+def test_bf16_all_reduce_without_cuda_is_a_clear_error(registry, tmp_path):
+    from sparsebert.errors import SparseBertError
+    from sparsebert.trainer.hooks import build_hooks
+    from sparsebert.trainer.trainer import SparseBertTrainer
+
+    if torch.cuda.is_available():
+        pytest.skip("checks the CPU-only refusal")
+    cfg = registry.build("bert_tiny_quick", ["train.ddp.comm_hook=bf16"])
+    model = BertForMaskedLMAtMasked(BertConfig(**TINY))
+    args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
+    with pytest.raises(SparseBertError, match="comm_hook=bf16 needs CUDA"):
+        SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
 
 
 def test_cached_flop_count_equals_the_trainers(registry, tmp_path):

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
 from sparsebert.config.sections import DDPConfig
+from sparsebert.errors import SparseBertError
 
 log = logging.getLogger(__name__)
 
@@ -27,5 +30,8 @@ class DDPTuningMixin:
             return
         from accelerate.utils import DDPCommunicationHookType
 
+        if ddp.comm_hook == "bf16" and not torch.cuda.is_available():
+            # torch's bf16 hook needs NCCL: without this check the job would fail at the first backward
+            raise SparseBertError("train.ddp.comm_hook=bf16 needs CUDA GPUs (NCCL); use none or fp16 here")
         handler.gradient_as_bucket_view = ddp.gradient_as_bucket_view
         handler.comm_hook = DDPCommunicationHookType("no" if ddp.comm_hook == "none" else ddp.comm_hook)
