@@ -72,16 +72,13 @@ def baseline(vocab: int, batch: int, steps: int, warmup: int, attn: str, compile
 
 
 def ours(experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: int, compiled: bool) -> dict:
-    from sparse_overhead import random_blocks, time_variant
+    from sparse_overhead import random_blocks, time_variant, timing_overrides
 
     from sparsebert.config import Registry
     from sparsebert.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path)
-    overrides = [f"train.max_steps={steps}", "train.warmup_steps=10", f"train.global_batch_size={batch}",
-                 "train.eval_at_start=false", "train.eval_steps=100000", "train.save_steps=100000",
-                 "train.logging_steps=50", "train.report_to=[]", "train.dataloader_workers=4",
-                 f"model.tokenizer={tokenizer_path}", f"train.torch_compile={str(compiled).lower()}"]
+    overrides = [*timing_overrides(steps, batch, tokenizer_path), f"train.torch_compile={str(compiled).lower()}"]
     data = random_blocks(steps * batch, SEQ, len(tokenizer), tokenizer, seed=0)
     r = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, overrides, tokenizer, data, warmup)
     r["variant"] = f"sparsebert {experiment}" + (" + torch.compile" if compiled else "")

@@ -43,7 +43,7 @@ def worker(args: argparse.Namespace) -> None:
     """One world size and batch, inside torchrun: time each variant ``--repeats`` times (variants alternate, so
     drift spreads over all of them); rank 0 writes the results. One launch per world size saves the start-up
     (imports, process group) of every further run."""
-    from sparse_overhead import random_blocks, time_variant
+    from sparse_overhead import random_blocks, time_variant, timing_overrides
 
     from sparsebert.config import Registry
     from sparsebert.data.tokenizer import load_tokenizer
@@ -51,10 +51,7 @@ def worker(args: argparse.Namespace) -> None:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tokenizer = load_tokenizer(args.tokenizer)
     global_batch = args.batch * world
-    overrides = [f"train.max_steps={args.steps}", "train.warmup_steps=10", f"train.global_batch_size={global_batch}",
-                 "train.eval_at_start=false", "train.eval_steps=100000", "train.save_steps=100000",
-                 "train.logging_steps=50", "train.report_to=[]", "train.dataloader_workers=4",
-                 f"model.tokenizer={args.tokenizer}", f"model.size={args.size}"]
+    overrides = timing_overrides(args.steps, global_batch, args.tokenizer, args.size)
     data = random_blocks(args.steps * global_batch, 128, len(tokenizer), tokenizer, seed=0)
     registry = Registry.from_directory(ROOT / "experiments")
     results = []

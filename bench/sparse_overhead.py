@@ -62,6 +62,15 @@ def random_blocks(n: int, seq: int, vocab: int, tokenizer, seed: int):
     return datasets.Dataset.from_dict({"input_ids": ids.tolist()})
 
 
+def timing_overrides(steps: int, global_batch: int, tokenizer: str, size: str = "base") -> list[str]:
+    """The registry experiment as it is, but for ``steps`` steps at ``global_batch``, with no evaluation,
+    checkpoint or tracker inside the timed window."""
+    return [f"train.max_steps={steps}", "train.warmup_steps=10", f"train.global_batch_size={global_batch}",
+            "train.eval_at_start=false", "train.eval_steps=100000", "train.save_steps=100000",
+            "train.logging_steps=50", "train.report_to=[]", "train.dataloader_workers=4",
+            f"model.tokenizer={tokenizer}", f"model.size={size}"]
+
+
 def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer, data, warmup: int) -> dict:
     cfg = registry.build(name, overrides)
     torch.manual_seed(cfg.seed)
@@ -111,10 +120,7 @@ def main() -> None:
 
     registry = Registry.from_directory(ROOT / "experiments")
     tokenizer = load_tokenizer(args.tokenizer)
-    overrides = [f"train.max_steps={args.steps}", "train.warmup_steps=10", f"train.global_batch_size={args.batch}",
-                 "train.eval_at_start=false", "train.eval_steps=100000", "train.save_steps=100000",
-                 "train.logging_steps=50", "train.report_to=[]", "train.dataloader_workers=4",
-                 f"model.tokenizer={args.tokenizer}", f"model.size={args.size}"]
+    overrides = timing_overrides(args.steps, args.batch, args.tokenizer, args.size)
     data = random_blocks(args.steps * args.batch, 128, len(tokenizer), tokenizer, seed=0)
     results = []
     for rep in range(args.repeats):

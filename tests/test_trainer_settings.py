@@ -83,18 +83,22 @@ def test_gap_heads_use_every_parameter(head):
     assert unused(model, model(**b, labels=torch.tensor([0, 1, 2])).loss) == []
 
 
+def tiny_trainer(registry, tmp_path, overrides: list[str]):
+    """SparseBertTrainer over a tiny MLM model, with bert_tiny_quick's sections plus ``overrides``."""
+    from sparsebert.trainer.hooks import build_hooks
+    from sparsebert.trainer.trainer import SparseBertTrainer
+
+    cfg = registry.build("bert_tiny_quick", overrides)
+    model = BertForMaskedLMAtMasked(BertConfig(**TINY))
+    args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
+    return SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
+
+
 def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
     """The two settings TrainingArguments cannot carry are set on the handler Accelerate wraps the model with."""
     from accelerate.utils import DDPCommunicationHookType
 
-    from sparsebert.trainer.hooks import build_hooks
-    from sparsebert.trainer.trainer import SparseBertTrainer
-
-    cfg = registry.build("bert_tiny_quick", ["train.ddp.comm_hook=fp16"])
-    model = BertForMaskedLMAtMasked(BertConfig(**TINY))
-    args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
-    trainer = SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
-    handler = trainer.accelerator.ddp_handler
+    handler = tiny_trainer(registry, tmp_path, ["train.ddp.comm_hook=fp16"]).accelerator.ddp_handler
     assert handler.gradient_as_bucket_view is True
     assert handler.comm_hook == DDPCommunicationHookType.FP16
     assert handler.find_unused_parameters is False
@@ -103,28 +107,17 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
 
 def test_bf16_all_reduce_without_cuda_is_a_clear_error(registry, tmp_path):
     from sparsebert.errors import SparseBertError
-    from sparsebert.trainer.hooks import build_hooks
-    from sparsebert.trainer.trainer import SparseBertTrainer
 
     if torch.cuda.is_available():
         pytest.skip("checks the CPU-only refusal")
-    cfg = registry.build("bert_tiny_quick", ["train.ddp.comm_hook=bf16"])
-    model = BertForMaskedLMAtMasked(BertConfig(**TINY))
-    args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
     with pytest.raises(SparseBertError, match="comm_hook=bf16 needs CUDA"):
-        SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
+        tiny_trainer(registry, tmp_path, ["train.ddp.comm_hook=bf16"])
 
 
 def test_cached_flop_count_equals_the_trainers(registry, tmp_path):
     from transformers import Trainer
 
-    from sparsebert.trainer.hooks import build_hooks
-    from sparsebert.trainer.trainer import SparseBertTrainer
-
-    cfg = registry.build("bert_tiny_quick", [])
-    model = BertForMaskedLMAtMasked(BertConfig(**TINY))
-    args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
-    ours = SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
+    ours = tiny_trainer(registry, tmp_path, [])
     inputs = batch()
     expected = Trainer.floating_point_ops(ours, inputs)
     assert expected > 0 and ours.floating_point_ops(inputs) == ours.floating_point_ops(inputs) == expected
