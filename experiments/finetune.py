@@ -14,19 +14,27 @@ MINILM_FINETUNE = {
     "finetune": {"max_seq_length": 128},
 }
 
+# Prune the 36 encoder Linear weights of MiniLM from dense to 80 % (cubic GMP, done at 60 % of training),
+# distilling from the dense run of the same experiment family (named per experiment in "kd").
+SPARSE80_GMP = {
+    "sparsity": {"sparsity": 0.8, "init": "magnitude"},
+    "gmp": {"initial_sparsity": 0.0, "begin_step": 0, "end_fraction": 0.6, "frequency": 10},
+}
+# The small GLUE tasks vary a lot from seed to seed: three runs each.
+THREE_SEEDS = {"rte": 3, "mrpc": 3, "stsb": 3, "cola": 3, "wnli": 3}
+
 EXPERIMENTS = {
     "minilm_glue": {
         **MINILM_FINETUNE,
         "description": "package MiniLM finetuned on every GLUE task present (3 runs for the small tasks)",
         "task": "glue",
-        "finetune": {"max_seq_length": 128, "runs_per_task": {"rte": 3, "mrpc": 3, "stsb": 3, "cola": 3, "wnli": 3}},
+        "finetune": {"max_seq_length": 128, "runs_per_task": THREE_SEEDS},
     },
     "minilm_glue_sparse80": {
         "parent": "minilm_glue",
         "description": "MiniLM pruned to 80% sparse encoder layers (GMP) while finetuning, distilled from minilm_glue",
         "train": {"epochs": 6, "learning_rate": 8e-5},
-        "sparsity": {"sparsity": 0.8, "init": "magnitude"},
-        "gmp": {"initial_sparsity": 0.0, "begin_step": 0, "end_fraction": 0.6, "frequency": 10},
+        **SPARSE80_GMP,
         "kd": {"teacher": "minilm_glue", "alpha": 0.5, "temperature": 2.0},
     },
     "minilm_glue_2to4": {
@@ -41,6 +49,13 @@ EXPERIMENTS = {
         "train": {**MINILM_FINETUNE["train"], "epochs": 2, "learning_rate": 1e-4},
         "finetune": {"max_seq_length": 384, "doc_stride": 128, "squad_eval_fraction": 0.2},
     },
+    "minilm_squad_v1_sparse80": {
+        "parent": "minilm_squad_v1",
+        "description": "MiniLM pruned to 80% sparse (GMP) on SQuAD v1.1, distilled from minilm_squad_v1",
+        "train": {"epochs": 4},
+        **SPARSE80_GMP,
+        "kd": {"teacher": "minilm_squad_v1", "alpha": 0.5, "temperature": 2.0},
+    },
     "minilm_gap_mul": {
         **MINILM_FINETUNE,
         "description": "package MiniLM on GAP (train gap-development, eval gap-validation), mul head",
@@ -52,12 +67,23 @@ EXPERIMENTS = {
                           "finetune": {"gap_head": "concat"}},
     "minilm_gap_segment": {"parent": "minilm_gap_mul", "description": "GAP with the segment head",
                            "finetune": {"gap_head": "segment"}},
+    **{
+        f"minilm_gap_{head}_sparse80": {
+            "parent": f"minilm_gap_{head}",
+            "description": f"MiniLM pruned to 80% sparse (GMP) on GAP, {head} head, distilled from minilm_gap_{head}",
+            "train": {"epochs": 8},
+            **SPARSE80_GMP,
+            "kd": {"teacher": f"minilm_gap_{head}", "alpha": 0.5, "temperature": 2.0},
+        }
+        for head in ("mul", "concat", "segment")
+    },
     "glue_from": {
         **MINILM_FINETUNE,
         "description": "finetune a finished pretraining run on every GLUE task (default bert_small_wiki; "
                        "any run: python run.py glue_from=<run>)",
         "task": "glue",
         "model": {"init_from": "bert_small_wiki"},
+        "finetune": {"max_seq_length": 128, "runs_per_task": THREE_SEEDS},
     },
     # tiny CPU variants (CI): the real MiniLM on small slices, one epoch
     "tiny_glue": {

@@ -84,6 +84,10 @@ def test_tiny_gap_writes_submission_and_scorer_file(registry, data_dir, tmp_path
     assert len(system) == 48 and all(a in ("TRUE", "FALSE") and b in ("TRUE", "FALSE") for _, a, b in system)
     metrics = json.loads((run / "metrics.json").read_text())
     assert {"accuracy", "log_loss", "f1", "f1_masculine", "f1_feminine", "bias"} <= set(metrics)
+    cm = metrics["confusion_matrix"]  # gold A / B / Neither by predicted; every evaluated row counted once
+    assert len(cm) == 3 and sum(map(sum, cm)) == 48
+    assert sum(cm[i][i] for i in range(3)) / 48 == pytest.approx(metrics["accuracy"])
+    assert (run / "confusion_matrix.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_tiny_csv_folds_aggregates_and_reports(registry, data_dir, tmp_path):

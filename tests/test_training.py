@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
+from sparsebert.cli import main
 from sparsebert.config import Registry
 from sparsebert.errors import SparseBertError
 from sparsebert.models.bert import BertForMaskedLMAtMasked
@@ -203,6 +204,25 @@ def test_kd_onecycle_rigl_runs_with_the_dense_run_as_teacher(registry, data_dir,
     assert lrs.index(peak) not in (0, len(lrs) - 1) and lrs[-1] < peak / 100
     assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
     assert math.isfinite(metrics["eval_loss"])
+
+
+def test_plots_of_finished_runs(dense_run, tmp_path):
+    """--plot loss reads each run's log_history.json; --plot density its sparsity.json; both write a PNG."""
+    out, metrics = dense_run
+    history = json.loads((out / "bert_tiny_quick" / "log_history.json").read_text())
+    assert [h["eval_loss"] for h in history if "eval_loss" in h][-1] == pytest.approx(metrics["eval_loss"])
+    runs = ["bert_tiny_quick", "sparse_tiny_kd_onecycle_lr_rigl"]
+    if not (out / runs[1] / "DONE").is_file():  # when this test runs alone
+        pytest.skip("needs the KD run of test_kd_onecycle_rigl_runs_with_the_dense_run_as_teacher")
+    png = b"\x89PNG\r\n\x1a\n"
+    assert main(["--output-dir", str(out), "--plot", "loss", "--experiments", *runs,
+                 "--out", str(tmp_path / "loss.png")]) == 0
+    assert (tmp_path / "loss.png").read_bytes()[:8] == png
+    assert main(["--output-dir", str(out), "--plot", "density", "--experiments", runs[1],
+                 "--out", str(tmp_path / "density.png")]) == 0
+    assert (tmp_path / "density.png").read_bytes()[:8] == png
+    # a dense run has no sparsity report: one line naming the missing file, exit 2
+    assert main(["--output-dir", str(out), "--plot", "density", "--experiments", runs[0]]) == 2
 
 
 def test_trackers_write_locally_and_wandb_never_blocks(registry, data_dir, tmp_path, monkeypatch):

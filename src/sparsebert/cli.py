@@ -34,7 +34,11 @@ def parser() -> argparse.ArgumentParser:
                    help="write a torch.profiler trace of 3 training steps after 5 warm-up steps into the run dir")
     p.add_argument("--table", choices=["glue"], help="print a results table from the registry in the output root")
     p.add_argument("--experiments", dest="table_experiments", nargs="+", default=None, metavar="NAME",
-                   help="with --table: only these experiments (rows)")
+                   help="with --table: only these experiments (rows); with --plot: the runs to plot")
+    p.add_argument("--plot", choices=["loss", "density"],
+                   help="plot runs named by --experiments (paths under the output root): MLM loss curves from "
+                        "log_history.json, or density per layer from sparsity.json; written to --out")
+    p.add_argument("--out", type=Path, default=None, help="with --plot: the image file (default <kind>.png)")
     p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table")
     p.add_argument("--agg", choices=["max", "mean"], default="max",
                    help="with --table: how runs of one task with different seeds combine")
@@ -70,6 +74,9 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
             return train_tokenizer(args)
         if args.table:
             return print_table(output_root(args.output_dir), args.table_experiments, args.format, args.agg)
+        if args.plot:
+            return make_plot(output_root(args.output_dir), args.plot, args.table_experiments,
+                             args.out or Path(f"{args.plot}.png"))
         if args.list:
             width = max(map(len, registry.names()))
             for name in registry.names():
@@ -144,6 +151,34 @@ def print_table(root: Path, experiments: list[str] | None, fmt: str, agg: str) -
         raise SparseBertError(f"the registry in {root} has no finished GLUE runs"
                               + (f" of {', '.join(experiments)}" if experiments else ""))
     print(glue_table(records, agg=agg, fmt=fmt))
+    return 0
+
+
+PLOT_INPUTS = {"loss": "log_history.json", "density": "sparsity.json"}
+
+
+def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
+    import json
+
+    from sparsebert.results.plots import plot_density_per_layer, plot_loss_curves
+
+    if not runs:
+        raise SparseBertError(f"--plot {kind} needs --experiments: the runs to plot, as paths under {root}")
+    data = {}
+    for run in runs:
+        source = root / run / PLOT_INPUTS[kind]
+        if not source.is_file():
+            raise SparseBertError(f"--plot {kind}: {source} does not exist (a finished "
+                                  f"{'pretraining' if kind == 'loss' else 'sparse'} run writes it)")
+        try:
+            data[run] = json.loads(source.read_text())
+        except json.JSONDecodeError as e:
+            raise SparseBertError(f"--plot {kind}: {source} is not valid JSON ({e})") from None
+    if kind == "loss":
+        plot_loss_curves(data, out)
+    else:
+        plot_density_per_layer(data, out)
+    print(f"wrote {out}")
     return 0
 
 

@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from sklearn.metrics import accuracy_score, log_loss, precision_recall_fscore_support
+from sklearn.metrics import accuracy_score, confusion_matrix, log_loss, precision_recall_fscore_support
 
 from sparsebert.data.gap import (
     COLUMNS,
@@ -181,6 +181,8 @@ def test_metrics_hand_values():
     expect = (-math.log(0.5) - math.log(0.3) - math.log(0.6) + clipped_zero) / 4
     assert math.isclose(m["log_loss"], expect, rel_tol=1e-9)
     assert math.isnan(gap_metrics(probs[[0, 2]], [_ex(1, "he"), _ex(0, "his")])["bias"])
+    # gold A predicted A, gold B predicted A, gold Neither predicted Neither, gold A predicted B
+    assert m["confusion_matrix"] == [[1, 1, 0], [1, 0, 0], [0, 0, 1]]
 
 
 def test_metrics_match_sklearn(dev):
@@ -192,6 +194,7 @@ def test_metrics_match_sklearn(dev):
     m = gap_metrics(probs, dev)
     pred = probs.argmax(axis=1)
     assert math.isclose(m["accuracy"], accuracy_score(labels, pred))
+    assert m["confusion_matrix"] == confusion_matrix(labels, pred, labels=[0, 1, 2]).tolist()
     assert math.isclose(m["log_loss"], log_loss(labels, probs, labels=[0, 1, 2]), rel_tol=1e-9)
 
     def prf(rows):

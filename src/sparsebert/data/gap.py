@@ -249,9 +249,13 @@ def _prf(pred: np.ndarray, gold: np.ndarray) -> tuple[float, float, float]:
     return precision, recall, f1
 
 
-def gap_metrics(probs: np.ndarray, examples: Sequence[GapExample]) -> dict[str, float]:
+GAP_CLASSES = ("A", "B", "Neither")  # label ids 0, 1, 2
+
+
+def gap_metrics(probs: np.ndarray, examples: Sequence[GapExample]) -> dict[str, Any]:
     """``accuracy``, Kaggle ``log_loss`` and the GAP paper's pairwise ``precision/recall/f1``,
-    ``f1_masculine``, ``f1_feminine`` and ``bias`` = F1(feminine) / F1(masculine) (nan when F1(masculine) = 0).
+    ``f1_masculine``, ``f1_feminine`` and ``bias`` = F1(feminine) / F1(masculine) (nan when F1(masculine) = 0),
+    and the 3-class ``confusion_matrix`` (rows = gold A / B / Neither, columns = predicted).
 
     Pairwise decisions: A-coref is predicted when argmax is A, B-coref when argmax is B; each row gives two
     decisions scored against its gold A-coref / B-coref (the positive class is "coreferent").
@@ -279,6 +283,7 @@ def gap_metrics(probs: np.ndarray, examples: Sequence[GapExample]) -> dict[str, 
         "f1_masculine": f1_m,
         "f1_feminine": f1_f,
         "bias": f1_f / f1_m if f1_m else float("nan"),
+        "confusion_matrix": [[int(np.sum((labels == t) & (pred == p))) for p in range(3)] for t in range(3)],
     }
 
 

@@ -34,3 +34,43 @@ def plot_loss_curves(histories: dict[str, list[dict]], path: str | os.PathLike, 
     fig.savefig(tmp)
     plt.close(fig)
     os.replace(tmp, path)
+
+
+def plot_density_per_layer(reports: dict[str, dict], path: str | os.PathLike,
+                           title: str = "density per layer") -> None:
+    """Density (1 - sparsity) of every masked tensor, in model order, one line per run.
+
+    ``reports``: run name -> its ``sparsity.json`` (the ``layers`` list of name / type / sparsity). Vertical
+    lines separate encoder layers, so a uniform distribution shows as a flat line and ERK as a profile.
+    """
+    import re
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
+    layers: list[dict] = []
+    for i, (name, report) in enumerate(reports.items()):
+        layers = report["layers"]
+        ax.plot(range(len(layers)), [1.0 - layer["sparsity"] for layer in layers], color=f"C{i}", marker=".",
+                linewidth=1.2, label=name)
+    # layer boundaries and tick labels from the last report's tensor names ("...layer.3.attention...")
+    index = [re.search(r"layer\.(\d+)\.", layer["name"]) for layer in layers]
+    starts = [k for k, m in enumerate(index) if m and (k == 0 or not index[k - 1]
+                                                          or index[k - 1].group(1) != m.group(1))]
+    for k in starts[1:]:
+        ax.axvline(k - 0.5, color="grey", alpha=0.3, linewidth=0.8)
+    ax.set_xticks(starts, [f"layer {index[k].group(1)}" for k in starts], fontsize=7, rotation=45)
+    ax.set_ylabel("density (fraction of weights kept)")
+    ax.set_ylim(0, max(0.3, ax.get_ylim()[1]))
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)

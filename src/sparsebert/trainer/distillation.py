@@ -4,7 +4,9 @@ loss = alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T)) + (1 - alp
 
 For MLM both models score only the masked positions (``BertForMaskedLMAtMasked`` returns one logits row per
 masked token, in the same order for teacher and student); for classification (GLUE, CSV, GAP), every example;
-for extractive QA (SQuAD), the start and the end distributions, averaged. Distillation is off during
+for extractive QA (SQuAD), the start and the end distributions, averaged. A regression head (one output, e.g.
+STS-B) has no distribution to match: a softmax over one value is always 1 and its KL always 0, so there the
+distillation term is the mean squared error to the teacher's prediction instead. Distillation is off during
 evaluation: eval loss is the task loss alone, comparable with a run without a teacher.
 """
 
@@ -41,7 +43,12 @@ class DistillationConfig:
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """T^2 * KL(teacher || student) per example (row), averaged; in float32 for a stable softmax."""
+    """T^2 * KL(teacher || student) per example (row), averaged; in float32 for a stable softmax.
+
+    For a single output (regression) the mean squared error to the teacher's value; no temperature applies.
+    """
+    if student_logits.shape[-1] == 1:
+        return F.mse_loss(student_logits.float(), teacher_logits.float())
     t = temperature
     student = F.log_softmax(student_logits.float() / t, dim=-1)
     teacher = F.log_softmax(teacher_logits.float() / t, dim=-1)

@@ -15,6 +15,7 @@ from transformers.trainer_utils import get_last_checkpoint
 from sparsebert.config import ExperimentConfig
 from sparsebert.data.pretrain import MLMCollator, PretrainData, build_pretrain_data
 from sparsebert.data.tokenizer import load_tokenizer
+from sparsebert.io import atomic_write_json
 from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions
 from sparsebert.models.pretrained import resolve_pretrained
 from sparsebert.trainer.arguments import training_arguments
@@ -73,6 +74,8 @@ class PretrainJob:
         final = last_eval(trainer) or trainer.evaluate()
         trainer.save_model(str(run_dir / "model"))  # safetensors; sparse weights are exact zeros
         metrics = pretrain_metrics(trainer, result.metrics, final, self.data)
+        if trainer.is_world_process_zero():  # plain data for loss curves (--plot loss), beside metrics.json
+            atomic_write_json(run_dir / "log_history.json", trainer.state.log_history)
         if trainer.sparsity is not None:
             report = trainer.sparsity.report()
             metrics["sparsity"] = report["selected"]["sparsity"]

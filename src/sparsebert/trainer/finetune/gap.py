@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 from transformers import default_data_collator
 
+from sparsebert.data.classification_metrics import plot_confusion_matrix
 from sparsebert.data.gap import (
+    GAP_CLASSES,
     gap_features,
     gap_metrics,
     read_gap,
@@ -46,6 +48,7 @@ def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     ids = [ex.id for ex in eval_ex]
     write_kaggle_submission(run_dir / "submission.csv", ids, probs)
     write_gap_system_file(run_dir / "gap_system.tsv", ids, probs)
+    plot_confusion_matrix(metrics["confusion_matrix"], GAP_CLASSES, run_dir / "confusion_matrix.png")
     metrics.update({"head": fcfg.gap_head, "train_examples": len(train_ex), "eval_examples": len(eval_ex)})
     return finish_run(ctx, trainer, run_dir, "gap", seed, metrics, started)
 
