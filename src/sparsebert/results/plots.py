@@ -51,12 +51,11 @@ def plot_density_per_layer(reports: dict[str, dict], path: str | os.PathLike,
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
-    layers: list[dict] = []
     for i, (name, report) in enumerate(reports.items()):
-        layers = report["layers"]
-        ax.plot(range(len(layers)), [1.0 - layer["sparsity"] for layer in layers], color=f"C{i}", marker=".",
-                linewidth=1.2, label=name)
-    # layer boundaries and tick labels from the last report's tensor names ("...layer.3.attention...")
+        ax.plot(range(len(report["layers"])), [1.0 - layer["sparsity"] for layer in report["layers"]],
+                color=f"C{i}", marker=".", linewidth=1.2, label=name)
+    # layer boundaries and tick labels from the deepest model's tensor names ("...layer.3.attention...")
+    layers = max((report["layers"] for report in reports.values()), key=len)
     index = [re.search(r"layer\.(\d+)\.", layer["name"]) for layer in layers]
     starts = [k for k, m in enumerate(index) if m and (k == 0 or not index[k - 1]
                                                           or index[k - 1].group(1) != m.group(1))]

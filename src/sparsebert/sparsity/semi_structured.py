@@ -13,7 +13,11 @@ only on sm8x (Ampere/Ada): on Hopper and newer only cuSPARSELt works. The sparse
 
 Faster is not guaranteed: on an H200 (torch 2.11, cuSPARSELt 0.8) every 2:4 matmul took about 0.45 ms whatever
 its size (dense: 0.02-0.2 ms for BERT-base layers), so the exported BERT ran 5-15x slower than the same masked
-weights run dense (``bench/semi_structured.py``; see also pytorch/pytorch#153825). Measure on the target card.
+weights run dense (``bench/semi_structured.py``; pytorch/pytorch#153825). Upstream profiles put that time on
+the host, between kernels: torch's ``_cslt_sparse_mm`` builds and destroys its cuSPARSELt descriptors and matmul
+plan on every call (plan caching was proposed after torch 2.11: pytorch/pytorch#177866, #179642), so no choice
+of kernel (alg_id) or layout made from Python removes it; a CUDA graph, which replays only the kernels, might.
+Measure on the target card.
 """
 
 from __future__ import annotations
