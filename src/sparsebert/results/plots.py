@@ -25,15 +25,8 @@ def plot_loss_curves(histories: dict[str, list[dict]], path: str | os.PathLike, 
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss")
     ax.set_yscale("log")
-    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    _finish(fig, ax, title, path)
 
 
 def plot_density_per_layer(reports: dict[str, dict], path: str | os.PathLike,
@@ -64,8 +57,15 @@ def plot_density_per_layer(reports: dict[str, dict], path: str | os.PathLike,
     ax.set_xticks(starts, [f"layer {index[k].group(1)}" for k in starts], fontsize=7, rotation=45)
     ax.set_ylabel("density (fraction of weights kept)")
     ax.set_ylim(0, max(0.3, ax.get_ylim()[1]))
-    ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
+    _finish(fig, ax, title, path)
+
+
+def _finish(fig, ax, title: str, path: str | os.PathLike) -> None:
+    """Title, legend, layout; then save atomically (temp file + rename) and close the figure."""
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
