@@ -193,9 +193,15 @@ def test_export_reload_keeps_sparsity(registry, data_dir, tmp_path):
     assert len(controller.masks) == 12
 
 
-def test_kd_onecycle_rigl_runs_with_the_dense_run_as_teacher(registry, data_dir, dense_run):
+@pytest.fixture(scope="module")
+def kd_run(registry, data_dir, dense_run):
+    """The sparse KD run, distilled from the dense run, in the same output root."""
     out, _ = dense_run
-    metrics = run(registry, "sparse_tiny_kd_onecycle_lr_rigl", out, data_dir)
+    return out, run(registry, "sparse_tiny_kd_onecycle_lr_rigl", out, data_dir)
+
+
+def test_kd_onecycle_rigl_runs_with_the_dense_run_as_teacher(kd_run):
+    out, metrics = kd_run
     run_dir = out / "sparse_tiny_kd_onecycle_lr_rigl"
     history = json.loads((run_dir / "checkpoint-20" / "trainer_state.json").read_text())["log_history"]
     lrs = [h["learning_rate"] for h in history if "learning_rate" in h]
@@ -206,14 +212,12 @@ def test_kd_onecycle_rigl_runs_with_the_dense_run_as_teacher(registry, data_dir,
     assert math.isfinite(metrics["eval_loss"])
 
 
-def test_plots_of_finished_runs(dense_run, tmp_path):
+def test_plots_of_finished_runs(dense_run, kd_run, tmp_path):
     """--plot loss reads each run's log_history.json; --plot density its sparsity.json; both write a PNG."""
     out, metrics = dense_run
     history = json.loads((out / "bert_tiny_quick" / "log_history.json").read_text())
     assert [h["eval_loss"] for h in history if "eval_loss" in h][-1] == pytest.approx(metrics["eval_loss"])
     runs = ["bert_tiny_quick", "sparse_tiny_kd_onecycle_lr_rigl"]
-    if not (out / runs[1] / "DONE").is_file():  # when this test runs alone
-        pytest.skip("needs the KD run of test_kd_onecycle_rigl_runs_with_the_dense_run_as_teacher")
     png = b"\x89PNG\r\n\x1a\n"
     assert main(["--output-dir", str(out), "--plot", "loss", "--experiments", *runs,
                  "--out", str(tmp_path / "loss.png")]) == 0
