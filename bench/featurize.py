@@ -388,6 +388,33 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n\nStages of each parallel run (seconds):\n\n" + "\n".join(stage_lines)
 
 
+def cpu_topology() -> dict[str, object]:
+    """CPU model and how many logical CPUs share a physical core (SMT): two workers on one core's two threads
+    share its execution units, so per-process speed drops and parallel efficiency with it. Linux only."""
+    info: dict[str, object] = {}
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return info
+    cores, logical = set(), 0
+    physical = core = None
+    for line in text.splitlines():
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key == "processor":
+            logical += 1
+        elif key == "model name":
+            info.setdefault("cpu_model", value)
+        elif key == "physical id":
+            physical = value
+        elif key == "core id":
+            core = value
+            cores.add((physical, core))
+    if cores:
+        info["physical_cores"] = len(cores)
+        info["threads_per_core"] = round(logical / len(cores), 2)
+    return info
+
+
 def main(argv: list[str] | None = None) -> int:
     default_data = os.environ.get("SPARSEBERT_DATA") or str(ROOT.parent / "shared" / "data")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -435,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         report = {
             "date": date.today().isoformat(),
             "machine": {"cpu_count": cpus, "platform": platform.platform(), "processor": platform.processor(),
-                        "python": platform.python_version()},
+                        "python": platform.python_version(), **cpu_topology()},
             "versions": {"datasets": datasets.__version__, "tokenizers": tokenizers.__version__,
                          "transformers": transformers.__version__},
             "settings": {"procs": args.procs, "tokenizer": args.tokenizer, "wiki_files": args.wiki_files,
