@@ -154,7 +154,7 @@ def print_table(root: Path, experiments: list[str] | None, fmt: str, agg: str) -
     return 0
 
 
-PLOT_INPUTS = {"loss": "log_history.json", "density": "sparsity.json"}
+PLOT_INPUTS = {"loss": ("log_history.json", "pretraining"), "density": ("sparsity.json", "sparse")}  # file, run kind
 
 
 def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
@@ -164,12 +164,12 @@ def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
 
     if not runs:
         raise SparseBertError(f"--plot {kind} needs --experiments: the runs to plot, as paths under {root}")
+    filename, writer = PLOT_INPUTS[kind]
     data = {}
     for run in runs:
-        source = root / run / PLOT_INPUTS[kind]
+        source = root / run / filename
         if not source.is_file():
-            raise SparseBertError(f"--plot {kind}: {source} does not exist (a finished "
-                                  f"{'pretraining' if kind == 'loss' else 'sparse'} run writes it)")
+            raise SparseBertError(f"--plot {kind}: {source} does not exist (a finished {writer} run writes it)")
         try:
             data[run] = json.loads(source.read_text())
         except json.JSONDecodeError as e:

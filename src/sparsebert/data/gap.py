@@ -260,6 +260,8 @@ def gap_metrics(probs: np.ndarray, examples: Sequence[GapExample]) -> dict[str, 
     Pairwise decisions: A-coref is predicted when argmax is A, B-coref when argmax is B; each row gives two
     decisions scored against its gold A-coref / B-coref (the positive class is "coreferent").
     """
+    from sklearn.metrics import confusion_matrix  # as classification_metrics does; sklearn loads slowly
+
     probs = _check_probs(probs, len(examples), "gap_metrics")
     labels = np.array([ex.label for ex in examples])
     pred = probs.argmax(axis=1)
@@ -283,7 +285,7 @@ def gap_metrics(probs: np.ndarray, examples: Sequence[GapExample]) -> dict[str, 
         "f1_masculine": f1_m,
         "f1_feminine": f1_f,
         "bias": f1_f / f1_m if f1_m else float("nan"),
-        "confusion_matrix": [[int(np.sum((labels == t) & (pred == p))) for p in range(3)] for t in range(3)],
+        "confusion_matrix": confusion_matrix(labels, pred, labels=[0, 1, 2]).tolist(),
     }
 
 

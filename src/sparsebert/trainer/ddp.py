@@ -21,9 +21,9 @@ log = logging.getLogger(__name__)
 class DDPTuningMixin:
     def __init__(self, *args, ddp: DDPConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        handler = getattr(self.accelerator, "ddp_handler", None)
         if ddp is None:
             return
+        handler = getattr(self.accelerator, "ddp_handler", None)
         if handler is None:
             log.warning("this Accelerate version exposes no DDP handler: train.ddp.gradient_as_bucket_view and "
                         "train.ddp.comm_hook are not applied")

@@ -8,6 +8,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from sparsebert.io import atomic_write_text
+
 log = logging.getLogger(__name__)
 
 
@@ -40,6 +42,6 @@ class ProfilerCallback(TrainerCallback):
         out.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(out / "trace.json"))
         sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
-        (out / "top_ops.txt").write_text(profiler.key_averages().table(sort_by=sort, row_limit=30) + "\n")
+        atomic_write_text(out / "top_ops.txt", profiler.key_averages().table(sort_by=sort, row_limit=30) + "\n")
         log.info("profile of %d steps written to %s", self.steps, out)
         self.warmup = -1  # once per run
