@@ -27,16 +27,24 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 # variant -> (experiment, extra overrides). "trainer_ddp_defaults" is bert_100k with the DDP settings the
 # Transformers Trainer picks by itself (find_unused_parameters and buffer broadcast on): the lever's A/B.
+LAYERS = ["train.torch_compile=true", "train.torch_compile_scope=layers"]
 VARIANTS = {
     "bert_100k": ("bert_100k", []),
     "sparse_80_rigl": ("sparse_80_rigl", []),
     "trainer_ddp_defaults": ("bert_100k", ["train.ddp.find_unused_parameters=true",
                                            "train.ddp.broadcast_buffers=true"]),
-    # levers not yet measured: fewer, larger buckets (under torch.compile also fewer graph splits), and
-    # half-precision all-reduce
+    # fewer, larger buckets; half-precision all-reduce; DDP's static-graph mode (bucket order fixed after the
+    # first step, no per-step readiness bookkeeping)
     "bucket_100mb": ("bert_100k", ["train.ddp.bucket_cap_mb=100"]),
     "bf16_allreduce": ("bert_100k", ["train.ddp.comm_hook=bf16"]),
+    "static_graph": ("bert_100k", ["train.ddp.static_graph=true"]),
+    # torch.compile per encoder layer (fewer kernels and host work per step, all-reduce overlap kept)
+    "bert_100k_compiled_layers": ("bert_100k", LAYERS),
+    "sparse_80_rigl_compiled_layers": ("sparse_80_rigl", LAYERS),
 }
+# Variants that change DDP settings only: one process has no DDP, so their 1-GPU reference is their
+# experiment's plain run.
+DDP_ONLY = {"trainer_ddp_defaults", "bucket_100mb", "bf16_allreduce", "static_graph"}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -88,7 +96,8 @@ def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
     rows, summary_rows = [], []
     for (variant, n, batch), speed in medians.items():
         # a DDP-settings variant has no 1-GPU run of its own: one process has no DDP, so it is its experiment's
-        one = medians.get((variant, 1, batch)) or medians.get((VARIANTS[variant][0], 1, batch))
+        reference = VARIANTS[variant][0] if variant in DDP_ONLY else variant
+        one = medians.get((reference, 1, batch))
         eff = speed / (n * one) if one else None
         summary_rows.append({"variant": variant, "gpus": n, "per_gpu_batch": batch, "samples_per_second": speed,
                              "runs": cells[(variant, n, batch)], "scaling_efficiency": eff})
@@ -126,13 +135,15 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return worker(args)
+    unknown = sorted(set(args.variants.split(",")) - VARIANTS.keys())
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
 
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
         for batch in map(int, args.per_gpu_batch.split(",")):
             for n in map(int, args.gpus.split(",")):
-                # one process has no DDP: a DDP-settings variant's 1-GPU reference is its experiment's run
-                variants = [v for v in args.variants.split(",") if n > 1 or VARIANTS[v][0] == v]
+                variants = [v for v in args.variants.split(",") if n > 1 or v not in DDP_ONLY]
                 out = Path(tmp) / f"{n}-{batch}.json"
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
                        "--master-port", str(free_port()), __file__, "--worker", "--variant", ",".join(variants),

@@ -130,6 +130,11 @@ class TrainConfig:
     # torch.compile mode: "default", "reduce-overhead" (CUDA graphs: fewer launches for small models),
     # "max-autotune", "max-autotune-no-cudagraphs"
     torch_compile_mode: str = "default"
+    # what torch.compile wraps: "model" (one graph; under DDP, Dynamo splits it at the gradient buckets) or
+    # "layers" (each encoder layer and each other top-level part compiled on its own, Accelerate's regional
+    # compilation: identical layers share one compile, and DDP's per-parameter all-reduce hooks fire from the
+    # ordinary autograd engine between compiled layers, so the all-reduce overlaps the backward as in eager)
+    torch_compile_scope: str = "model"
     ddp: DDPConfig = field(default_factory=DDPConfig)
 
     def validate(self) -> None:
@@ -157,6 +162,8 @@ class TrainConfig:
         if self.torch_compile_mode not in modes:
             raise ValueError(f"train.torch_compile_mode must be one of {', '.join(modes)}, "
                              f"got {self.torch_compile_mode!r}")
+        if self.torch_compile_scope not in ("model", "layers"):
+            raise ValueError(f"train.torch_compile_scope must be model or layers, got {self.torch_compile_scope!r}")
 
 
 GAP_HEADS = ("concat", "mul", "segment")

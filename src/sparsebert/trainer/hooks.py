@@ -15,8 +15,10 @@ from sparsebert.sparsity import SparsityController
 def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed: int,
                 teacher_source: str | None = None,
                 load_teacher: Callable[[str], nn.Module] | None = None) -> dict[str, Any]:
-    """The keyword arguments that switch SparseBertTrainer's hooks on (only ``ddp`` alone trains dense)."""
-    hooks: dict[str, Any] = {"ddp": cfg.train.ddp}
+    """The keyword arguments that switch SparseBertTrainer's hooks on (``ddp`` and ``compile_scope`` alone train
+    dense)."""
+    hooks: dict[str, Any] = {"ddp": cfg.train.ddp,
+                             "compile_scope": cfg.train.torch_compile_scope if cfg.train.torch_compile else None}
     if cfg.sparsity is not None:
         hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,
                                                total_steps=total_steps, seed=seed)
