@@ -43,6 +43,11 @@ OURS = {
     "sparsebert+compile(reduce-overhead)+pad32": ["train.torch_compile=true",
                                                   "train.torch_compile_mode=reduce-overhead",
                                                   "finetune.pad_to_multiple_of=32"],
+    # the same per layer: CUDA graphs per compiled region, but one compile serves all 6 layers
+    "sparsebert+compile(layers,reduce-overhead)+pad32": ["train.torch_compile=true",
+                                                         "train.torch_compile_mode=reduce-overhead",
+                                                         "train.torch_compile_scope=layers",
+                                                         "finetune.pad_to_multiple_of=32"],
 }
 
 
