@@ -44,7 +44,7 @@ OURS = {
                                                   "train.torch_compile_mode=reduce-overhead",
                                                   "finetune.pad_to_multiple_of=32"],
     # the same per layer: CUDA graphs per compiled region, but one compile serves all 6 layers
-    "sparsebert+compile(layers,reduce-overhead)+pad32": ["train.torch_compile=true",
+    "sparsebert+compile(layers+reduce-overhead)+pad32": ["train.torch_compile=true",
                                                          "train.torch_compile_mode=reduce-overhead",
                                                          "train.torch_compile_scope=layers",
                                                          "finetune.pad_to_multiple_of=32"],
@@ -109,6 +109,9 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available() and not args.max_train_samples:
         raise SystemExit("finetune_throughput: needs a CUDA GPU (bf16); --max-train-samples N for a CPU smoke run")
+    unknown = [v for v in args.variants.split(",") if v not in OURS]
+    if unknown:  # before the baseline's minutes are spent
+        raise SystemExit(f"unknown variant(s) {unknown}; known: {', '.join(OURS)}")
     limit = [f"finetune.max_train_samples={args.max_train_samples}"] if args.max_train_samples else []
     model_dir = args.model
     if model_dir is None:
