@@ -74,6 +74,19 @@ def worker(args: argparse.Namespace) -> None:
             results.append(result)
             if int(os.environ.get("RANK", "0")) == 0:
                 Path(args.result).write_text(json.dumps(results))
+    if args.profile:
+        # after the timed runs, so the profiler's own cost never enters a timing: one more run of each variant
+        # with 3 steps after the warm-up profiled on every rank (all-reduce overlap and gaps show per rank)
+        from sparsebert.trainer.profiling import ProfilerCallback
+
+        rank = int(os.environ.get("RANK", "0"))
+        for variant in args.variant.split(","):
+            experiment, extra = VARIANTS[variant]
+            if args.compile:
+                extra = [*extra, "train.torch_compile=true"]
+            out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}" / f"rank{rank}"
+            time_variant(registry, experiment, [*overrides, *extra], tokenizer, data, args.warmup,
+                         callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
 
 
 def free_port() -> int:
@@ -127,6 +140,8 @@ def main() -> None:
     p.add_argument("--variants", default="bert_100k,sparse_80_rigl", help=f"any of {', '.join(VARIANTS)}")
     p.add_argument("--repeats", type=int, default=2, help="timed runs of each variant (median reported)")
     p.add_argument("--compile", action="store_true", help="train.torch_compile=true in every variant")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="also profile 3 steps of each variant (an extra, untimed run): DIR/VARIANT-NGPU-bB/rankR/")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="bert_100k", help=argparse.SUPPRESS)
@@ -149,7 +164,8 @@ def main() -> None:
                        "--master-port", str(free_port()), __file__, "--worker", "--variant", ",".join(variants),
                        "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
                        "--repeats", str(args.repeats), "--tokenizer", args.tokenizer, "--size", args.size,
-                       "--result", str(out), *(["--compile"] if args.compile else [])]
+                       "--result", str(out), *(["--compile"] if args.compile else []),
+                       *(["--profile", str(Path(args.profile).resolve())] if args.profile else [])]
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 if done.returncode != 0 or not out.is_file():
                     print(done.stderr[-2000:], file=sys.stderr)

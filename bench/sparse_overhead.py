@@ -71,7 +71,8 @@ def timing_overrides(steps: int, global_batch: int, tokenizer: str, size: str = 
             f"model.tokenizer={tokenizer}", f"model.size={size}"]
 
 
-def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer, data, warmup: int) -> dict:
+def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer, data, warmup: int,
+                 callbacks: list | None = None) -> dict:
     cfg = registry.build(name, overrides)
     torch.manual_seed(cfg.seed)
     model = build_mlm_model(cfg.model, tokenizer, cfg.data.max_seq_length)
@@ -86,7 +87,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
             data_collator=MLMCollator(tokenizer, mlm_probability=cfg.data.mlm_probability),
             processing_class=tokenizer,
             preprocess_logits_for_metrics=scatter_masked_predictions,
-            callbacks=[timer],
+            callbacks=[timer, *(callbacks or [])],
             tokens_per_sample=cfg.data.max_seq_length,
             **hooks,
         )

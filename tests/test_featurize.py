@@ -21,6 +21,7 @@ import pytest
 from transformers import AutoTokenizer
 
 import sparsebert.data.featurize as fz
+import sparsebert.io
 from sparsebert.config import DataConfig
 from sparsebert.data.csv_task import CsvTaskConfig, build_csv_datasets
 from sparsebert.data.featurize import (
@@ -230,6 +231,9 @@ def test_identical_inputs_hit_the_cache(tmp_path, tokenizer, squad_examples):
     first = run(2)
     assert count(calls) == -(-len(raw) // BATCH)
     before = entries(tmp_path / "cache")
+    # the entry was a private mkdtemp directory until published: other users of a shared cache can read it
+    (name,) = before
+    assert (tmp_path / "cache" / name).stat().st_mode & 0o777 == 0o777 & ~sparsebert.io._UMASK
     files = sorted(p.name for p in (tmp_path / "cache").rglob("*"))
     for num_proc in (2, 1):  # num_proc is not part of the key
         again = run(num_proc)

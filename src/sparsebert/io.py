@@ -1,27 +1,52 @@
-"""Atomic file writes: a reader never sees a half-written file (temp file in the same directory + rename)."""
+"""Atomic file writes: a reader never sees a half-written file (temp file in the same directory + rename).
+
+Temp files and directories from ``tempfile`` are private to their owner (0600 / 0700); what is renamed into
+place gets the permissions a plain ``open()`` or ``mkdir()`` would have given, so results on a shared file
+system stay readable by the people the umask allows.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+# read once at import (os.umask can only be read by setting it; doing that later could race other threads)
+_UMASK = os.umask(0)
+os.umask(_UMASK)
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+
+def publish_permissions(path: str | os.PathLike) -> None:
+    """Give a file or directory made by ``tempfile`` the default permissions under the process umask."""
+    os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~_UMASK)
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
+    """Yields a temporary path beside ``path`` for the caller to write; on success it is renamed over ``path``,
+    on any error removed. ``suffix`` matters to writers that pick a format from the name (matplotlib)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
+        publish_permissions(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:

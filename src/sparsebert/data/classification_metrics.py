@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from sparsebert.io import atomic_path
+
 
 def classification_metrics(y_true: Any, y_pred: Any, num_labels: int) -> dict[str, Any]:
     """accuracy, macro precision/recall/f1, mcc and the confusion matrix (rows = truth, columns = prediction).
@@ -76,13 +78,6 @@ def plot_confusion_matrix(cm: Sequence[Sequence[int]], label_names: Sequence[str
     fig.tight_layout()
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Temp file with the same suffix so savefig picks the format; rename makes the write atomic.
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix or ".png")
-    os.close(fd)
-    try:
+    # a temp file with the same suffix, so savefig picks the format; the rename makes the write atomic
+    with atomic_path(path, suffix=path.suffix or ".png") as tmp:
         fig.savefig(tmp, format=(path.suffix.lstrip(".") or "png"))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -63,6 +63,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sparsebert.io import publish_permissions
+
 log = logging.getLogger(__name__)
 
 FEATURIZE_VERSION = 1
@@ -626,6 +628,7 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(tmp)
+        publish_permissions(tmp)  # mkdtemp made it 0700: other users of a shared cache must be able to read it
         try:
             os.rename(tmp, entry)
         except OSError:

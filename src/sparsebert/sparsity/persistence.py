@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from sparsebert.io import atomic_write_json
+from sparsebert.io import atomic_path, atomic_write_json
 
 MASKS_FILE = "masks.safetensors"
 STATE_FILE = "sparsity_state.json"
@@ -67,11 +66,5 @@ def load_sparsity_state(directory: str | os.PathLike) -> dict[str, Any]:
 
 
 def _atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)

@@ -14,11 +14,11 @@ log = logging.getLogger(__name__)
 
 
 class ProfilerCallback(TrainerCallback):
-    """Profiles optimizer steps warmup+1 .. warmup+steps and writes ``profile/trace.json`` (Chrome / Perfetto)
-    and ``profile/top_ops.txt`` (the most expensive operators) into the run directory."""
+    """Profiles optimizer steps warmup+1 .. warmup+steps and writes ``trace.json`` (Chrome / Perfetto) and
+    ``top_ops.txt`` (the most expensive operators) into ``out_dir`` (default: ``profile/`` in the run directory)."""
 
-    def __init__(self, warmup: int = 5, steps: int = 3):
-        self.warmup, self.steps = warmup, steps
+    def __init__(self, warmup: int = 5, steps: int = 3, out_dir: Path | None = None):
+        self.warmup, self.steps, self.out_dir = warmup, steps, out_dir
         self.profiler: torch.profiler.profile | None = None
 
     def on_step_end(self, args, state, control, **kwargs):
@@ -38,7 +38,7 @@ class ProfilerCallback(TrainerCallback):
     def _finish(self, run_dir: Path) -> None:
         profiler, self.profiler = self.profiler, None
         profiler.__exit__(None, None, None)
-        out = run_dir / "profile"
+        out = self.out_dir or run_dir / "profile"
         out.mkdir(parents=True, exist_ok=True)
         profiler.export_chrome_trace(str(out / "trace.json"))
         sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
