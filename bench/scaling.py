@@ -41,6 +41,8 @@ VARIANTS = {
     # torch.compile per encoder layer (fewer kernels and host work per step, all-reduce overlap kept)
     "bert_100k_compiled_layers": ("bert_100k", LAYERS),
     "sparse_80_rigl_compiled_layers": ("sparse_80_rigl", LAYERS),
+    # the same without Dynamo's DDPOptimizer splitting each layer's graph at the buckets
+    "bert_100k_compiled_layers_nosplit": ("bert_100k", [*LAYERS, "train.ddp.split_compiled_graphs=false"]),
 }
 # Variants that change DDP settings only: one process has no DDP, so their 1-GPU reference is their
 # experiment's plain run.

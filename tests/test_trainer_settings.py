@@ -105,6 +105,16 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
     assert handler.bucket_cap_mb == 25
 
 
+def test_split_compiled_graphs_sets_dynamos_ddp_optimizer_both_ways(registry, tmp_path):
+    """Process-wide: each trainer sets it, so an experiment after a nosplit one gets the default back."""
+    import torch._dynamo
+
+    tiny_trainer(registry, tmp_path, ["train.ddp.split_compiled_graphs=false"])
+    assert torch._dynamo.config.optimize_ddp is False
+    tiny_trainer(registry, tmp_path, [])
+    assert torch._dynamo.config.optimize_ddp is True
+
+
 def test_bf16_all_reduce_without_cuda_is_a_clear_error(registry, tmp_path):
     from sparsebert.errors import SparseBertError
 

@@ -94,6 +94,11 @@ class DDPConfig:
     gradient_as_bucket_view: bool = True
     # "bf16" / "fp16": all-reduce gradients in half precision (half the bytes on the wire, rounded gradients)
     comm_hook: str = "none"
+    # torch.compile under DDP: Dynamo's DDPOptimizer splits every graph compiled inside DDP's forward at the
+    # gradient buckets, so each bucket's all-reduce can start inside the graph's backward. With
+    # train.torch_compile_scope=layers the layer boundaries already give DDP those points; false skips the split
+    # (torch._dynamo.config.optimize_ddp, process-wide)
+    split_compiled_graphs: bool = True
 
     def validate(self) -> None:
         if self.bucket_cap_mb < 1:
