@@ -135,10 +135,9 @@ class TrainConfig:
     # torch.compile mode: "default", "reduce-overhead" (CUDA graphs: fewer launches for small models),
     # "max-autotune", "max-autotune-no-cudagraphs"
     torch_compile_mode: str = "default"
-    # what torch.compile wraps: "model" (one graph; under DDP, Dynamo splits it at the gradient buckets) or
-    # "layers" (each encoder layer and each other top-level part compiled on its own, Accelerate's regional
-    # compilation: identical layers share one compile, and DDP's per-parameter all-reduce hooks fire from the
-    # ordinary autograd engine between compiled layers, so the all-reduce overlaps the backward as in eager)
+    # what torch.compile wraps: "model" (one graph) or "layers" (each encoder layer and each other part compiled
+    # on its own, Accelerate's regional compilation: identical layers share one compile, and between layers
+    # DDP's all-reduce hooks run as in eager mode); see trainer/compile_scope.py for what was measured
     torch_compile_scope: str = "model"
     ddp: DDPConfig = field(default_factory=DDPConfig)
 

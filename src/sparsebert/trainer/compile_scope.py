@@ -3,12 +3,15 @@
 The Trainer hands ``torch.compile`` to Accelerate (a TorchDynamoPlugin from ``train.torch_compile`` and
 ``train.torch_compile_mode``), which compiles the prepared model as one graph, or, with the plugin's
 ``use_regional_compilation``, each block of a ModuleList of identical blocks (the encoder layers) and every
-other leaf part (embeddings, heads) separately (``accelerate.utils.compile_regions``). Why it matters:
+other leaf part (embeddings, heads) separately (``accelerate.utils.compile_regions``). Why one would:
 
 - identical layers share one compiled graph, so compiling takes a fraction of the time;
-- under DDP a whole-model graph is split by Dynamo at the gradient buckets (DDPOptimizer), while between
-  compiled layers the ordinary autograd engine runs DDP's per-parameter hooks, so each bucket's all-reduce
-  starts as soon as its layer's backward is done, as in eager mode.
+- between compiled layers the ordinary autograd engine runs DDP's per-parameter hooks, so DDP gets overlap
+  points without Dynamo splitting graphs at the buckets (``train.ddp.split_compiled_graphs=false``; Dynamo's
+  DDPOptimizer otherwise splits every graph compiled inside DDP's forward, per-layer ones too).
+
+Measured (docs/benchmarks.md, 4 x H200): +28 % for BERT-base pretraining on one GPU, but slower than eager
+under DDP with the split on; the experiments leave it off.
 
 Accelerate reads the plugin when it prepares the model at the start of training, so switching it after
 ``Trainer.__init__`` is in time.
