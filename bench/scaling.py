@@ -44,9 +44,70 @@ VARIANTS = {
     # the same without Dynamo's DDPOptimizer splitting each layer's graph at the buckets
     "bert_100k_compiled_layers_nosplit": ("bert_100k", [*LAYERS, "train.ddp.split_compiled_graphs=false"]),
 }
+# "plain_ddp" is not a registry variant: the same model, collator, optimizer and DDP settings as bert_100k in a
+# hand-written torch DDP loop, without the Trainer and Accelerate (what they add on top of DDP is the difference).
+PLAIN_DDP = "plain_ddp"
 # Variants that change DDP settings only: one process has no DDP, so their 1-GPU reference is their
 # experiment's plain run.
 DDP_ONLY = {"trainer_ddp_defaults", "bucket_100mb", "bf16_allreduce", "static_graph"}
+
+
+def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
+    """bert_100k's model, MLM collator and fused AdamW (bf16 autocast, clipping at 1.0) in a plain loop under
+    torch DDP with the settings of train.ddp (no buffer broadcast, gradients as bucket views); rank 0's wall time
+    of steps warmup+1..end, synchronized at both ends, as StepTimer does for the Trainer variants."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from torch.utils.data import DataLoader
+    from torch.utils.data.distributed import DistributedSampler
+
+    from sparsebert.data.pretrain import MLMCollator
+    from sparsebert.models.bert import build_mlm_model
+
+    world, cuda = int(os.environ.get("WORLD_SIZE", "1")), torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    torch.manual_seed(cfg.seed)
+    model = build_mlm_model(cfg.model, tokenizer, cfg.data.max_seq_length).to(device).train()
+    step_model = model
+    if world > 1:
+        step_model = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
+                                             broadcast_buffers=False, gradient_as_bucket_view=True,
+                                             bucket_cap_mb=cfg.train.ddp.bucket_cap_mb)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.learning_rate, weight_decay=cfg.train.weight_decay,
+                            fused=cuda)
+    per_device = cfg.train.global_batch_size // world
+    sampler = DistributedSampler(data, shuffle=False) if world > 1 else None
+    loader = DataLoader(data.with_format(None), batch_size=per_device, sampler=sampler, num_workers=4,
+                        pin_memory=cuda, drop_last=True,
+                        collate_fn=MLMCollator(tokenizer, mlm_probability=cfg.data.mlm_probability))
+    steps = cfg.train.max_steps
+    start = 0.0
+    for i, batch in enumerate(loader):
+        if i == steps:
+            break
+        if i == warmup:
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=cuda):
+            loss = step_model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    if cuda:
+        torch.cuda.synchronize()
+    seconds = (time.perf_counter() - start) / (steps - warmup)
+    return {"variant": PLAIN_DDP, "step_ms": 1000 * seconds,
+            "samples_per_second": cfg.train.global_batch_size / seconds,
+            "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -67,6 +128,13 @@ def worker(args: argparse.Namespace) -> None:
     results = []
     for repeat in range(args.repeats):
         for variant in args.variant.split(","):
+            if variant == PLAIN_DDP:
+                result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
+                result.update({"gpus": world, "per_gpu_batch": args.batch, "repeat": repeat, "compiled": False})
+                results.append(result)
+                if int(os.environ.get("RANK", "0")) == 0:
+                    Path(args.result).write_text(json.dumps(results))
+                continue
             experiment, extra = VARIANTS[variant]
             if args.compile:
                 extra = [*extra, "train.torch_compile=true"]
@@ -82,7 +150,7 @@ def worker(args: argparse.Namespace) -> None:
         from sparsebert.trainer.profiling import ProfilerCallback
 
         rank = int(os.environ.get("RANK", "0"))
-        for variant in args.variant.split(","):
+        for variant in (v for v in args.variant.split(",") if v != PLAIN_DDP):
             experiment, extra = VARIANTS[variant]
             if args.compile:
                 extra = [*extra, "train.torch_compile=true"]
@@ -139,7 +207,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=80)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--size", default="base", help="model size (tiny for a CPU smoke run)")
-    p.add_argument("--variants", default="bert_100k,sparse_80_rigl", help=f"any of {', '.join(VARIANTS)}")
+    p.add_argument("--variants", default="bert_100k,sparse_80_rigl",
+                   help=f"any of {', '.join([*VARIANTS, PLAIN_DDP])}")
     p.add_argument("--repeats", type=int, default=2, help="timed runs of each variant (median reported)")
     p.add_argument("--compile", action="store_true", help="train.torch_compile=true in every variant")
     p.add_argument("--profile", default=None, metavar="DIR",
@@ -152,7 +221,7 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         return worker(args)
-    unknown = sorted(set(args.variants.split(",")) - VARIANTS.keys())
+    unknown = sorted(set(args.variants.split(",")) - VARIANTS.keys() - {PLAIN_DDP})
     if unknown:
         raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
 
