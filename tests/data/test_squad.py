@@ -102,6 +102,29 @@ def test_answer_not_at_start_is_an_error(tmp_path):
         read_squad(tmp_path / "bad.json")
 
 
+@pytest.mark.parametrize("answer, why", [
+    ({"text": "abc", "answer_start": -4}, "not found"),  # would slice from the end: "abc" of "xabcx" is at -4
+    ({"text": "", "answer_start": 99999}, "empty answer"),  # matches anywhere, trained as unanswerable
+    ({"text": "  ", "answer_start": 0}, "empty answer"),
+])
+def test_negative_offsets_and_empty_answers_are_errors(tmp_path, answer, why):
+    qa = {"id": "q7", "question": "?", "answers": [answer]}
+    (tmp_path / "bad.json").write_text(json.dumps(
+        {"data": [{"title": "T", "paragraphs": [{"context": "xabcx  ", "qas": [qa]}]}]}), encoding="utf-8")
+    with pytest.raises(SparseBertError, match=rf"bad\.json.*q7.*{why}"):
+        read_squad(tmp_path / "bad.json")
+
+
+def test_non_utf8_file_and_non_object_question_are_one_line_errors(tmp_path):
+    (tmp_path / "latin1.json").write_bytes(b'{"data": [{"title": "caf\xe9"}]}')  # Latin-1, not UTF-8
+    with pytest.raises(SparseBertError, match=r"latin1\.json: not UTF-8"):
+        read_squad(tmp_path / "latin1.json")
+    (tmp_path / "qas.json").write_text(json.dumps(
+        {"data": [{"title": "T", "paragraphs": [{"context": "abc", "qas": ["oops"]}]}]}), encoding="utf-8")
+    with pytest.raises(SparseBertError, match=r"qas\.json.*not an object"):
+        read_squad(tmp_path / "qas.json")
+
+
 def test_split_by_article(v1):
     train, evals = split_by_article(v1, 0.25, seed=3)
     train_titles = {ex["title"] for ex in train}
@@ -332,6 +355,14 @@ def test_squad_metrics_hand_computed():
     assert set(v1) == {"exact", "f1", "total"}
     assert v1["exact"] == 0.0
     assert math.isclose(v1["f1"], 100 * (2 / 3 + 0.4) / 3)
+
+
+def test_v1_keeps_gold_answers_that_normalize_to_empty_as_the_official_script_does():
+    # dev-v1.1 has golds like "." : v1.1's script keeps them (a "." prediction is exact), v2's drops them
+    ex = [_ex("p", ".")]
+    assert squad_metrics(ex, {"p": "."}, version_2=False)["exact"] == 100.0
+    assert squad_metrics(ex, {"p": "."}, version_2=True)["exact"] == 100.0  # both normalize to ""
+    assert squad_metrics(ex, {"p": "x"}, version_2=False)["exact"] == 0.0
 
 
 def test_missing_prediction_scores_zero():

@@ -29,8 +29,9 @@ class ModelConfig:
     tokenizer: str = "minilm"  # "minilm" (its uncased WordPiece vocab), a local path, or a hub name
     attn_implementation: str = "sdpa"  # "sdpa" uses FlashAttention / memory-efficient kernels on GPU
     max_position_embeddings: int = 512
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
+    # None: the checkpoint's own value with init_from, else BERT's 0.1
+    hidden_dropout: float | None = None
+    attention_dropout: float | None = None
 
     def validate(self) -> None:
         if self.init_from is None and self.size not in MODEL_SIZES:
@@ -39,7 +40,7 @@ class ModelConfig:
             raise ValueError(f"model.attn_implementation must be sdpa, eager or flash_attention_2, "
                              f"got {self.attn_implementation!r}")
         for name in ("hidden_dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
+            if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
 
 

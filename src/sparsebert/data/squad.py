@@ -41,6 +41,8 @@ def read_squad(path: str | os.PathLike) -> list[dict[str, Any]]:
             data = json.load(f)
     except json.JSONDecodeError as e:
         raise SparseBertError(f"{path}: not valid JSON (truncated or corrupt?): {e}") from None
+    except UnicodeDecodeError as e:
+        raise SparseBertError(f"{path}: not UTF-8 text (byte {e.start}): {e.reason}") from None
     except OSError as e:
         raise SparseBertError(f"{path}: cannot read: {e.strerror}") from None
     if not isinstance(data, dict) or not isinstance(data.get("data"), list):
@@ -64,6 +66,8 @@ def read_squad(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _read_question(qa: dict, title: str, context: str, where: str, seen: set[str]) -> dict[str, Any]:
+    if not isinstance(qa, dict):
+        raise SparseBertError(f"{where}: a 'qas' entry is not an object: {qa!r:.60}")
     qid = qa.get("id")
     if qid is None:
         raise SparseBertError(f"{where}: a question has no 'id'")
@@ -84,8 +88,12 @@ def _read_question(qa: dict, title: str, context: str, where: str, seen: set[str
     if not is_impossible and not texts:
         raise SparseBertError(f"{where}: answerable question without answers")
     for text, start in zip(texts, starts):
-        # a span that does not match the context would silently train on the wrong tokens
-        if context[start : start + len(text)] != text:
+        # a span that does not match the context would silently train on the wrong tokens; a negative start
+        # would slice from the end of the context, and an empty answer matches anywhere (both would train the
+        # question as unanswerable)
+        if not isinstance(text, str) or not text.strip():
+            raise SparseBertError(f"{where}: empty answer text at answer_start {start}")
+        if not 0 <= start <= len(context) - len(text) or context[start : start + len(text)] != text:
             raise SparseBertError(f"{where}: answer {text!r} not found at answer_start {start}")
     return {
         "id": qid,
@@ -322,13 +330,15 @@ def squad_metrics(
 ) -> dict[str, float]:
     """``exact`` / ``f1`` in percent (max over gold answers) and ``total``; for v2 also the HasAns_* and
     NoAns_* breakdowns (``*_exact`` / ``*_f1`` are omitted when that group is empty, as the official script
-    does). Gold answers that normalize to "" are dropped; an unanswerable question's gold is [""].
+    does). For v2, gold answers that normalize to "" are dropped, as the v2 script does (v1.1's keeps them); an
+    unanswerable question's gold is [""].
     A question without a prediction scores 0 (with a warning).
     """
     groups: dict[str, list[tuple[float, float]]] = {"all": [], "HasAns": [], "NoAns": []}
     missing = []
     for ex in examples:
-        golds = [t for t in ex["answers"]["text"] if normalize_answer(t)] or [""]
+        texts = ex["answers"]["text"]
+        golds = ([t for t in texts if normalize_answer(t)] if version_2 else list(texts)) or [""]
         if ex["id"] not in predictions:
             missing.append(ex["id"])
             scores = (0.0, 0.0)

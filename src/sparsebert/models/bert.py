@@ -11,7 +11,7 @@ from transformers.modeling_outputs import MaskedLMOutput
 
 from sparsebert.config.sections import MODEL_SIZES, ModelConfig
 from sparsebert.errors import SparseBertError
-from sparsebert.models.pretrained import resolve_pretrained
+from sparsebert.models.pretrained import dropout_overrides, resolve_pretrained
 
 
 class BertForMaskedLMAtMasked(BertForMaskedLM):
@@ -64,15 +64,16 @@ def bert_config(cfg: ModelConfig, vocab_size: int, pad_token_id: int) -> BertCon
         num_attention_heads=max(1, hidden // 64),
         intermediate_size=4 * hidden,
         max_position_embeddings=cfg.max_position_embeddings,
-        hidden_dropout_prob=cfg.hidden_dropout,
-        attention_probs_dropout_prob=cfg.attention_dropout,
+        hidden_dropout_prob=0.1 if cfg.hidden_dropout is None else cfg.hidden_dropout,
+        attention_probs_dropout_prob=0.1 if cfg.attention_dropout is None else cfg.attention_dropout,
         pad_token_id=pad_token_id,
     )
 
 
-def load_mlm_model(source: str, attn_implementation: str = "sdpa") -> BertForMaskedLMAtMasked:
+def load_mlm_model(source: str, attn_implementation: str = "sdpa", **config_overrides) -> BertForMaskedLMAtMasked:
     try:
-        return BertForMaskedLMAtMasked.from_pretrained(source, attn_implementation=attn_implementation)
+        return BertForMaskedLMAtMasked.from_pretrained(source, attn_implementation=attn_implementation,
+                                                       **config_overrides)
     except OSError as e:
         raise SparseBertError(f"cannot load model '{source}': {str(e).splitlines()[0]}") from None
 
@@ -80,7 +81,8 @@ def load_mlm_model(source: str, attn_implementation: str = "sdpa") -> BertForMas
 def build_mlm_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, max_seq_length: int,
                     output_root: Path | None = None) -> BertForMaskedLMAtMasked:
     if cfg.init_from:
-        model = load_mlm_model(resolve_pretrained(cfg.init_from, output_root), cfg.attn_implementation)
+        model = load_mlm_model(resolve_pretrained(cfg.init_from, output_root), cfg.attn_implementation,
+                               **dropout_overrides(cfg))
     else:
         model = BertForMaskedLMAtMasked(bert_config(cfg, len(tokenizer), tokenizer.pad_token_id))
         model.config._attn_implementation = cfg.attn_implementation

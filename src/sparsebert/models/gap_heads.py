@@ -69,9 +69,11 @@ class GapClassifier(nn.Module):
             self.classifier = nn.Linear(hidden, 3)
 
     @classmethod
-    def from_pretrained_encoder(cls, path_or_name: str, head: str, **kw) -> GapClassifier:
-        """Load the encoder with ``AutoModel.from_pretrained(path_or_name)``; ``kw`` go to ``__init__``."""
-        return cls(AutoModel.from_pretrained(path_or_name), head, **kw)
+    def from_pretrained_encoder(cls, path_or_name: str, head: str, encoder_kwargs: dict | None = None,
+                                **kw) -> GapClassifier:
+        """Load the encoder with ``AutoModel.from_pretrained(path_or_name, **encoder_kwargs)``; ``kw`` go to
+        ``__init__``."""
+        return cls(AutoModel.from_pretrained(path_or_name, **(encoder_kwargs or {})), head, **kw)
 
     def forward(
         self,

@@ -3,10 +3,27 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+from sparsebert.config.sections import ModelConfig
 from sparsebert.errors import SparseBertError
 
 MINILM = "minilm"
+
+
+def dropout_overrides(cfg: ModelConfig) -> dict[str, Any]:
+    """The dropouts an experiment sets, as ``from_pretrained`` config overrides (unset: the checkpoint's own)."""
+    out: dict[str, Any] = {}
+    if cfg.hidden_dropout is not None:
+        out["hidden_dropout_prob"] = cfg.hidden_dropout
+    if cfg.attention_dropout is not None:
+        out["attention_probs_dropout_prob"] = cfg.attention_dropout
+    return out
+
+
+def pretrained_kwargs(cfg: ModelConfig) -> dict[str, Any]:
+    """What every ``from_pretrained`` of a model to be trained gets from the experiment's model section."""
+    return {"attn_implementation": cfg.attn_implementation, **dropout_overrides(cfg)}
 
 
 def minilm_path() -> str:

@@ -86,5 +86,10 @@ class DistillationMixin:
         alpha = self.kd_config.alpha_at(self.state.global_step, self.state.max_steps)
         student = output_logits(outputs)
         kd = sum(distillation_loss(s, t, self.kd_config.temperature) for s, t in zip(student, teacher)) / len(student)
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            # The task loss came back already divided by the step's item count over every accumulated
+            # micro-batch, so the Trainer will not divide by the accumulation steps: the micro-batch mean of the
+            # distillation term must be (DDP then averages it over processes like any gradient).
+            kd = kd / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         loss = alpha * kd + (1.0 - alpha) * task_loss
         return (loss, outputs) if return_outputs else loss

@@ -16,7 +16,7 @@ from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.env_info import git_commit
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
-from sparsebert.models.pretrained import resolve_pretrained
+from sparsebert.models.pretrained import pretrained_kwargs, resolve_pretrained
 from sparsebert.results import Registry, RunRecord
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
@@ -32,6 +32,11 @@ class FinetuneContext:
     model_source: str  # what from_pretrained loads
     pretrain_metrics: dict[str, float]  # eval loss / perplexity of the pretraining run it starts from
     callbacks: list[TrainerCallback]
+
+    @property
+    def pretrained_kwargs(self) -> dict[str, Any]:
+        """The model section's attention kernel and dropouts, for the student's ``from_pretrained``."""
+        return pretrained_kwargs(self.cfg.model)
 
     def require_data_dir(self, what: str) -> Path:
         if self.data_dir is None:
@@ -71,6 +76,11 @@ def make_trainer(ctx: FinetuneContext, model, run_dir: Path, seed: int, train_ds
                  label_names: list[str], compute_metrics=None, teacher_source: str | None = None,
                  load_teacher=None) -> SparseBertTrainer:
     cfg = ctx.cfg
+    # The finetuning heads return a plain mean over their micro-batch. Transformers' Trainer takes any model whose
+    # forward has **kwargs for one that normalizes by the whole step's item count itself, and then neither
+    # divides by the accumulation steps nor undoes its multiply by the number of processes: the gradient would be
+    # accumulation x processes times too large (and clipped accordingly). Say what these models do.
+    model.accepts_loss_kwargs = False
     hooks = build_hooks(cfg, model, total_optimizer_steps(cfg, len(train_ds)), seed, teacher_source, load_teacher)
     args = training_arguments(cfg.train, run_dir, seed, f"{cfg.name}/{run_dir.parent.name}/{run_dir.name}",
                               label_names=label_names, finetune=True,

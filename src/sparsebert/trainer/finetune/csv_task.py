@@ -27,7 +27,7 @@ def run_csv(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     dev = limit(splits["dev"], fcfg.max_eval_samples).remove_columns("row_id")
     test = splits["test"]
 
-    model = load_classifier(ctx.model_source, num_labels, regression=False)
+    model = load_classifier(ctx.model_source, num_labels, regression=False, **ctx.pretrained_kwargs)
     collator = DataCollatorWithPadding(ctx.tokenizer, pad_to_multiple_of=ctx.cfg.finetune.pad_to_multiple_of)
     trainer = make_trainer(ctx, model, run_dir, seed, train, dev, collator,
                            ["labels"], compute_metrics=lambda p: _chunk_accuracy(p),

@@ -34,7 +34,8 @@ def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     train_features = gap_features(train_ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head)
     eval_features = gap_features(eval_ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head)
 
-    model = GapClassifier.from_pretrained_encoder(ctx.model_source, fcfg.gap_head)
+    model = GapClassifier.from_pretrained_encoder(ctx.model_source, fcfg.gap_head,
+                                                  encoder_kwargs=ctx.pretrained_kwargs)
     model_inputs = ["input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "labels"]
     train_features = train_features.select_columns(model_inputs)
     eval_features = eval_features.select_columns(model_inputs)

@@ -23,10 +23,11 @@ from sparsebert.io import atomic_write_text
 from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, limit, make_trainer
 
 
-def load_classifier(source: str, num_labels: int, regression: bool):
+def load_classifier(source: str, num_labels: int, regression: bool, **kwargs):
+    """``kwargs``: more ``from_pretrained`` arguments (the student's ``pretrained_kwargs``)."""
     return AutoModelForSequenceClassification.from_pretrained(
         source, num_labels=num_labels,
-        problem_type="regression" if regression else "single_label_classification")
+        problem_type="regression" if regression else "single_label_classification", **kwargs)
 
 
 def _predictions(task, raw_predictions: np.ndarray) -> np.ndarray:
@@ -43,7 +44,7 @@ def run_glue(ctx: FinetuneContext, name: str, seed: int, run_dir: Path) -> dict[
         raw[split] = limit(raw[split], fcfg.max_eval_samples)
     features = featurize_glue(raw, ctx.tokenizer, fcfg.max_seq_length).remove_columns("idx")
 
-    model = load_classifier(ctx.model_source, task.num_labels, task.is_regression)
+    model = load_classifier(ctx.model_source, task.num_labels, task.is_regression, **ctx.pretrained_kwargs)
     trainer = make_trainer(
         ctx, model, run_dir, seed, features["train"], features[task.eval_splits[0]],
         DataCollatorWithPadding(ctx.tokenizer, pad_to_multiple_of=fcfg.pad_to_multiple_of), ["labels"],

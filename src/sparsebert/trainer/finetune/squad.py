@@ -63,7 +63,7 @@ def run_squad(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict
     train_features = squad_features(train_ex, ctx.tokenizer, train=True, **window)
     eval_features = squad_features(eval_ex, ctx.tokenizer, train=False, **window)
 
-    model = AutoModelForQuestionAnswering.from_pretrained(ctx.model_source)
+    model = AutoModelForQuestionAnswering.from_pretrained(ctx.model_source, **ctx.pretrained_kwargs)
     trainer = make_trainer(ctx, model, run_dir, seed, train_features, None, default_data_collator,
                            ["start_positions", "end_positions"], teacher_source=ctx.teacher_source(task),
                            load_teacher=AutoModelForQuestionAnswering.from_pretrained)
