@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from sparsebert.cli import main
 from sparsebert.config import Registry
@@ -234,6 +235,8 @@ def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
     (["train.max_steps=abc"], ["train.max_steps"]),
     (["data.max_seq_length=1024"], ["data.max_seq_length", "model.max_position_embeddings"]),
     (["model.size=huge"], ["model.size"]),
+    (["train.lr_scheduler=foo"], ["train.lr_scheduler", "'foo'"]),
+    (["train.optim=foo"], ["train.optim", "'foo'"]),
 ])
 def test_bad_set_exits_2_naming_the_key(tmp_path, capsys, overrides, keys):
     argv = [EXPERIMENT, "--output-dir", str(tmp_path / "out"), "--data-dir", "/nonexistent"]
@@ -269,3 +272,52 @@ def test_missing_data_dir_from_env_exits_2(tmp_path, capsys, monkeypatch):
     line = one_line_error(err)
     assert str(tmp_path / "no_such_data") in line and "SPARSEBERT_DATA" in line
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")
+def test_half_precision_on_cpu_is_refused_before_the_run_directory(tmp_path, capsys, data_dir):
+    out = tmp_path / "out"
+    code, _, err = run_main([EXPERIMENT, "--set", "train.precision=fp16", "--output-dir", str(out),
+                             "--data-dir", str(data_dir)], capsys)
+    assert code == 2
+    assert "train.precision=fp16" in final_error(err)
+    assert not (out / EXPERIMENT).exists()  # else the next plain run would call it an unfinished run
+
+
+def test_sparsity_include_matching_nothing_exits_2_in_one_line(tmp_path, capsys, data_dir):
+    out = tmp_path / "out"
+    code, _, err = run_main(["sparse_tiny_rigl", "--set", "sparsity.include=nomatch", "--set", "data.max_files=1",
+                             "--output-dir", str(out), "--data-dir", str(data_dir)], capsys)
+    assert code == 2
+    assert "sparsity.include" in final_error(err)
+    assert not (out / "sparse_tiny_rigl").exists()
+
+
+def test_one_gpu_keeps_the_experiments_dir(tmp_path, capsys, monkeypatch):
+    """--gpus with one GPU continues in this process: with the registry it was given, not ./experiments."""
+    import sparsebert.gpus as gpus
+
+    monkeypatch.setattr(gpus, "query_gpus", lambda: [gpus.GpuState(0, 1_000, 90), gpus.GpuState(1, 70_000, 0)])
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored after the test
+    monkeypatch.chdir(tmp_path)  # no experiments/ here
+    code, out, err = run_main(["--gpus", "1", "--list"], capsys)
+    assert code == 0, err
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
+    assert EXPERIMENT in out
+
+
+def test_several_gpus_restart_with_the_experiments_dir(tmp_path, capsys, monkeypatch):
+    import subprocess
+
+    import sparsebert.gpus as gpus
+
+    calls = []
+    monkeypatch.setattr(gpus, "query_gpus", lambda: [gpus.GpuState(0, 70_000, 0), gpus.GpuState(1, 70_000, 0)])
+    monkeypatch.setattr(subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.chdir(tmp_path)
+    assert run_main([EXPERIMENT, "--gpus", "2"], capsys)[0] == 0
+    (cmd,) = calls
+    assert "--gpus" not in cmd and cmd[-2:] == ["--experiments-dir", str(EXPERIMENTS)]

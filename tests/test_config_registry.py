@@ -294,12 +294,46 @@ def test_set_without_equals_is_an_error(registry):
     (["train.max_steps=0"], ["train.max_steps"]),
     (["model.hidden_dropout=1.0"], ["model.hidden_dropout"]),
     (["task=clm"], ["task"]),
+    (["train.lr_scheduler=foo"], ["train.lr_scheduler", "'foo'", "cosine"]),
+    (["train.optim=foo"], ["train.optim", "'foo'", "adamw_torch"]),
+    (["onecycle.base_momentum=0.99"], ["onecycle.base_momentum", "onecycle.max_momentum"]),
 ])
 def test_validation_errors_name_the_key(registry, items, keys):
     with pytest.raises(ConfigError) as e:
         registry.build("bert_tiny_quick", items)
     for key in keys:
         assert key in str(e.value)
+
+
+def test_transformers_scheduler_and_optimizer_names_are_accepted(registry):
+    cfg = registry.build("bert_tiny_quick", ["train.lr_scheduler=cosine_with_min_lr", "train.optim=adafactor"])
+    assert (cfg.train.lr_scheduler, cfg.train.optim) == ("cosine_with_min_lr", "adafactor")
+    assert registry.build("bert_tiny_quick", ["train.optim=auto"]).train.optim == "auto"
+
+
+def test_onecycle_momentum_may_stay_flat(registry):
+    cfg = registry.build("bert_tiny_quick", ["onecycle.base_momentum=0.9", "onecycle.max_momentum=0.9"])
+    assert cfg.onecycle.base_momentum == cfg.onecycle.max_momentum
+
+
+@pytest.mark.parametrize("items,keys", [
+    # sparse_tiny_rigl trains 150 steps: RigL ends at 0.75 x 150 = 112 unless told otherwise
+    (["rigl.begin_step=200"], ["rigl.begin_step (200)", "train.max_steps (150)"]),
+    (["rigl.begin_step=120"], ["rigl.end_step (resolved to 112", "rigl.begin_step (120)"]),
+    (["rigl=null", "gmp.begin_step=150"], ["gmp.begin_step (150)", "train.max_steps (150)"]),
+    (["rigl=null", "gmp.end_step=151"], ["gmp.end_step (151)", "train.max_steps (150)"]),
+])
+def test_sparsity_schedules_must_fit_the_run_length(registry, items, keys):
+    with pytest.raises(ConfigError) as e:
+        registry.build("sparse_tiny_rigl", items)
+    for key in keys:
+        assert key in str(e.value)
+
+
+def test_sparsity_schedules_counted_in_epochs_are_checked_against_the_data_later(registry):
+    cfg = registry.build("sparse_tiny_rigl", ["rigl.begin_step=200", "task=glue", "model.init_from=minilm",
+                                              "train.epochs=1"])
+    assert cfg.rigl.begin_step == 200  # the run length is known once the training set is loaded
 
 
 def test_longer_sequences_are_fine_with_more_positions(registry):

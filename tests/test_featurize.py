@@ -578,6 +578,48 @@ def test_spawned_workers_equal_serial(tmp_path, tokenizer, squad_examples, monke
     assert sorted(p.name for p in entry.iterdir()) == ["manifest.json"] + [f"shard-{i:05d}.arrow" for i in range(6)]
 
 
+@pytest.mark.parametrize("short", [[1], [0], [0, 1, 2, 3]], ids=["second", "first", "all"])
+def test_shards_without_rows_equal_serial(short, tmp_path, tokenizer, few_docs):
+    """Packing: a batch of documents shorter than one block yields no rows. Its shard must neither set the
+    schema the others are cast to nor fail that cast: the output is the serial one."""
+    texts = list(few_docs["text"])
+    for batch in short:  # every document of these batches of 8 is just "a"
+        texts[batch * 8:(batch + 1) * 8] = ["a"] * 8
+    docs = few_docs.remove_columns("text").add_column("text", texts)
+    serial = pack_documents(docs, tokenizer, 64, 1, batch_size=8, cache_dir=tmp_path / "serial")
+    parallel = pack_documents(docs, tokenizer, 64, 2, batch_size=8, cache_dir=tmp_path / "parallel")
+    assert serial.features == parallel.features
+    assert serial[:] == parallel[:]
+    assert (len(serial) > 0) == (len(short) < 4)
+    entry = Path(parallel.cache_files[0]["filename"]).parent
+    shards = json.loads((entry / "manifest.json").read_text())["shards"]
+    # shards without rows are left out (when all are empty one stays, for the schema a serial run has)
+    assert len(shards) == max(1, 4 - len(short))
+    assert sorted(p.name for p in entry.glob("*.arrow")) == sorted(s["file"] for s in shards)
+
+
+def test_empty_input_gives_empty_output_with_the_features(tmp_path, tokenizer):
+    """datasets.map returns a 0-row input as it is and writes no file: featurize returns the declared columns."""
+    rows = datasets.Dataset.from_dict({"text_a": [], "text_b": [], "label": []},
+                                      features=datasets.Features({"text_a": datasets.Value("string"),
+                                                                  "text_b": datasets.Value("string"),
+                                                                  "label": datasets.Value("int64")}))
+    features = datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64")),
+                                  "attention_mask": datasets.Sequence(datasets.Value("int64")),
+                                  "token_type_ids": datasets.Sequence(datasets.Value("int64")),
+                                  "labels": datasets.Value("int64")})
+    kwargs = {"tokenizer": tokenizer, "max_seq_length": 32, "labeled": True}
+    for num_proc in (1, 2):
+        out = featurize(rows, encode_glue_batch, name="glue", tokenizer=tokenizer, fn_kwargs=kwargs,
+                        num_proc=num_proc, remove_columns=["text_a", "text_b", "label"], features=features,
+                        cache_dir=tmp_path)
+        assert len(out) == 0 and out.features == features
+    # without declared features: the input's kept columns, as datasets.map would give
+    out = featurize(rows, encode_glue_batch, name="glue", tokenizer=tokenizer, fn_kwargs=kwargs,
+                    remove_columns=["text_b"], cache_dir=tmp_path)
+    assert len(out) == 0 and out.column_names == ["text_a", "label"]
+
+
 def test_killed_worker_fails_the_build(tmp_path, tokenizer, few_docs, monkeypatch):
     """A worker killed outright (the OOM killer, say) is an error, not a hang; nothing is left behind."""
     monkeypatch.setenv("FLAKY_PACK", "kill")

@@ -102,21 +102,44 @@ def test_tiny_csv_folds_aggregates_and_reports(registry, data_dir, tmp_path):
     assert json.loads((run / "epochs.json").read_text())[0]["epoch"] == 1
 
 
-def test_glue_from_a_sparse_run_keeps_its_masks(registry, data_dir, tmp_path):
+GLUE_FROM_SPARSE = ["finetune.glue_tasks=[\"rte\"]", "finetune.max_train_samples=32", "finetune.max_eval_samples=16",
+                    "train.epochs=1", "train.global_batch_size=16", "train.dataloader_workers=0"]
+
+
+@pytest.fixture(scope="module")
+def glue_from_sparse(registry, data_dir, tmp_path_factory) -> Path:
+    """A tiny sparse RigL pretraining run, and RTE finetuned from it, in one output root."""
+    out = tmp_path_factory.mktemp("glue_from_sparse")
     fast = ["data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=16", "data.max_seq_length=64",
             "train.global_batch_size=8", "train.max_steps=6", "train.eval_steps=3", "train.save_steps=3",
             "train.report_to=[]", "model.tokenizer=minilm"]
-    run_experiment(registry.build("sparse_tiny_rigl", fast), RunOptions(output_root=tmp_path, data_dir=data_dir))
-    cfg = registry.build("glue_from=sparse_tiny_rigl", [
-        "finetune.glue_tasks=[\"rte\"]", "finetune.max_train_samples=32", "finetune.max_eval_samples=16",
-        "train.epochs=1", "train.global_batch_size=16", "train.dataloader_workers=0"])
+    run_experiment(registry.build("sparse_tiny_rigl", fast), RunOptions(output_root=out, data_dir=data_dir))
+    cfg = registry.build("glue_from=sparse_tiny_rigl", GLUE_FROM_SPARSE)
     assert cfg.name == "glue_from=sparse_tiny_rigl" and cfg.model.init_from == "sparse_tiny_rigl"
-    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
-    run = tmp_path / "glue_from=sparse_tiny_rigl" / "glue_rte" / "run0"
+    run_experiment(cfg, RunOptions(output_root=out, data_dir=data_dir))
+    return out
+
+
+def test_glue_from_a_sparse_run_keeps_its_masks(glue_from_sparse):
+    run = glue_from_sparse / "glue_from=sparse_tiny_rigl" / "glue_rte" / "run0"
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-3)  # masks from the pretraining run, kept fixed
     report = json.loads((run / "sparsity.json").read_text())
     assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-3)
+    # the run records the sparsity it inherited; the experiment's config.json keeps what was asked for
+    assert json.loads((run / "config.json").read_text())["sparsity"]["init"] == "zeros"
+    assert json.loads((run.parents[1] / "config.json").read_text())["sparsity"] is None
+
+
+def test_glue_from_a_sparse_run_resumes(registry, data_dir, glue_from_sparse):
+    root = glue_from_sparse / "glue_from=sparse_tiny_rigl"
+    (root / "glue_rte/run0/DONE").unlink()
+    (root / "DONE").unlink()
+    cfg = registry.build("glue_from=sparse_tiny_rigl", GLUE_FROM_SPARSE)
+    summary = run_experiment(cfg, RunOptions(output_root=glue_from_sparse, data_dir=data_dir, resume=True))
+    assert (root / "glue_rte/run0/DONE").is_file() and (root / "DONE").is_file()
+    assert summary["glue:rte"]["sparsity"]["mean"] == pytest.approx(0.8, abs=1e-3)  # still sparse when redone
+    assert cfg.sparsity is None  # the job did not change the experiment it was given
 
 
 def test_tiny_squad_v2_reports_hasans_and_noans(registry, data_dir, tmp_path):

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sparsebert.config import DataConfig
-from sparsebert.data.corpus import iter_wikiextractor
+from sparsebert.data.corpus import iter_documents, iter_wikiextractor
 from sparsebert.data.paths import HOW_TO_POINT
 from sparsebert.data.pretrain import MLMCollator, build_pretrain_data, load_documents, mask_once, pack_batch
 from sparsebert.errors import SparseBertError
@@ -241,6 +241,29 @@ def test_changed_corpus_file_is_read_again(hf_cache, tmp_path):
     assert load_documents(cfg, tmp_path / "data")["text"] == ["first document", "second document"]
     corpus.write_text("a changed document, longer than before\n")
     assert load_documents(cfg, tmp_path / "data")["text"] == ["a changed document, longer than before"]
+
+
+def test_edited_reader_reads_the_corpus_again(hf_cache, tmp_path, monkeypatch):
+    """The document cache follows the reader code (corpus.py), as the packing cache key does: an edit of the
+    readers is simulated by another reader and another digest of the readers' source."""
+    import sparsebert.data.corpus
+    import sparsebert.data.pretrain
+
+    corpus = tmp_path / "data" / "corpus.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("first document\n\nsecond document\n")
+    cfg = DataConfig(corpus="corpus.txt", format="text")
+    assert load_documents(cfg, tmp_path / "data")["text"] == ["first document", "second document"]
+
+    def shouting(path):
+        for doc in sparsebert.data.corpus.iter_plain_text(path):
+            yield {**doc, "text": doc["text"].upper()}
+
+    monkeypatch.setitem(sparsebert.data.corpus.READERS, "text", shouting)
+    real_digest = sparsebert.data.pretrain.source_digest
+    monkeypatch.setattr(sparsebert.data.pretrain, "source_digest",
+                        lambda fn: f"edited {real_digest(fn)}" if fn is iter_documents else real_digest(fn))
+    assert load_documents(cfg, tmp_path / "data")["text"] == ["FIRST DOCUMENT", "SECOND DOCUMENT"]
 
 
 # --- errors --------------------------------------------------------------------------------------------------

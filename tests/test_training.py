@@ -184,6 +184,34 @@ def test_sparse_resume_restores_masks_and_result(registry, data_dir, tmp_path):
     assert resumed["eval_loss"] == pytest.approx(full["eval_loss"], abs=1e-5)
 
 
+class CrashOnSave(TrainerCallback):
+    """Simulates a crash after the Trainer saved checkpoint-``step`` but before the sparsity masks went with it
+    (callbacks passed in run before the sparsity callback's on_save)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            raise Interrupt
+
+
+def test_sparse_resume_skips_a_checkpoint_without_masks(registry, data_dir, tmp_path, caplog):
+    with pytest.raises(Interrupt):
+        run(registry, "sparse_tiny_rigl", tmp_path, data_dir, callbacks=[CrashOnSave(20)])
+    run_dir = tmp_path / "sparse_tiny_rigl"
+    assert (run_dir / "checkpoint-20" / "trainer_state.json").is_file()
+    assert not (run_dir / "checkpoint-20" / "masks.safetensors").exists()
+    steps = CountSparsityUpdates()
+    with caplog.at_level("WARNING", logger="sparsebert.trainer.pretrain"):
+        resumed = run(registry, "sparse_tiny_rigl", tmp_path, data_dir, resume=True, callbacks=[steps])
+    assert "skipping the incomplete checkpoint" in caplog.text and "checkpoint-20" in caplog.text
+    assert steps.steps == list(range(11, 21))  # continued from checkpoint-10
+    assert resumed["global_step"] == 20 and (run_dir / "DONE").is_file()
+    assert resumed["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    assert (run_dir / "checkpoint-20" / "masks.safetensors").is_file()  # saved again, whole this time
+
+
 def test_export_reload_keeps_sparsity(registry, data_dir, tmp_path):
     run(registry, "sparse_tiny_rigl", tmp_path, data_dir)
     model = BertForMaskedLMAtMasked.from_pretrained(tmp_path / "sparse_tiny_rigl" / "model")

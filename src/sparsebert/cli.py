@@ -67,9 +67,10 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        registry = Registry.from_directory(args.experiments_dir or experiments_dir or Path("experiments"))
+        registry_dir = args.experiments_dir or experiments_dir or Path("experiments")
+        registry = Registry.from_directory(registry_dir)
         if args.gpus and "LOCAL_RANK" not in os.environ:
-            return choose_gpus(args.gpus, argv)
+            return choose_gpus(args.gpus, argv, registry_dir)
         if args.train_tokenizer:
             return train_tokenizer(args)
         if args.table:
@@ -108,8 +109,11 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
         return 2
 
 
-def choose_gpus(spec: str, argv: list[str]) -> int:
-    """Set CUDA_VISIBLE_DEVICES before CUDA starts; one GPU continues here, several restart under torchrun."""
+def choose_gpus(spec: str, argv: list[str], experiments_dir: Path) -> int:
+    """Set CUDA_VISIBLE_DEVICES before CUDA starts; one GPU continues here, several restart under torchrun.
+
+    ``experiments_dir`` is the registry this call found: the continued or restarted run reads the same one, wherever
+    its cwd is."""
     import subprocess
 
     from sparsebert.gpus import pick_gpus, query_gpus, torchrun_command, without_gpus_flag
@@ -118,7 +122,8 @@ def choose_gpus(spec: str, argv: list[str]) -> int:
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
     log.info("--gpus %s: using GPU(s) %s", spec, os.environ["CUDA_VISIBLE_DEVICES"])
     if len(ids) == 1:
-        return main(without_gpus_flag(argv))
+        return main(without_gpus_flag(argv), experiments_dir)
+    argv = [*argv, "--experiments-dir", str(experiments_dir.resolve())]  # last wins: the one already found
     return subprocess.call(torchrun_command(sys.argv[0], argv, len(ids)))
 
 

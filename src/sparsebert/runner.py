@@ -1,8 +1,8 @@
 """Running one experiment into ``<output root>/<name>/``.
 
-Order matters for honesty: data and model are prepared first (bad input fails before any directory exists),
-then ``config.json`` and ``env.json`` are written, training runs, ``metrics.json`` follows, and ``DONE`` is
-written last. A directory without ``DONE`` is never a finished run; ``--resume`` continues it.
+Order matters for honesty: train settings are checked and data and model are prepared first (bad input fails
+before any directory exists), then ``config.json`` and ``env.json`` are written, training runs, ``metrics.json``
+follows, and ``DONE`` is written last. A directory without ``DONE`` is never a finished run; ``--resume`` continues it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.env_info import environment
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
+from sparsebert.trainer.arguments import batch_layout, resolve_precision, world_size
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ def run_experiment(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | No
     if run_dir.exists() and opts.resume:
         _check_same_config(run_dir, cfg)
 
+    check_train_settings(cfg)
+
     # seeded before anything random happens (model init, masks): the same seed gives the same run on CPU
     set_seed(cfg.seed)
     job = make_job(cfg, opts, callbacks)
@@ -84,6 +87,14 @@ def run_experiment(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | No
         atomic_write_text(run_dir / DONE, time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
     state.wait_for_everyone()
     return metrics
+
+
+def check_train_settings(cfg: ExperimentConfig) -> None:
+    """Refuse what TrainingArguments would refuse on this machine (precision, the batch layout at this world size)
+    now: they are built only when training starts, and a run refused after config.json was written would leave a
+    directory the next run takes for an unfinished one."""
+    resolve_precision(cfg.train.precision)
+    batch_layout(cfg.train, world_size())
 
 
 def _check_same_config(run_dir: Path, cfg: ExperimentConfig) -> None:

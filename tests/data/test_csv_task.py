@@ -99,12 +99,35 @@ def test_duplicate_ids_and_missing_file(tmp_path):
         read_csv_task(tmp_path / "nope.csv", CsvTaskConfig(path="nope.csv"))
 
 
+def test_non_utf8_csv_names_file_and_line(tmp_path, sst2_slice):
+    # 300 real rows (more than one decoded block) and then a Latin-1 "é" on line 302
+    path = _write_csv(tmp_path / "t.csv", ["text", "label"], [[t, lab] for t, lab in sst2_slice[:300]])
+    path.write_bytes(path.read_bytes() + "caf\u00e9 au lait,1\n".encode("latin-1"))
+    assert path.stat().st_size > 8192
+    with pytest.raises(SparseBertError, match=r"t\.csv: line 302: not UTF-8 text \(byte 0xe9") as err:
+        read_csv_task(path, CsvTaskConfig(path="t.csv"))
+    assert "\n" not in str(err.value)
+
+
+def test_unterminated_quote_names_file_and_line(tmp_path):
+    """A quote that is never closed swallows the rest of the file into one field: past csv's field limit
+    (128 KiB) that is a csv.Error, reported at the line where the record starts."""
+    rows = "".join(f"review number {i} of many,{i % 2}\n" for i in range(6000))
+    assert len(rows) > 1 << 17
+    path = tmp_path / "t.csv"
+    path.write_text('text,label\nfine,1\n"no closing quote,0\n' + rows, encoding="utf-8")
+    with pytest.raises(SparseBertError, match=r"t\.csv: line 3: field larger than field limit") as err:
+        read_csv_task(path, CsvTaskConfig(path="t.csv"))
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("kw,key", [
     ({"path": ""}, "csv.path must be set"),
     ({"text_column": ""}, "csv.text_column must be set"),
     ({"label_column": ""}, "csv.label_column must be set"),
     ({"val_fraction": 1.2}, "csv.val_fraction"),
     ({"test_fraction": -0.1}, "csv.test_fraction"),
+    ({"test_fraction": 0.0}, "csv.test_fraction"),  # the metrics are measured on the test rows
     ({"val_fraction": 0.5, "test_fraction": 0.5}, "csv.val_fraction \\+ csv.test_fraction"),
     ({"fold_stride": -1}, "csv.fold_stride"),
     ({"delimiter": "::"}, "csv.delimiter"),
@@ -139,6 +162,21 @@ def test_stratified_split(reviews_csv):
     assert not np.array_equal(other[1], val)
     empty = stratified_split(labels, 0.0, 0.0, seed=0)
     assert len(empty[0]) == N_ROWS and len(empty[1]) == len(empty[2]) == 0
+
+
+def test_stratified_split_keeps_every_class_in_train():
+    labels = [0, 0] + [1] * 8
+    for seed in range(20):
+        train, val, test = stratified_split(labels, 0.3, 0.3, seed)
+        assert sorted([*train, *val, *test]) == list(range(10))
+        assert {labels[i] for i in train} == {0, 1}  # both class-0 rows used to go to val and test
+        # class 1 gives round(2.4) rows to each; class 0 one to test (served first), none to val
+        assert (len(val), len(test)) == (2, 3) and {labels[i] for i in val} == {1}
+        again = stratified_split(labels, 0.3, 0.3, seed)
+        assert all(np.array_equal(a, b) for a, b in zip((train, val, test), again))
+        # a one-row class stays in train even when its rounded test share is the whole class
+        train, val, test = stratified_split([0, 1, 1, 1, 1], 0.0, 0.6, seed)
+        assert 0 in train and len(test) == 2
 
 
 def test_fold_round_trip(tokenizer, sst2_slice):
@@ -196,6 +234,25 @@ def test_build_csv_datasets(tmp_path, reviews_csv, tokenizer):
     assert max(len(x) for x in ds["train"]["input_ids"]) == 16
     label_of = dict(zip(data.ids, data.labels))
     assert all(label_of[r] == y for r, y in zip(ds["dev"]["row_id"], ds["dev"]["labels"]))
+
+
+def test_zero_val_fraction_means_no_dev_split(tmp_path, reviews_csv, tokenizer):
+    ds, _ = build_csv_datasets(_cfg(val_fraction=0.0), tmp_path, tokenizer, max_seq_length=16, seed=1,
+                               cache_dir=tmp_path / "cache")
+    assert list(ds) == ["train", "test"]
+    assert len(set(ds["train"]["row_id"])) + len(set(ds["test"]["row_id"])) == N_ROWS
+    assert len(set(ds["test"]["row_id"])) == 100
+
+
+def test_required_split_that_comes_out_empty_is_an_error(tmp_path, sst2_slice, tokenizer):
+    # two rows per class: test takes one of each (round(0.8)), val would take round(0.2) = 0
+    neg, pos = ([[t, lab] for t, lab in sst2_slice if lab == want][:2] for want in ("0", "1"))
+    _write_csv(tmp_path / "tiny.csv", ["text", "label"], neg + pos)
+    cfg = CsvTaskConfig(path="tiny.csv", val_fraction=0.1, test_fraction=0.4)
+    pattern = r"tiny\.csv: csv\.val_fraction=0\.1 leaves the dev split empty"
+    with pytest.raises(SparseBertError, match=pattern) as err:
+        build_csv_datasets(cfg, tmp_path, tokenizer, max_seq_length=16, seed=0, cache_dir=tmp_path / "cache")
+    assert "\n" not in str(err.value)
 
 
 def test_write_csv_predictions(tmp_path):

@@ -130,6 +130,22 @@ def test_bad_rows(tmp_path, data_dir, col, value, problem):
     assert [ex.id for ex in read_gap(path, on_bad_row="skip")] == [rows[2][0]]
 
 
+@pytest.mark.parametrize("on_bad_row", ["error", "skip"])
+def test_non_utf8_file_names_file_and_line(tmp_path, data_dir, on_bad_row):
+    """A file in another encoding is not a bad row to skip: a one-line error with the line of the first bad byte,
+    found exactly although the text layer decodes ahead in blocks (40 real rows are more than one block)."""
+    rows = _raw_rows(data_dir / "gap" / "gap-development.tsv")[:41]
+    path = tmp_path / "latin1.tsv"
+    _write_rows(path, rows[:31])
+    tail = "".join("\t".join(r) + "\n" for r in rows[31:])
+    with open(path, "ab") as f:  # line 32 onwards in Latin-1, with an "é" in line 32's text
+        f.write(tail.replace(rows[31][1], "Caf\u00e9 " + rows[31][1], 1).encode("latin-1"))
+    assert path.stat().st_size > 8192
+    with pytest.raises(SparseBertError, match=r"latin1\.tsv: line 32: not UTF-8 text \(byte 0xe9") as err:
+        read_gap(path, on_bad_row=on_bad_row)
+    assert "\n" not in str(err.value)
+
+
 def test_both_coref_true_is_an_error(tmp_path, data_dir):
     rows = _raw_rows(data_dir / "gap" / "gap-development.tsv")[:2]
     rows[1][COLUMNS.index("A-coref")] = rows[1][COLUMNS.index("B-coref")] = "TRUE"

@@ -159,6 +159,25 @@ def test_malformed_stsb_score_and_missing_header(tmp_path):
         read_glue_split(tmp_path, "rte", "train")
 
 
+def test_header_only_file_is_a_one_line_error(tmp_path):
+    """A split without data rows would reach datasets as an untyped empty list ("Keys mismatch")."""
+    _write(tmp_path / "glue" / "RTE" / "train.tsv", [RTE_HEADER])
+    _write(tmp_path / "glue" / "RTE" / "dev.tsv", [RTE_HEADER, "0\tA premise.\tA hypothesis.\tentailment"])
+    for read in (lambda: read_glue_split(tmp_path, "rte", "train"), lambda: load_glue("rte", tmp_path)):
+        with pytest.raises(SparseBertError, match=r"RTE/train.tsv: no data rows") as err:
+            read()
+        assert "\n" not in str(err.value)
+
+
+def test_non_utf8_byte_names_file_and_line(tmp_path):
+    path = _write(tmp_path / "RTE" / "dev.tsv", [RTE_HEADER, "0\tA premise.\tA hypothesis.\tentailment"])
+    # a Latin-1 "é" on line 3
+    path.write_bytes(path.read_bytes() + "1\tCaf\u00e9 premise.\tB.\tentailment\n".encode("latin-1"))
+    with pytest.raises(SparseBertError, match=r"RTE/dev.tsv: line 3: not UTF-8 text \(byte 0xe9") as err:
+        read_glue_split(tmp_path, "rte", "dev")
+    assert "\n" not in str(err.value)
+
+
 def test_mnli_qqp_layout_by_header_name(tmp_path):
     # MNLI dev files have 16 columns; text and label are found by header name, the label is the last column
     cols = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",

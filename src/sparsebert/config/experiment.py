@@ -56,6 +56,12 @@ class ExperimentConfig:
         if evolving and self.sparsity is not None and self.sparsity.pattern == "2:4":
             raise ConfigError('rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number '
                               "of weights per group; 2:4 masks stay fixed")
+        if self.train.epochs is None:
+            # the run length is known now (with epochs only once the data is loaded): a RigL / GMP schedule that
+            # does not fit it fails here, not when the Trainer is built
+            for schedule in (self.rigl, self.gmp):
+                if schedule is not None:
+                    schedule.check_run_length(self.train.max_steps)
         if not self.is_finetuning and self.train.epochs is not None:
             raise ConfigError("train.epochs is for finetuning; pretraining runs train.max_steps optimizer steps")
         if self.is_finetuning and not self.model.init_from:

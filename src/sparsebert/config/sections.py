@@ -158,6 +158,14 @@ class TrainConfig:
             raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        # transformers would refuse these only when TrainingArguments are built, after the run directory exists
+        schedulers = scheduler_names()
+        if self.lr_scheduler not in schedulers:
+            raise ValueError(f"train.lr_scheduler must be one of {', '.join(schedulers)}, got {self.lr_scheduler!r}")
+        optims = optimizer_names()
+        if self.optim not in optims:
+            raise ValueError(f"train.optim must be auto or a transformers optimizer name ({', '.join(optims[1:])}), "
+                             f"got {self.optim!r}")
         unknown = set(self.report_to) - {"tensorboard", "wandb"}
         if unknown:
             raise ValueError(f"train.report_to: unknown tracker(s) {sorted(unknown)}; use tensorboard, wandb")
@@ -169,6 +177,18 @@ class TrainConfig:
                              f"got {self.torch_compile_mode!r}")
         if self.torch_compile_scope not in ("model", "layers"):
             raise ValueError(f"train.torch_compile_scope must be model or layers, got {self.torch_compile_scope!r}")
+
+
+def scheduler_names() -> list[str]:
+    from transformers import SchedulerType  # imported here: most config code needs no transformers
+
+    return [s.value for s in SchedulerType]
+
+
+def optimizer_names() -> list[str]:
+    from transformers.training_args import OptimizerNames
+
+    return ["auto", *(o.value for o in OptimizerNames)]
 
 
 GAP_HEADS = ("concat", "mul", "segment")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sparsebert.data.delimited import csv_rows
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_text
 
@@ -43,10 +44,10 @@ class CsvTaskConfig:
             raise ValueError("csv.id_column must be a column name or null")
         if self.delimiter is not None and len(self.delimiter) != 1:
             raise ValueError(f"csv.delimiter must be one character or null, got {self.delimiter!r}")
-        for key in ("val_fraction", "test_fraction"):
-            value = getattr(self, key)
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"csv.{key} must be in [0, 1), got {value}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"csv.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if not 0.0 < self.test_fraction < 1.0:  # the task's metrics are measured on the test rows
+            raise ValueError(f"csv.test_fraction must be in (0, 1), got {self.test_fraction}")
         if self.val_fraction + self.test_fraction >= 1.0:
             raise ValueError("csv.val_fraction + csv.test_fraction must be below 1 (no training rows left)")
         if self.fold_stride < 0:
@@ -82,8 +83,8 @@ def read_csv_task(path: str | Path, cfg: CsvTaskConfig) -> CsvData:
     texts: list[str] = []
     raw_labels: list[str] = []
     with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
-        header = [h.strip() for h in next(reader, [])]
+        rows = csv_rows(path, f, delimiter=delimiter, quoting=quoting)
+        header = [h.strip() for h in next(rows, (1, []))[1]]
         if not header:
             raise SparseBertError(f"{path}: file is empty")
         wanted = {"csv.text_column": cfg.text_column, "csv.label_column": cfg.label_column}
@@ -95,10 +96,10 @@ def read_csv_task(path: str | Path, cfg: CsvTaskConfig) -> CsvData:
         text_col, label_col = header.index(cfg.text_column), header.index(cfg.label_column)
         id_col = header.index(cfg.id_column) if cfg.id_column else None
         seen_ids: set[str] = set()
-        for row in reader:
+        for line, row in rows:
             if not any(cell.strip() for cell in row):
                 continue  # blank line
-            where = f"{path}: line {reader.line_num}"
+            where = f"{path}: line {line}"
             if len(row) != len(header):
                 raise SparseBertError(f"{where}: expected {len(header)} fields, found {len(row)}")
             text, label = row[text_col], row[label_col].strip()
@@ -129,15 +130,16 @@ def stratified_split(labels: Sequence[int], val_fraction: float, test_fraction: 
     """Seeded per-class split into (train, val, test) row indices, each sorted.
 
     Each class contributes round(fraction * class size) rows to val and test, so every split keeps the class
-    ratios and even a one-row class works (it stays in train).
+    ratios, but always keeps at least one row in train (val gives way first, then test): the model sees every
+    class, and a one-row class stays in train.
     """
     labels = np.asarray(labels)
     rng = np.random.default_rng(seed)
     parts: list[list[np.ndarray]] = [[], [], []]
     for cls in np.unique(labels):  # sorted, so the rng draws happen in a fixed order
         members = rng.permutation(np.flatnonzero(labels == cls))
-        n_test = round(test_fraction * len(members))
-        n_val = round(val_fraction * len(members))
+        n_test = min(round(test_fraction * len(members)), len(members) - 1)
+        n_val = min(round(val_fraction * len(members)), len(members) - 1 - n_test)
         parts[2].append(members[:n_test])
         parts[1].append(members[n_test:n_test + n_val])
         parts[0].append(members[n_test + n_val:])
@@ -204,14 +206,17 @@ def build_csv_datasets(cfg: CsvTaskConfig, data_dir: str | Path, tokenizer: Any,
                        cache_dir: str | Path | None = None) -> tuple[datasets.DatasetDict, CsvData]:
     """Read, split (train/dev/test) and fold a CSV task; ``row_id`` holds the CsvData id of each chunk.
 
-    Folding runs through the featurizer: parallel, cached by each split's content, the tokenizer and settings.
+    A split whose fraction is 0 is left out (``val_fraction=0``: no dev split); one asked for that comes out
+    empty (too few rows per class) is an error. Folding runs through the featurizer: parallel, cached by each
+    split's content, the tokenizer and settings.
     """
     import datasets
 
     from sparsebert.data.featurize import featurize
 
     cfg.validate()
-    data = read_csv_task(cfg.resolve_path(data_dir), cfg)
+    path = cfg.resolve_path(data_dir)
+    data = read_csv_task(path, cfg)
     fold_texts([], [], [], tokenizer, max_seq_length, cfg.fold_stride)  # bad settings fail here, not in a worker
     features = datasets.Features({
         "input_ids": datasets.Sequence(datasets.Value("int64")),
@@ -221,8 +226,16 @@ def build_csv_datasets(cfg: CsvTaskConfig, data_dir: str | Path, tokenizer: Any,
         "row_id": datasets.Value("string"),
     })
     splits = {}
-    for name, idx in zip(("train", "dev", "test"),
-                         stratified_split(data.labels, cfg.val_fraction, cfg.test_fraction, seed)):
+    for name, key, idx in zip(("train", "dev", "test"), (None, "val_fraction", "test_fraction"),
+                              stratified_split(data.labels, cfg.val_fraction, cfg.test_fraction, seed)):
+        # train always has rows: stratified_split keeps one of every class there
+        if key is not None and getattr(cfg, key) == 0:
+            continue
+        if len(idx) == 0:
+            raise SparseBertError(
+                f"{path}: csv.{key}={getattr(cfg, key)} leaves the {name} split empty ({len(data.labels)} rows in "
+                f"{len(data.label_names)} classes, each giving round({key} x its rows) and keeping one for "
+                f"train); raise csv.{key}, add rows, or set it to 0 for no {name} split")
         rows = datasets.Dataset.from_dict(
             {"text": [data.texts[i] for i in idx], "label": [data.labels[i] for i in idx],
              "id": [data.ids[i] for i in idx]},

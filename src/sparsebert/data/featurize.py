@@ -13,7 +13,8 @@ pickled (under spawn or forkserver: serialized once for all workers); a job is a
 A worker starts on a job as soon as it is forked, and writes, fsyncs and counts its shard itself, so the parent
 only writes the manifest. Because the batches are exactly those of a serial run, the output is identical to
 ``num_proc=1``, row order included, even for functions whose output depends on the batch (pretraining packs each
-batch's documents into blocks). Workers run with ``TOKENIZERS_PARALLELISM=false`` and one torch thread, so N
+batch's documents into blocks); as in a serial run, shards that yield no rows are left out and every shard takes
+the schema of the first one with rows. Workers run with ``TOKENIZERS_PARALLELISM=false`` and one torch thread, so N
 workers use N cores, not N x cores; a serial run maps in the calling process and leaves the tokenizers' thread
 pool as it finds it. A worker that dies outright (killed, out of memory) fails the build instead of hanging it.
 
@@ -233,8 +234,11 @@ def featurize(
     ``input_digest`` identifies the input (e.g. ``files_digest`` of the source files; describe how they were
     read in ``key_parts``); without it the dataset's content is hashed. ``key_parts`` holds anything else that
     decides the output and is not in ``fn_kwargs``. ``num_proc`` None: :func:`default_num_proc`;
-    ``batch_size`` None: ``DEFAULT_BATCH_SIZE``.
+    ``batch_size`` None: ``DEFAULT_BATCH_SIZE``. A 0-row input gives a 0-row output with the columns of
+    ``features`` (without ``features``: the input's columns that are not removed, as ``datasets.map`` does).
     """
+    if len(dataset) == 0:
+        return _empty(dataset, remove_columns, features)
     started = time.perf_counter()
     fn_kwargs = dict(fn_kwargs or {})
     batch_size = batch_size or DEFAULT_BATCH_SIZE
@@ -269,6 +273,19 @@ def featurize(
         log.info("%s: featurized %d rows into %d in %.1f s with %d process%s -> %s", name, len(dataset),
                  len(found), time.perf_counter() - started, procs, "es" if procs > 1 else "", entry)
         return found
+
+
+def _empty(dataset, remove_columns: list[str] | None, features):
+    """The output for a 0-row input, not cached (there is nothing to compute).
+
+    ``datasets.map`` returns such an input as it is, without calling the function or writing a file; the
+    declared ``features`` say which columns a non-empty input would have given.
+    """
+    import datasets
+
+    if features is None:
+        return dataset.remove_columns(remove_columns or [])
+    return datasets.Dataset.from_dict({name: [] for name in features}, features=features)
 
 
 def _safe(name: str) -> str:
@@ -598,8 +615,15 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
         finishing = time.time()
         stats["map_seconds"] = finishing - mapping - stats.get("pool_start_seconds", 0.0)
         (tmp / "input.arrow").unlink(missing_ok=True)
-        first = results[0]["features"]
+        # A shard without rows (packing: its documents together shorter than one block) has its input's schema,
+        # not the output's. A serial run skips empty batches and writes with the first non-empty batch's schema:
+        # leave empty shards out likewise, keeping the first only when all are empty (what a serial run writes)
+        written = [r for r in results if r["num_rows"] > 0] or results[:1]
         for r in results:
+            if r["num_rows"] == 0 and r is not written[0]:
+                os.unlink(r["path"])
+        first = written[0]["features"]
+        for r in written:
             if r["features"] != first:
                 # a serial run writes every batch with the first batch's schema: do the same for this shard
                 path = r["path"]
@@ -609,7 +633,7 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
                 r["bytes"] = os.path.getsize(path)
-        shards = [{"file": Path(r["path"]).name, "num_rows": r["num_rows"], "bytes": r["bytes"]} for r in results]
+        shards = [{"file": Path(r["path"]).name, "num_rows": r["num_rows"], "bytes": r["bytes"]} for r in written]
         # per shard: its input rows, the worker's pid, when it began (seconds after the build began), how long
         # it took and the CPU time it used
         stats["shard_timings"] = [{"rows": r["rows"], "pid": r["pid"], "began": r["began"] - began,

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from sparsebert.data.delimited import csv_rows
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_text
 
@@ -103,7 +104,8 @@ def read_gap(path: str | os.PathLike, on_bad_row: str = "error") -> list[GapExam
         raise SparseBertError(f"read_gap: on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     try:
         with open(path, encoding="utf-8", newline="") as f:
-            rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+            # csv_rows: a file in another encoding or with a runaway line is a one-line error, not a bad row
+            rows = [row for _, row in csv_rows(path, f, delimiter="\t", quoting=csv.QUOTE_NONE)]
     except OSError as e:
         raise SparseBertError(f"{path}: cannot read: {e.strerror}") from None
     if not rows or rows[0] != COLUMNS:

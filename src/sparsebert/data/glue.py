@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sparsebert.data.delimited import csv_rows
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_text
 
@@ -138,22 +139,24 @@ def glue_leaderboard_filename(task: str | GlueTask, split: str | None = None) ->
 
 
 def read_glue_split(data_dir: str | Path, task: str | GlueTask, split: str) -> list[dict[str, Any]]:
-    """Read ``<glue>/<Task>/<split>.tsv`` into rows of idx/text_a/text_b/label."""
+    """Read ``<glue>/<Task>/<split>.tsv`` into rows of idx/text_a/text_b/label (at least one)."""
     t = get_glue_task(task)
     path = glue_split_path(data_dir, t, split)
     if not path.is_file():
         raise SparseBertError(f"GLUE file not found: {path}")
     # utf-8-sig strips the BOM at the start of the MRPC files; QUOTE_NONE because texts contain bare quotes.
     with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        first = next(reader, None)
+        lines = csv_rows(path, f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        _, first = next(lines, (1, None))
         if first is None:
             raise SparseBertError(f"{path}: file is empty")
         # only test files may lack labels: a train/dev file without its label column is an error
         cols, has_header = _locate_columns(t, path, first, labeled=split not in t.test_splits)
         rows = [] if has_header else [_parse_row(t, path, 1, first, cols, 0)]
-        for row in reader:
-            rows.append(_parse_row(t, path, reader.line_num, row, cols, len(rows)))
+        for line, row in lines:
+            rows.append(_parse_row(t, path, line, row, cols, len(rows)))
+    if not rows:  # an empty split would only fail later, inside datasets, without naming the file
+        raise SparseBertError(f"{path}: no data rows, only a header")
     return rows
 
 

@@ -19,8 +19,7 @@ from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerBas
 
 from sparsebert.config.sections import DataConfig
 from sparsebert.data.corpus import corpus_files, iter_documents
-from sparsebert.data.featurize import default_num_proc
-from sparsebert.data.featurize import featurize, files_digest, source_digest
+from sparsebert.data.featurize import default_num_proc, featurize, files_digest, source_digest
 from sparsebert.data.paths import HOW_TO_POINT
 from sparsebert.errors import SparseBertError
 
@@ -35,9 +34,12 @@ class PretrainData:
     eval_documents: int
 
 
-def _generate(files: tuple[str, ...], fmt: str, max_documents: int | None, signature: tuple[Any, ...]):
-    # ``signature`` (file sizes and mtimes) is unused here: it is in gen_kwargs so that the datasets cache
-    # fingerprint changes when a corpus file changes, not only when its path does.
+def _generate(files: tuple[str, ...], fmt: str, max_documents: int | None, signature: tuple[Any, ...],
+              reader_source: str | None):
+    # ``signature`` (file sizes and mtimes) and ``reader_source`` (a digest of the readers' module) are unused
+    # here: they are in gen_kwargs so that the datasets cache fingerprint changes when a corpus file changes, not
+    # only when its path does, and when the reader code changes (datasets hashes this function by its
+    # module and name, not its code, let alone the readers' code).
     yield from iter_documents(list(files), fmt, max_documents)
 
 
@@ -66,7 +68,8 @@ def load_documents(cfg: DataConfig, data_dir: Path | None, files: list[Path] | N
             # tuples, not lists: datasets treats list arguments as shards and would call the generator once
             # per file, applying max_documents per file instead of to the whole corpus
             gen_kwargs={"files": tuple(str(p) for p in files), "fmt": cfg.format,
-                        "max_documents": cfg.max_documents, "signature": signature},
+                        "max_documents": cfg.max_documents, "signature": signature,
+                        "reader_source": source_digest(iter_documents)},
         )
     except Exception as e:  # datasets wraps reader errors in DatasetGenerationError
         cause = e

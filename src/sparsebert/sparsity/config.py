@@ -128,6 +128,10 @@ class RigLConfig:
     def resolved_end_step(self, total_steps: int) -> int:
         return _resolve_end_step("rigl", self.begin_step, self.end_step, self.end_fraction, total_steps)
 
+    def check_run_length(self, total_steps: int) -> None:
+        """Refuse a schedule that cannot run within ``total_steps`` (when that is known before training)."""
+        _check_run_length("rigl", self.begin_step, self.end_step, self.end_fraction, total_steps)
+
 
 @dataclass
 class GMPConfig:
@@ -150,6 +154,13 @@ class GMPConfig:
     def resolved_end_step(self, total_steps: int) -> int:
         return _resolve_end_step("gmp", self.begin_step, self.end_step, self.end_fraction, total_steps)
 
+    def check_run_length(self, total_steps: int) -> None:
+        """Refuse a schedule that cannot run within ``total_steps``, or would stop pruning short of the target."""
+        end = _check_run_length("gmp", self.begin_step, self.end_step, self.end_fraction, total_steps)
+        if end > total_steps:
+            raise ValueError(f"gmp.end_step ({end}) must be <= train.max_steps ({total_steps}): the run would end "
+                             "before the layers reach their target sparsity")
+
 
 def _resolve_end_step(section: str, begin: int, end: int | None, fraction: float, total_steps: int) -> int:
     if end is None:
@@ -161,6 +172,17 @@ def _resolve_end_step(section: str, begin: int, end: int | None, fraction: float
     if end <= begin:
         raise ValueError(f"{section}.end_step (resolved to {end}) must be > {section}.begin_step ({begin})")
     return end
+
+
+def _check_run_length(section: str, begin: int, end: int | None, fraction: float, total_steps: int) -> int:
+    """The resolved end step; the schedule must start before the run ends and end after it starts."""
+    if begin >= total_steps:
+        raise ValueError(f"{section}.begin_step ({begin}) must be < train.max_steps ({total_steps}): "
+                         f"the {section} schedule would never start")
+    if end is None and round(fraction * total_steps) <= begin:
+        raise ValueError(f"{section}.end_step (resolved to {round(fraction * total_steps)} = {section}.end_fraction "
+                         f"{fraction} x train.max_steps {total_steps}) must be > {section}.begin_step ({begin})")
+    return _resolve_end_step(section, begin, end, fraction, total_steps)
 
 
 def _check_fraction(key: str, value: object) -> None:

@@ -20,8 +20,13 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
     hooks: dict[str, Any] = {"ddp": cfg.train.ddp,
                              "compile_scope": cfg.train.torch_compile_scope if cfg.train.torch_compile else None}
     if cfg.sparsity is not None:
-        hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,
-                                               total_steps=total_steps, seed=seed)
+        try:
+            hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,
+                                                   total_steps=total_steps, seed=seed)
+        except ValueError as e:
+            # settings that only fail against this model or run length (an include matching no weight, a RigL / GMP
+            # range beyond an epoch-counted run): the controller names the key, the CLI prints it in one line
+            raise SparseBertError(str(e)) from None
     if cfg.kd is not None:
         if teacher_source is None or load_teacher is None:
             raise SparseBertError(f"distillation is not supported for task {cfg.task}")

@@ -28,6 +28,10 @@ class OneCycleConfig:
             raise ValueError(f"onecycle.anneal_strategy must be cos or linear, got {self.anneal_strategy!r}")
         if self.div_factor <= 0 or self.final_div_factor <= 0:
             raise ValueError("onecycle.div_factor and onecycle.final_div_factor must be > 0")
+        if self.base_momentum > self.max_momentum:
+            # torch would cycle beta1 upside down (highest while the lr peaks) without a word
+            raise ValueError(f"onecycle.base_momentum ({self.base_momentum}) must be <= onecycle.max_momentum "
+                             f"({self.max_momentum})")
 
 
 class OneCycleMixin:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,18 +10,25 @@ from typing import Any
 
 import numpy as np
 from accelerate import PartialState
+from safetensors import SafetensorError
 from transformers import TrainerCallback
-from transformers.trainer_utils import get_last_checkpoint
 
 from sparsebert.config import ExperimentConfig
 from sparsebert.data.pretrain import MLMCollator, PretrainData, build_pretrain_data
 from sparsebert.data.tokenizer import load_tokenizer
+from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json
 from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions
 from sparsebert.models.pretrained import resolve_pretrained
+from sparsebert.sparsity import SparsityController
+from sparsebert.sparsity.persistence import MASKS_FILE, STATE_FILE
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
+
+log = logging.getLogger(__name__)
+
+TRAINER_STATE_NAME = "trainer_state.json"  # what the Trainer writes last into a checkpoint
 
 
 def mlm_accuracy(eval_pred) -> dict[str, float]:
@@ -67,10 +75,12 @@ class PretrainJob:
             tokens_per_sample=cfg.data.max_seq_length,
             **self.hooks,
         )
-        checkpoint = get_last_checkpoint(str(run_dir)) if resume and run_dir.is_dir() else None
+        checkpoint = None
+        if resume and run_dir.is_dir():
+            checkpoint = last_complete_checkpoint(run_dir, sparse=trainer.sparsity is not None)
         if checkpoint is not None and trainer.sparsity is not None:
-            trainer.sparsity.load(checkpoint)  # the masks that go with the checkpoint's weights
-        result = trainer.train(resume_from_checkpoint=checkpoint)
+            load_masks(trainer.sparsity, checkpoint)  # the masks that go with the checkpoint's weights
+        result = trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
         final = last_eval(trainer) or trainer.evaluate()
         trainer.save_model(str(run_dir / "model"))  # safetensors; sparse weights are exact zeros
         metrics = pretrain_metrics(trainer, result.metrics, final, self.data)
@@ -81,6 +91,39 @@ class PretrainJob:
             metrics["sparsity"] = report["selected"]["sparsity"]
             metrics["sparsity_headline"] = report["headline"]
         return metrics
+
+
+def checkpoint_step(path: Path) -> int | None:
+    prefix, _, step = path.name.partition("-")
+    return int(step) if prefix == "checkpoint" and step.isdigit() and path.is_dir() else None
+
+
+def missing_checkpoint_files(checkpoint: Path, sparse: bool) -> list[str]:
+    """Files a checkpoint needs to resume from. The Trainer writes trainer_state.json after the weights, optimizer
+    and RNG state, and the sparsity callback writes the masks after that (on_save): a crash in between leaves a
+    directory without them."""
+    needed = [TRAINER_STATE_NAME, *((MASKS_FILE, STATE_FILE) if sparse else ())]
+    return [name for name in needed if not (checkpoint / name).is_file()]
+
+
+def last_complete_checkpoint(run_dir: Path, sparse: bool) -> Path | None:
+    """The newest ``checkpoint-N`` that holds everything a resume loads; newer incomplete ones are skipped."""
+    steps = {path: step for path in run_dir.glob("checkpoint-*") if (step := checkpoint_step(path)) is not None}
+    for checkpoint in sorted(steps, key=steps.__getitem__, reverse=True):
+        missing = missing_checkpoint_files(checkpoint, sparse)
+        if not missing:
+            return checkpoint
+        log.warning("--resume: skipping the incomplete checkpoint %s (no %s; a crash while it was saved?)",
+                    checkpoint, ", ".join(missing))
+    return None
+
+
+def load_masks(controller: SparsityController, checkpoint: Path) -> None:
+    """Restore the masks saved with ``checkpoint``; a file that does not fit this run is bad input, not a bug."""
+    try:
+        controller.load(checkpoint)
+    except (OSError, ValueError, SafetensorError) as e:
+        raise SparseBertError(f"--resume: cannot load the sparsity masks of {checkpoint}: {e}") from None
 
 
 def last_eval(trainer) -> dict[str, float] | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,8 +89,10 @@ class FinetuneJob:
         source = resolve_pretrained(cfg.model.init_from, self.output_root)
         inherited = sparsity_of_run(cfg.model.init_from, self.output_root)
         if cfg.sparsity is None and inherited is not None:
-            # finetuning a sparse pretraining run keeps its masks fixed: the zeros of its exported weights
-            cfg.sparsity = inherited
+            # finetuning a sparse pretraining run keeps its masks fixed: the zeros of its exported weights. The
+            # runs get a copy with that section; self.cfg stays what was asked for, since the experiment's
+            # config.json and the --resume comparison against it are made from self.cfg
+            cfg = replace(cfg, sparsity=inherited)
             log.info("%s starts from a sparse run: its masks stay fixed while finetuning", cfg.model.init_from)
         self.ctx = FinetuneContext(
             cfg=cfg,

@@ -136,7 +136,8 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
     run_cfg.update({"task": task, "seed": seed, "experiment": cfg.name, "model_source": ctx.model_source})
     atomic_write_json(run_dir / "config.json", run_cfg)
     atomic_write_json(run_dir / "metrics.json", metrics)
-    atomic_write_text(run_dir / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
+    # the registry row first (an upsert by run_dir): a crash before DONE leaves a run that --resume redoes,
+    # never a finished run the results table misses
     Registry.in_output_root(ctx.output_root).record(RunRecord(
         run_dir=str(run_dir.resolve()), experiment=cfg.name, task=task, model=cfg.model.init_from or "",
         seed=seed, status="done", sparsity=sparsity,
@@ -145,6 +146,7 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
         samples_per_second=metrics.get("train_samples_per_second"), git_commit=git_commit(),
         pretrain_metrics=ctx.pretrain_metrics, group=cfg.name,
     ))
+    atomic_write_text(run_dir / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
     return metrics
 
 

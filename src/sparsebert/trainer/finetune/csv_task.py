@@ -24,7 +24,8 @@ def run_csv(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
                                       fcfg.max_seq_length, cfg.seed)
     num_labels = len(data.label_names)
     train = limit(splits["train"], fcfg.max_train_samples).remove_columns("row_id")
-    dev = limit(splits["dev"], fcfg.max_eval_samples).remove_columns("row_id")
+    # csv.val_fraction=0: no dev split, so no per-epoch evaluation (the test rows are only for the end)
+    dev = limit(splits["dev"], fcfg.max_eval_samples).remove_columns("row_id") if "dev" in splits else None
     test = splits["test"]
 
     model = load_classifier(ctx.model_source, num_labels, regression=False, **ctx.pretrained_kwargs)

@@ -1,0 +1,45 @@
+"""A finetuning run is in the results registry before its DONE marker exists, so a crash in between leaves a
+run that --resume redoes (one row, updated), never a finished run that the results table misses."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import sparsebert.trainer.finetune.common as common
+from sparsebert.config import Registry
+from sparsebert.results import Registry as Results
+from sparsebert.runner import RunOptions, run_experiment
+
+REPO = Path(__file__).resolve().parents[2]
+ONE_RUN = ['finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=32",
+           "finetune.max_eval_samples=16", "finetune.save_model=false"]
+
+pytestmark = pytest.mark.slow
+
+
+class Crash(Exception):
+    pass
+
+
+def test_crash_before_done_leaves_a_recorded_run_that_resume_finishes(data_dir, tmp_path, monkeypatch):
+    cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue", ONE_RUN)
+    write = common.atomic_write_text
+
+    def crash_on_done(path, text):
+        if Path(path).name == "DONE":
+            raise Crash
+        write(path, text)
+
+    monkeypatch.setattr(common, "atomic_write_text", crash_on_done)
+    with pytest.raises(Crash):
+        run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run_dir = tmp_path / "tiny_glue" / "glue_rte" / "run0"
+    assert not (run_dir / "DONE").exists()
+    assert [r.run_dir for r in Results.in_output_root(tmp_path).runs()] == [str(run_dir.resolve())]
+
+    monkeypatch.setattr(common, "atomic_write_text", write)
+    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir, resume=True))
+    assert (run_dir / "DONE").is_file()
+    assert len(Results.in_output_root(tmp_path).runs()) == 1  # the row was updated, not duplicated
