@@ -188,3 +188,14 @@ def test_latex_escape() -> None:
         latex_escape(r"a\b{c}$_%&#~^")
         == r"a\textbackslash{}b\{c\}\$\_\%\&\#\textasciitilde{}\textasciicircum{}"
     )
+
+
+def test_max_never_picks_a_nan_seed() -> None:
+    # a collapsed STS-B seed (constant predictions) has NaN correlations; listed first, max() used to keep it
+    group = {"experiment": "e"}
+    nan = float("nan")
+    runs = [_glue(group, "stsb", seed=1, pearson=nan, spearman=nan, score=nan),
+            _glue(group, "stsb", seed=2, pearson=0.88, spearman=0.87, score=0.875)]
+    for order in (runs, runs[::-1]):
+        row = list(csv.DictReader(io.StringIO(glue_table(order, agg="max", fmt="csv"))))[0]
+        assert (row["stsb_pearson"], row["stsb_spearman"], row["average_bert"]) == ("88.0", "87.0", "87.5")

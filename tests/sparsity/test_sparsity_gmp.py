@@ -89,3 +89,28 @@ def test_gmp_uses_per_layer_targets_of_the_distribution():
     for name, density in controller.target_densities.items():
         assert int(controller.masks[name].sum()) == round(density * controller.masks[name].numel())
     assert len(set(controller.target_densities.values())) > 1
+
+
+def test_a_schedule_cut_short_by_skipped_steps_still_ends_at_the_target():
+    # skipped fp16 steps are not controller steps, but the Trainer counts them towards max_steps: here 3 of the
+    # 40 steps of a schedule ending at step 40 were skipped, so the last prune (at step 40) never came
+    model, controller, optimizer = _mlp_gmp()
+    for _ in range(3):
+        controller.on_optimizer_step(skipped=True)
+    train(model, controller, optimizer, 37, mlp_loss)
+    assert controller.step == 37
+    before = controller.report()["selected"]["sparsity"]
+    assert before < 0.8 - 1e-3
+    stats = controller.finish_schedule()
+    assert stats is not None and stats["gmp/sparsity"] == pytest.approx(0.8, abs=1e-3)
+    assert_masked_weights_zero(controller)
+    controller.finish_schedule()  # again: the same target, nothing more pruned
+    assert controller.report()["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-3)
+
+
+def test_finish_schedule_is_a_no_op_once_the_schedule_ran_to_its_end():
+    model, controller, optimizer = _mlp_gmp()
+    train(model, controller, optimizer, 40, mlp_loss)
+    masks = {n: m.clone() for n, m in controller.masks.items()}
+    assert controller.finish_schedule() is None
+    assert all(torch.equal(masks[n], m) for n, m in controller.masks.items())

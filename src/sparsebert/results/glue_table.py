@@ -23,7 +23,9 @@ Several runs (seeds) of one task in a group
 
 Averages
     ``average_bert`` is the mean score over the present tasks except WNLI, ``average_glue`` over all present
-    tasks.  Since tasks may be missing, the output says which tasks each average covers (one line when all
+    tasks. Both average each task's leaderboard score (pair tasks: the mean of the pair, MNLI as one task), so
+    ``average_bert`` is not the 9-number average of the BERT paper's table (MNLI-m and -mm apart, F1 for MRPC
+    and QQP, Spearman for STS-B); it follows the paper only in leaving WNLI out.  Since tasks may be missing, the output says which tasks each average covers (one line when all
     rows cover the same tasks, else one line per row).  Averages use unrounded scores, so they can differ
     in the last digit from an average of the printed cells.
 
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -149,7 +152,9 @@ def _run_values(rec: RunRecord, task: str) -> tuple[tuple[float | None, ...], fl
 
 def _aggregate(runs: list[tuple[tuple[float | None, ...], float]], agg: str) -> _Cell:
     if agg == "max":
-        values, score = max(runs, key=lambda run: run[1])  # first run wins a tie
+        # first run wins a tie; a NaN score (a collapsed run: constant STS-B predictions have no correlation)
+        # never wins, since max() would keep a NaN that comes first against every later number
+        values, score = max(runs, key=lambda run: (not math.isnan(run[1]), run[1]))
         return _Cell(values, score, None, len(runs))
     scores = [score for _, score in runs]
     means: list[float | None] = []

@@ -274,12 +274,26 @@ class SparsityController:
         stats["rigl/mask_changed_since_start"] = gone / initially_active if initially_active else 0.0
         return stats
 
-    def _gmp_update(self) -> dict[str, float]:
-        generator = make_generator(self.seed, self.step, self._device)
+    def finish_schedule(self) -> dict[str, float] | None:
+        """At the end of training: prune to GMP's final sparsity if the schedule has not got there.
+
+        Steps the fp16 loss scaler skipped do not count as controller steps, while the Trainer still counts them
+        towards ``max_steps``: a schedule ending at the last step would then stop short of its target. Returns
+        log stats when it pruned, else None.
+        """
+        if self.gmp is None or self.step >= self.gmp_end_step:
+            return None
+        stats = self._gmp_update(at_step=self.gmp_end_step)
+        self.apply_masks()
+        return stats
+
+    def _gmp_update(self, at_step: int | None = None) -> dict[str, float]:
+        step = self.step if at_step is None else at_step
+        generator = make_generator(self.seed, step, self._device)
         for name, param in self.params.items():
             final = 1.0 - self.target_densities[name]
             initial = min(self.gmp.initial_sparsity, final)
-            target = gmp_sparsity(self.step, initial, final, self.gmp.begin_step, self.gmp_end_step)
+            target = gmp_sparsity(step, initial, final, self.gmp.begin_step, self.gmp_end_step)
             dropped = gmp_prune(param, self.masks[name], kept_count(1.0 - target, param.numel()), generator)
             self._commit(name, MaskChange(dropped=dropped, grown=torch.zeros_like(dropped)))
         active = sum(int(m.sum()) for m in self.masks.values())

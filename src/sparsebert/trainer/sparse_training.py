@@ -68,6 +68,11 @@ class SparsityCallback(TrainerCallback):
                 self.controller.save(checkpoint)
 
     def on_train_end(self, args, state, control, **kwargs):
+        # on every rank (the masks must stay identical): GMP short of its target after skipped fp16 steps
+        stats = self.controller.finish_schedule()
+        if stats:
+            log.warning("GMP ended %d optimizer steps short of its end step (skipped fp16 steps): pruned to the "
+                        "target now (%s)", self.controller.gmp_end_step - self.controller.step, stats)
         if state.is_world_process_zero:
             write_sparsity_report(self.controller, Path(args.output_dir))
 
