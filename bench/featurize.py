@@ -459,8 +459,11 @@ def main(argv: list[str] | None = None) -> int:
         cache_root = Path(args.cache_dir) if args.cache_dir else Path(tmp)
         cache_root.mkdir(parents=True, exist_ok=True)
         datasets.config.HF_DATASETS_CACHE = Path(tmp) / "hf"  # the corpus read by from_generator
+        from sparsebert.env_info import git_commit
+
         report = {
             "date": date.today().isoformat(),
+            "commit": git_commit(ROOT),  # $SPARSEBERT_COMMIT where the tree travels without .git
             "machine": {"cpu_count": cpus, "platform": platform.platform(), "processor": platform.processor(),
                         "python": platform.python_version(), **cpu_topology()},
             "versions": {"datasets": datasets.__version__, "tokenizers": tokenizers.__version__,
