@@ -53,6 +53,10 @@ def test_glue_table_from_the_registry(glue_root, capsys):
     assert cli_main(["--table", "glue", "--output-dir", str(glue_root), "--agg", "mean"]) == 0
     table = capsys.readouterr().out
     assert "| tiny_glue" in table and "average_bert over: rte, stsb (2 tasks)" in table
+    # a misspelled experiment is an error, not a silently missing row
+    assert cli_main(["--table", "glue", "--output-dir", str(glue_root), "--experiments", "tiny_glue",
+                     "tiny_glu"]) == 2
+    assert "no finished GLUE runs of tiny_glu" in capsys.readouterr().err
 
 
 def test_resume_reruns_only_unfinished_runs(registry, glue_root, data_dir):

@@ -155,11 +155,15 @@ def print_table(root: Path, experiments: list[str] | None, fmt: str, agg: str) -
     if not records:
         raise SparseBertError(f"the registry in {root} has no finished GLUE runs"
                               + (f" of {', '.join(experiments)}" if experiments else ""))
+    missing = [name for name in experiments or [] if name not in {r.experiment for r in records}]
+    if missing:  # a misspelled name would otherwise just leave its row out
+        raise SparseBertError(f"the registry in {root} has no finished GLUE runs of {', '.join(missing)}")
     print(glue_table(records, agg=agg, fmt=fmt))
     return 0
 
 
 PLOT_INPUTS = {"loss": ("log_history.json", "pretraining"), "density": ("sparsity.json", "sparse")}  # file, run kind
+PLOT_FORMATS = ("png", "pdf", "svg")
 
 
 def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
@@ -169,6 +173,11 @@ def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
 
     if not runs:
         raise SparseBertError(f"--plot {kind} needs --experiments: the runs to plot, as paths under {root}")
+    if out.suffix.lower().lstrip(".") not in PLOT_FORMATS:
+        raise SparseBertError(f"--out {out}: the name must end in one of .{', .'.join(PLOT_FORMATS)} "
+                              "(it picks the image format)")
+    if not out.parent.is_dir():
+        raise SparseBertError(f"--out {out}: the folder {out.parent} does not exist")
     filename, writer = PLOT_INPUTS[kind]
     data = {}
     for run in runs:
@@ -179,10 +188,18 @@ def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
             data[run] = json.loads(source.read_text())
         except json.JSONDecodeError as e:
             raise SparseBertError(f"--plot {kind}: {source} is not valid JSON ({e})") from None
-    if kind == "loss":
-        plot_loss_curves(data, out)
-    else:
-        plot_density_per_layer(data, out)
+        shape_ok = (isinstance(data[run], list) if kind == "loss"
+                    else isinstance(data[run], dict) and isinstance(data[run].get("layers"), list))
+        if not shape_ok:
+            raise SparseBertError(f"--plot {kind}: {source} is not what a {writer} run writes "
+                                  + ("(a list of log entries)" if kind == "loss" else "(no 'layers' list)"))
+    try:
+        if kind == "loss":
+            plot_loss_curves(data, out)
+        else:
+            plot_density_per_layer(data, out)
+    except OSError as e:
+        raise SparseBertError(f"--plot {kind}: cannot write {out}: {e.strerror or e}") from None
     print(f"wrote {out}")
     return 0
 

@@ -108,6 +108,22 @@ def test_wrong_offset_error_and_skip(tmp_path, data_dir, caplog):
     assert bad_id in caplog.text
 
 
+def test_offset_inside_a_longer_word_is_an_error(tmp_path, data_dir):
+    # the row's text matches at the new offset ("he" inside "the"), but it is not the pronoun
+    header, *rows = _raw_rows(data_dir / "gap" / "gap-validation.tsv")
+
+    def inside_a_word(row):
+        text, pronoun = row[COLUMNS.index("Text")], row[COLUMNS.index("Pronoun")]
+        return next((i for i in range(1, len(text) - len(pronoun))
+                     if text[i:i + len(pronoun)] == pronoun and text[i - 1].isalpha()), None)
+
+    row, inside = next((r, i) for r in rows if (i := inside_a_word(r)) is not None)
+    row[COLUMNS.index("Pronoun-offset")] = str(inside)
+    _write_rows(tmp_path / "x.tsv", [header, row])
+    with pytest.raises(SparseBertError, match=rf"{row[0]}.*Pronoun-offset {inside}.*part of the longer word"):
+        read_gap(tmp_path / "x.tsv")
+
+
 @pytest.mark.parametrize(
     ("col", "value", "problem"),
     [

@@ -363,6 +363,9 @@ def test_v1_keeps_gold_answers_that_normalize_to_empty_as_the_official_script_do
     assert squad_metrics(ex, {"p": "."}, version_2=False)["exact"] == 100.0
     assert squad_metrics(ex, {"p": "."}, version_2=True)["exact"] == 100.0  # both normalize to ""
     assert squad_metrics(ex, {"p": "x"}, version_2=False)["exact"] == 0.0
+    # F1 differs: v1.1's script counts common tokens only (none here: 0); v2's rewards "no answer" for "no answer"
+    assert squad_metrics(ex, {"p": "the"}, version_2=False)["f1"] == 0.0
+    assert squad_metrics(ex, {"p": "the"}, version_2=True)["f1"] == 100.0
 
 
 def test_missing_prediction_scores_zero():

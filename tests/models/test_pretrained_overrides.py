@@ -21,3 +21,19 @@ def test_unset_dropouts_keep_the_checkpoints_own(minilm_path):
     plain = load_classifier(minilm_path, 2, regression=False)
     assert default.config.hidden_dropout_prob == plain.config.hidden_dropout_prob
     assert default.config.attention_probs_dropout_prob == plain.config.attention_probs_dropout_prob
+
+
+def test_an_unfinished_run_directory_is_not_taken_for_a_model(tmp_path):
+    import json
+
+    import pytest
+
+    from sparsebert.errors import SparseBertError
+    from sparsebert.models.pretrained import resolve_pretrained
+
+    run = tmp_path / "halfrun"  # what a run holds before it exports model/: the experiment's config and env
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"name": "halfrun", "task": "mlm"}))
+    (run / "env.json").write_text("{}")
+    with pytest.raises(SparseBertError, match="halfrun has not finished"):
+        resolve_pretrained("halfrun", tmp_path)

@@ -84,6 +84,11 @@ def _parse_row(row: list[str]) -> GapExample:
             raise ValueError(f"{col} {off} out of range for a text of {len(text)} characters")
         if text[off : off + len(name)] != name:
             raise ValueError(f"{col} {off}: text there is {text[off : off + len(name)]!r}, not {name!r}")
+        # "he" at an offset inside "the" matches the text but points the head at the wrong word
+        end = off + len(name)
+        if (off > 0 and text[off - 1].isalnum()) or (end < len(text) and text[end].isalnum()):
+            raise ValueError(f"{col} {off}: {name!r} there is part of the longer word "
+                             f"{_word_around(text, off, end)!r}")
     corefs = {}
     for col, value in (("A-coref", a_coref), ("B-coref", b_coref)):
         if value.upper() not in ("TRUE", "FALSE"):
@@ -307,3 +312,11 @@ def write_gap_system_file(path: str | os.PathLike, ids: Sequence[str], probs: np
     tf = {True: "TRUE", False: "FALSE"}
     lines = [f"{i}\t{tf[bool(p == 0)]}\t{tf[bool(p == 1)]}" for i, p in zip(ids, pred)]
     atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def _word_around(text: str, start: int, end: int) -> str:
+    while start > 0 and text[start - 1].isalnum():
+        start -= 1
+    while end < len(text) and text[end].isalnum():
+        end += 1
+    return text[start:end]

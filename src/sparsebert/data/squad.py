@@ -311,11 +311,11 @@ def _exact(gold: str, pred: str) -> float:
     return float(normalize_answer(gold) == normalize_answer(pred))
 
 
-def _f1(gold: str, pred: str) -> float:
+def _f1(gold: str, pred: str, version_2: bool = True) -> float:
     gold_toks = normalize_answer(gold).split()
     pred_toks = normalize_answer(pred).split()
-    if not gold_toks or not pred_toks:
-        # "no answer" is right only against "no answer"
+    if version_2 and (not gold_toks or not pred_toks):
+        # v2: "no answer" is right only against "no answer"; v1.1's script has no such rule (no common token: 0)
         return float(gold_toks == pred_toks)
     common = sum((collections.Counter(gold_toks) & collections.Counter(pred_toks)).values())
     if common == 0:
@@ -344,7 +344,7 @@ def squad_metrics(
             scores = (0.0, 0.0)
         else:
             pred = predictions[ex["id"]]
-            scores = (max(_exact(g, pred) for g in golds), max(_f1(g, pred) for g in golds))
+            scores = (max(_exact(g, pred) for g in golds), max(_f1(g, pred, version_2) for g in golds))
         groups["all"].append(scores)
         groups["HasAns" if ex["answers"]["text"] else "NoAns"].append(scores)
     if missing:

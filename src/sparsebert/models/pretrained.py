@@ -52,6 +52,8 @@ def resolve_pretrained(name: str, output_root: Path | None = None) -> str:
             if not (path / "DONE").exists():
                 raise SparseBertError(f"run {path} has not finished (no DONE marker); resume it first")
             return str(path / "model")
+        if (path / "env.json").is_file():  # one of our run directories, but without an exported model/
+            raise SparseBertError(f"run {path} has not finished (no model/ exported yet); resume it first")
         if (path / "config.json").is_file():
             return str(path)
         if path.is_dir():

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sparsebert.io import atomic_path
+
 
 def plot_loss_curves(histories: dict[str, list[dict]], path: str | os.PathLike, title: str = "MLM loss") -> None:
     """Training loss (thin) and eval loss (markers) against optimizer steps, one colour per run."""
@@ -69,7 +71,9 @@ def _finish(fig, ax, title: str, path: str | os.PathLike) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
-    fig.savefig(tmp)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        # the temp file keeps the suffix and the format is explicit: savefig picks neither from ".tmp"
+        with atomic_path(path, suffix=path.suffix) as tmp:
+            fig.savefig(tmp, format=path.suffix.lstrip(".").lower())
+    finally:
+        plt.close(fig)

@@ -1,0 +1,52 @@
+"""--plot on hand-made run directories: bad --out names, missing folders and malformed inputs are one-line
+errors (exit 2) that leave no file behind; a good call writes the image atomically."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparsebert.cli import main
+
+HISTORY = [{"step": 1, "loss": 9.0}, {"step": 2, "loss": 8.0}, {"step": 2, "eval_loss": 8.5}]
+REPORT = {"layers": [{"name": "bert.encoder.layer.0.attention.self.query.weight", "sparsity": 0.8},
+                     {"name": "bert.encoder.layer.1.attention.self.query.weight", "sparsity": 0.7}]}
+
+
+@pytest.fixture
+def root(tmp_path) -> Path:
+    for name, files in {"dense": {"log_history.json": HISTORY},
+                        "sparse": {"log_history.json": HISTORY, "sparsity.json": REPORT},
+                        "odd": {"log_history.json": {"not": "a list"}, "sparsity.json": [1, 2]}}.items():
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        for filename, data in files.items():
+            (tmp_path / "runs" / name / filename).write_text(json.dumps(data))
+    return tmp_path
+
+
+def plot(root: Path, kind: str, run: str, out: Path) -> int:
+    return main(["--output-dir", str(root / "runs"), "--plot", kind, "--experiments", run, "--out", str(out)])
+
+
+def test_good_plots_are_written_and_nothing_else(root):
+    assert plot(root, "loss", "dense", root / "loss.png") == 0
+    assert plot(root, "density", "sparse", root / "density.svg") == 0
+    assert (root / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"<svg" in (root / "density.svg").read_bytes()[:500]
+    assert sorted(p.name for p in root.iterdir()) == ["density.svg", "loss.png", "runs"]  # no temp files
+
+
+@pytest.mark.parametrize("kind, run, out, message", [
+    ("loss", "dense", "loss.txt", "must end in one of .png"),
+    ("loss", "dense", "loss", "must end in one of .png"),
+    ("loss", "dense", "no/such/folder/loss.png", "does not exist"),
+    ("loss", "odd", "loss.png", "a list of log entries"),
+    ("density", "odd", "density.png", "no 'layers' list"),
+])
+def test_bad_plot_requests_are_one_line_errors(root, capsys, kind, run, out, message):
+    assert plot(root, kind, run, root / out) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert sorted(p.name for p in root.iterdir()) == ["runs"]
