@@ -308,16 +308,16 @@ def test_one_gpu_keeps_the_experiments_dir(tmp_path, capsys, monkeypatch):
 
 
 def test_several_gpus_restart_with_the_experiments_dir(tmp_path, capsys, monkeypatch):
-    import subprocess
 
     import sparsebert.gpus as gpus
 
     calls = []
     monkeypatch.setattr(gpus, "query_gpus", lambda: [gpus.GpuState(0, 70_000, 0), gpus.GpuState(1, 70_000, 0)])
-    monkeypatch.setattr(subprocess, "call", lambda cmd: calls.append(cmd) or 0)
+    monkeypatch.setattr(os, "execv", lambda path, cmd: calls.append(cmd))  # torchrun replaces the process
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.chdir(tmp_path)
-    assert run_main([EXPERIMENT, "--gpus", "2"], capsys)[0] == 0
+    run_main([EXPERIMENT, "--gpus", "2"], capsys)
     (cmd,) = calls
+    assert cmd[0] == sys.executable
     assert "--gpus" not in cmd and cmd[-2:] == ["--experiments-dir", str(EXPERIMENTS)]

@@ -106,3 +106,32 @@ def test_unreachable_main_node_times_out_naming_the_address(tmp_path):
     done = subprocess.run(cmd, env=env_for(tmp_path), capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and time.monotonic() - start < 60
     assert f"(127.0.0.1, {port})" in done.stderr and "timed out" in done.stderr
+
+
+def test_one_main_process_per_job_on_cpu_and_mpirun_sizes(tmp_path):
+    """Without CUDA, Accelerate must still see one gloo job (one main process, working barriers), or featurizing
+    once per node and main-process-only writes would gate nothing; mpirun's size variables count too."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import json, os, sys\n"
+        f"sys.path.insert(0, {str(REPO / 'src')!r})\n"
+        "from sparsebert.distributed import process_state, world_size\n"
+        "s = process_state()\n"
+        "with s.local_main_process_first():\n"
+        "    order = os.path.getsize(sys.argv[1]) if os.path.exists(sys.argv[1]) else 0\n"
+        "    open(sys.argv[1], 'a').write(str(s.process_index))\n"
+        "json.dump({'type': str(s.distributed_type), 'main': s.is_main_process, 'n': s.num_processes,\n"
+        "           'world': world_size(), 'order': order}, open(f'{sys.argv[1]}.{s.process_index}', 'w'))\n")
+    done = subprocess.run(torchrun("--nproc-per-node", "2", "--master-port", str(free_port()), str(script),
+                                   str(tmp_path / "log")), env=env_for(tmp_path), capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = [json.loads((tmp_path / f"log.{r}").read_text()) for r in range(2)]
+    assert [g["main"] for g in got] == [True, False] and all(g["n"] == g["world"] == 2 for g in got)
+    assert "MULTI_CPU" in got[0]["type"]
+    assert (tmp_path / "log").read_text() == "01"  # the main process went first, the other waited for it
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
+    probe = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO / 'src')!r}); "
+             "from sparsebert.distributed import world_size; print(world_size())"]
+    assert subprocess.run(probe, env={**env, "OMPI_COMM_WORLD_SIZE": "3"}, capture_output=True,
+                          text=True).stdout.strip() == "3"

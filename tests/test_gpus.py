@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sparsebert.errors import SparseBertError
-from sparsebert.gpus import GpuState, pick_gpus, torchrun_command, without_gpus_flag
+from sparsebert.gpus import GpuState, allowed_gpus, pick_gpus, torchrun_command, without_gpus_flag
 
 NODE = [GpuState(0, 1_000, 95), GpuState(1, 70_000, 0), GpuState(2, 80_000, 0), GpuState(3, 40_000, 10)]
 
@@ -21,8 +21,8 @@ def test_explicit_ids():
     assert pick_gpus("3,", NODE) == [3]
 
 
-@pytest.mark.parametrize("spec, message", [("5", "has 4 GPU"), ("0", "has 4 GPU"), ("0,7", "no GPU 7"),
-                                           ("two", "expected a count")])
+@pytest.mark.parametrize("spec, message", [("5", "has 4 GPU"), ("0", "has 4 GPU"), ("0,7", "GPU 7 is not available"),
+                                           ("two", "expected a count"), ("0,0", "distinct"), (",", "distinct")])
 def test_bad_specs(spec, message):
     with pytest.raises(SparseBertError, match=message):
         pick_gpus(spec, NODE)
@@ -34,3 +34,13 @@ def test_relaunch_drops_the_flag():
     cmd = torchrun_command("run.py", argv, 2)
     assert cmd[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
     assert cmd[6:] == ["run.py", "bert_100k", "--set", "train.max_steps=10"]
+
+
+def test_a_schedulers_visible_devices_bound_the_choice():
+    assert pick_gpus("1", allowed_gpus(NODE, "0,3")) == [3]  # GPUs 1 and 2 are idler, but not this job's
+    assert pick_gpus("0,3", allowed_gpus(NODE, "3,0")) == [0, 3]
+    with pytest.raises(SparseBertError, match="GPU 1 is not available"):
+        pick_gpus("1,", allowed_gpus(NODE, "0,3"))
+    assert allowed_gpus(NODE, "") == NODE
+    with pytest.raises(SparseBertError, match="UUID"):
+        allowed_gpus(NODE, "GPU-8f2e")

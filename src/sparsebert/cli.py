@@ -114,17 +114,20 @@ def choose_gpus(spec: str, argv: list[str], experiments_dir: Path) -> int:
 
     ``experiments_dir`` is the registry this call found: the continued or restarted run reads the same one, wherever
     its cwd is."""
-    import subprocess
+    from sparsebert.gpus import allowed_gpus, pick_gpus, query_gpus, torchrun_command, without_gpus_flag
 
-    from sparsebert.gpus import pick_gpus, query_gpus, torchrun_command, without_gpus_flag
-
-    ids = pick_gpus(spec, query_gpus())
+    ids = pick_gpus(spec, allowed_gpus(query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")))
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's, which chose the ids
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
     log.info("--gpus %s: using GPU(s) %s", spec, os.environ["CUDA_VISIBLE_DEVICES"])
     if len(ids) == 1:
         return main(without_gpus_flag(argv), experiments_dir)
     argv = [*argv, "--experiments-dir", str(experiments_dir.resolve())]  # last wins: the one already found
-    return subprocess.call(torchrun_command(sys.argv[0], argv, len(ids)))
+    # torchrun takes this process's place, so a signal to the job (a scheduler's SIGTERM) reaches torchrun and
+    # through it the workers, instead of leaving them running behind a parent that exited
+    cmd = torchrun_command(sys.argv[0], argv, len(ids))
+    os.execv(cmd[0], cmd)
+    return 1  # not reached
 
 
 def train_tokenizer(args: argparse.Namespace) -> int:

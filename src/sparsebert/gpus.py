@@ -3,6 +3,9 @@
 ``--gpus 2`` takes the 2 least busy GPUs (lowest utilization, then most free memory, read through NVML);
 ``--gpus 0,3`` takes those ids. The choice goes into ``CUDA_VISIBLE_DEVICES``; with more than one GPU, run.py
 starts again under torchrun with one process per GPU, so the choice is made once, not by every worker.
+
+Ids are NVML's, which number GPUs in PCI bus order; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA number them the
+same way. Where a scheduler already set ``CUDA_VISIBLE_DEVICES`` to numeric ids, the choice stays inside them.
 """
 
 from __future__ import annotations
@@ -34,10 +37,26 @@ def query_gpus() -> list[GpuState]:
         for i in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(i)
             free = pynvml.nvmlDeviceGetMemoryInfo(handle).free // 2**20
-            states.append(GpuState(i, int(free), int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)))
+            try:
+                busy = int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+            except pynvml.NVMLError:  # not supported (MIG, some virtual GPUs): ranked by free memory alone
+                busy = 0
+            states.append(GpuState(i, int(free), busy))
         return states
     finally:
         pynvml.nvmlShutdown()
+
+
+def allowed_gpus(gpus: list[GpuState], visible: str | None) -> list[GpuState]:
+    """The GPUs a scheduler left to this job: all, or those its numeric ``CUDA_VISIBLE_DEVICES`` names."""
+    if not visible or not visible.strip():
+        return gpus
+    try:
+        ids = {int(x) for x in visible.split(",") if x.strip()}
+    except ValueError:
+        raise SparseBertError(f"--gpus: CUDA_VISIBLE_DEVICES={visible} names GPUs by UUID or MIG id, which --gpus "
+                              "cannot choose among; drop --gpus and let that setting stand") from None
+    return [g for g in gpus if g.index in ids]
 
 
 def pick_gpus(spec: str, gpus: list[GpuState]) -> list[int]:
@@ -48,9 +67,12 @@ def pick_gpus(spec: str, gpus: list[GpuState]) -> list[int]:
             ids = [int(x) for x in spec.split(",") if x.strip()]
         except ValueError:
             raise SparseBertError(f"--gpus {spec}: expected a count or comma-separated GPU ids") from None
+        if not ids or len(set(ids)) != len(ids):
+            raise SparseBertError(f"--gpus {spec}: expected distinct GPU ids")
         missing = sorted(set(ids) - known)
         if missing:
-            raise SparseBertError(f"--gpus {spec}: no GPU {missing[0]} on this node (it has {len(gpus)})")
+            raise SparseBertError(f"--gpus {spec}: GPU {missing[0]} is not available here "
+                                  f"(available: {', '.join(map(str, sorted(known))) or 'none'})")
         return ids
     try:
         count = int(spec)

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from accelerate import PartialState
 from transformers import set_seed
 
 from sparsebert.config import ExperimentConfig, to_dict
+from sparsebert.distributed import process_state, world_size
 from sparsebert.env_info import environment
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
-from sparsebert.trainer.arguments import batch_layout, resolve_precision, world_size
+from sparsebert.trainer.arguments import batch_layout, resolve_precision
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def make_job(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = N
 def run_experiment(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = None) -> dict[str, Any] | None:
     """Run ``cfg``; returns its metrics, or None when it had already finished."""
     run_dir = opts.output_root / cfg.name
-    state = PartialState()
+    state = process_state()
     if is_finished(run_dir) and not opts.overwrite:
         log.warning("%s already finished in %s; skipping (pass --overwrite to run it again)", cfg.name, run_dir)
         return None

@@ -42,7 +42,7 @@ is never read and is removed by the next build of that entry on the same host on
 Two builders racing (two nodes on a shared file system) both finish; the first rename wins, the other
 discards its copy and loads the winner's.
 
-Under multi-process training, ``featurize`` runs inside ``PartialState().local_main_process_first()``: the
+Under multi-process training, ``featurize`` runs inside ``process_state().local_main_process_first()``: the
 local main process of each node featurizes (or finds the cache), the other ranks wait and then load it.
 """
 
@@ -258,9 +258,9 @@ def featurize(
     key = cache_key(material)
     root = cache_root(cache_dir)
     entry = root / f"{_safe(name)}-{key[:32]}"
-    from accelerate import PartialState
+    from sparsebert.distributed import process_state
 
-    with PartialState().local_main_process_first():
+    with process_state().local_main_process_first():
         found = _load(entry, key)
         if found is not None:
             log.info("%s: %d rows from the feature cache %s", name, len(found), entry)

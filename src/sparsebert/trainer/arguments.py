@@ -10,14 +10,10 @@ import torch
 from transformers import TrainingArguments
 
 from sparsebert.config.sections import TrainConfig
+from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 
 log = logging.getLogger(__name__)
-
-
-def world_size() -> int:
-    """Processes in this job (set by torchrun / accelerate launch before Python starts)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
 
 
 def batch_layout(cfg: TrainConfig, world: int) -> tuple[int, int]:

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from accelerate import PartialState
 from safetensors import SafetensorError
 from transformers import TrainerCallback
 
 from sparsebert.config import ExperimentConfig
 from sparsebert.data.pretrain import MLMCollator, PretrainData, build_pretrain_data
 from sparsebert.data.tokenizer import load_tokenizer
+from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json
 from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions
@@ -50,7 +50,7 @@ class PretrainJob:
         cfg = self.cfg
         self.tokenizer = load_tokenizer(cfg.model.tokenizer, self.output_root)
         # featurize once per node: the local main process fills the datasets cache, the others load it
-        with PartialState().local_main_process_first():
+        with process_state().local_main_process_first():
             self.data = build_pretrain_data(cfg.data, self.tokenizer, self.data_dir, cfg.seed)
         self.model = build_mlm_model(cfg.model, self.tokenizer, cfg.data.max_seq_length, self.output_root)
         teacher = resolve_pretrained(cfg.kd.teacher, self.output_root) if cfg.kd else None

@@ -123,14 +123,19 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
         "train_runtime_s": train_metrics.get("train_runtime"),
         "wall_time_s": time.time() - started,
     })
-    sparsity = None
+    sparsity, report = None, None
     if trainer.sparsity is not None:
         report = trainer.sparsity.report()
         sparsity = report["selected"]["sparsity"]
         metrics["sparsity"] = sparsity
-        atomic_write_json(run_dir / "sparsity.json", report)
     if cfg.finetune.save_model:
-        trainer.save_model(str(run_dir / "model"))
+        trainer.save_model(str(run_dir / "model"))  # every rank calls it; the Trainer writes from the main one
+    # the model is on disk before anyone writes DONE, and only the main process writes the run's files
+    trainer.accelerator.wait_for_everyone()
+    if not trainer.is_world_process_zero():
+        return metrics
+    if report is not None:
+        atomic_write_json(run_dir / "sparsity.json", report)
     atomic_write_json(run_dir / "epochs.json", epoch_stats(trainer))
     run_cfg = to_dict(cfg)
     run_cfg.update({"task": task, "seed": seed, "experiment": cfg.name, "model_source": ctx.model_source})

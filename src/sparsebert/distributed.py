@@ -1,0 +1,27 @@
+"""This process's place in a multi-process job, for code that runs before the Trainer exists."""
+
+from __future__ import annotations
+
+import os
+
+# launchers and the variable each sets to the number of processes: torchrun / accelerate launch, then mpirun
+# (Intel MPI / MPICH, Open MPI, MVAPICH), which Accelerate's CPU multi-process mode also accepts
+WORLD_SIZE_VARIABLES = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+
+
+def world_size() -> int:
+    """Processes in this job (set by the launcher before Python starts)."""
+    for name in WORLD_SIZE_VARIABLES:
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return 1
+
+
+def process_state():
+    """Accelerate's PartialState, with ``cpu=True`` on a machine without CUDA: otherwise a gloo job of N
+    processes reports itself as N separate single-process runs, every rank its own main process, and
+    "featurize once per node" or "write from the main process only" would gate nothing."""
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
