@@ -126,21 +126,20 @@ def worker(args: argparse.Namespace) -> None:
     data = random_blocks(args.steps * global_batch, 128, len(tokenizer), tokenizer, seed=0)
     registry = Registry.from_directory(ROOT / "experiments")
     results = []
+
+    def overrides_of(variant: str) -> tuple[str, list[str]]:
+        experiment, extra = VARIANTS[variant]
+        return experiment, [*overrides, *extra, *(["train.torch_compile=true"] if args.compile else [])]
+
     for repeat in range(args.repeats):
         for variant in args.variant.split(","):
             if variant == PLAIN_DDP:
                 result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
-                result.update({"gpus": world, "per_gpu_batch": args.batch, "repeat": repeat, "compiled": False})
-                results.append(result)
-                if int(os.environ.get("RANK", "0")) == 0:
-                    Path(args.result).write_text(json.dumps(results))
-                continue
-            experiment, extra = VARIANTS[variant]
-            if args.compile:
-                extra = [*extra, "train.torch_compile=true"]
-            result = time_variant(registry, experiment, [*overrides, *extra], tokenizer, data, args.warmup)
+            else:
+                experiment, items = overrides_of(variant)
+                result = time_variant(registry, experiment, items, tokenizer, data, args.warmup)
             result.update({"variant": variant, "gpus": world, "per_gpu_batch": args.batch, "repeat": repeat,
-                           "compiled": args.compile})
+                           "compiled": args.compile and variant != PLAIN_DDP})
             results.append(result)
             if int(os.environ.get("RANK", "0")) == 0:
                 Path(args.result).write_text(json.dumps(results))
@@ -151,11 +150,9 @@ def worker(args: argparse.Namespace) -> None:
 
         rank = int(os.environ.get("RANK", "0"))
         for variant in (v for v in args.variant.split(",") if v != PLAIN_DDP):
-            experiment, extra = VARIANTS[variant]
-            if args.compile:
-                extra = [*extra, "train.torch_compile=true"]
+            experiment, items = overrides_of(variant)
             out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}" / f"rank{rank}"
-            time_variant(registry, experiment, [*overrides, *extra], tokenizer, data, args.warmup,
+            time_variant(registry, experiment, items, tokenizer, data, args.warmup,
                          callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
 
 

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sparsebert.distributed import world_size
+
 PACKAGES = ("sparsebert", "torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "numpy")
 
 
@@ -49,7 +51,7 @@ def hardware() -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "gpus": gpus,
         "cuda": torch.version.cuda,
-        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "world_size": world_size(),
     }
 
 

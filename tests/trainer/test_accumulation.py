@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from transformers import TrainerCallback
+from trainer_helpers import TrainLogs
 
 from sparsebert.config import Registry
 from sparsebert.runner import RunOptions, run_experiment
@@ -23,18 +23,9 @@ NO_DROPOUT = ["model.hidden_dropout=0", "model.attention_dropout=0"]
 pytestmark = pytest.mark.slow
 
 
-class FirstLog(TrainerCallback):
-    def __init__(self) -> None:
-        self.logs: list[dict] = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs:
-            self.logs.append(dict(logs))
-
-
 def first_step(data_dir: Path, out: Path, name: str, overrides: list[str]) -> dict:
     cfg = Registry.from_directory(REPO / "experiments").build(name, overrides)
-    log = FirstLog()
+    log = TrainLogs()
     run_experiment(cfg, RunOptions(output_root=out, data_dir=data_dir), callbacks=[log])
     return log.logs[0]
 

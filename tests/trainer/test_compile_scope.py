@@ -10,7 +10,7 @@ from pathlib import Path
 
 import accelerate.accelerator
 import pytest
-from transformers import TrainerCallback
+from trainer_helpers import TrainLogs
 
 from sparsebert.config import Registry
 from sparsebert.runner import RunOptions, run_experiment
@@ -26,18 +26,9 @@ TINY = [
 pytestmark = pytest.mark.slow
 
 
-class LossLog(TrainerCallback):
-    def __init__(self) -> None:
-        self.losses: list[float] = []
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        if logs and "loss" in logs:
-            self.losses.append(float(logs["loss"]))
-
-
 def train_losses(data_dir: Path, out: Path, extra: list[str]) -> list[float]:
     cfg = Registry.from_directory(REPO / "experiments").build("bert_tiny_quick", TINY + extra)
-    log = LossLog()
+    log = TrainLogs()
     run_experiment(cfg, RunOptions(output_root=out, data_dir=data_dir), callbacks=[log])
     return log.losses
 

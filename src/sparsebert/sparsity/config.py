@@ -179,10 +179,7 @@ def _check_run_length(section: str, begin: int, end: int | None, fraction: float
     if begin >= total_steps:
         raise ValueError(f"{section}.begin_step ({begin}) must be < train.max_steps ({total_steps}): "
                          f"the {section} schedule would never start")
-    if end is None and round(fraction * total_steps) <= begin:
-        raise ValueError(f"{section}.end_step (resolved to {round(fraction * total_steps)} = {section}.end_fraction "
-                         f"{fraction} x train.max_steps {total_steps}) must be > {section}.begin_step ({begin})")
-    return _resolve_end_step(section, begin, end, fraction, total_steps)
+    return _resolve_end_step(section, begin, end, fraction, total_steps)  # which refuses end <= begin
 
 
 def _check_fraction(key: str, value: object) -> None:
