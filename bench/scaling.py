@@ -11,6 +11,7 @@ samples/s(N GPUs) / (N * samples/s(1 GPU)), all measured in this one call on the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -110,6 +111,48 @@ def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
 
 
+class ClockSampler:
+    """SM clock and power of every GPU of the node, sampled through NVML every 0.2 s while a run lasts (rank 0
+    only): shows whether N busy GPUs run at lower clocks than one (power or thermal limits), which no software
+    lever can win back. Records nothing where NVML is missing."""
+
+    def __init__(self):
+        import threading
+
+        self.samples: list[list[tuple[int, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+        except Exception:
+            return
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        while not self._stop.wait(0.2):
+            self.samples.append([(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                                  pynvml.nvmlDeviceGetPowerUsage(h) / 1000) for h in handles])
+        pynvml.nvmlShutdown()
+
+    def __enter__(self) -> ClockSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict:
+        """Per GPU of the node: median SM clock (MHz) and median power (W) over the run."""
+        if not self.samples:
+            return {}
+        gpus = range(len(self.samples[0]))
+        return {"sm_clock_mhz": [statistics.median(s[g][0] for s in self.samples) for g in gpus],
+                "power_w": [round(statistics.median(s[g][1] for s in self.samples)) for g in gpus]}
+
+
 def worker(args: argparse.Namespace) -> None:
     """One world size and batch, inside torchrun: time each variant ``--repeats`` times (variants alternate, so
     drift spreads over all of them); rank 0 writes the results. One launch per world size saves the start-up
@@ -131,24 +174,26 @@ def worker(args: argparse.Namespace) -> None:
         experiment, extra = VARIANTS[variant]
         return experiment, [*overrides, *extra, *(["train.torch_compile=true"] if args.compile else [])]
 
+    rank = int(os.environ.get("RANK", "0"))
     for repeat in range(args.repeats):
         for variant in args.variant.split(","):
-            if variant == PLAIN_DDP:
-                result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
-            else:
-                experiment, items = overrides_of(variant)
-                result = time_variant(registry, experiment, items, tokenizer, data, args.warmup)
+            with ClockSampler() if rank == 0 else contextlib.nullcontext() as clocks:
+                if variant == PLAIN_DDP:
+                    result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
+                else:
+                    experiment, items = overrides_of(variant)
+                    result = time_variant(registry, experiment, items, tokenizer, data, args.warmup)
+            result.update(clocks.summary() if clocks else {})
             result.update({"variant": variant, "gpus": world, "per_gpu_batch": args.batch, "repeat": repeat,
                            "compiled": args.compile and variant != PLAIN_DDP})
             results.append(result)
-            if int(os.environ.get("RANK", "0")) == 0:
+            if rank == 0:
                 Path(args.result).write_text(json.dumps(results))
     if args.profile:
         # after the timed runs, so the profiler's own cost never enters a timing: one more run of each variant
         # with 3 steps after the warm-up profiled on every rank (all-reduce overlap and gaps show per rank)
         from sparsebert.trainer.profiling import ProfilerCallback
 
-        rank = int(os.environ.get("RANK", "0"))
         for variant in (v for v in args.variant.split(",") if v != PLAIN_DDP):
             experiment, items = overrides_of(variant)
             out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}" / f"rank{rank}"
@@ -209,7 +254,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="timed runs of each variant (median reported)")
     p.add_argument("--compile", action="store_true", help="train.torch_compile=true in every variant")
     p.add_argument("--profile", default=None, metavar="DIR",
-                   help="also profile 3 steps of each variant (an extra, untimed run): DIR/VARIANT-NGPU-bB/rankR/")
+                   help="also profile 3 steps of each variant (an extra, untimed run) at 1 GPU and the most GPUs: "
+                        "DIR/VARIANT-NGPU-bB/rankR/")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="bert_100k", help=argparse.SUPPRESS)
@@ -227,13 +273,14 @@ def main() -> None:
         for batch in map(int, args.per_gpu_batch.split(",")):
             for n in map(int, args.gpus.split(",")):
                 variants = [v for v in args.variants.split(",") if n > 1 or v not in DDP_ONLY]
+                profile_here = args.profile and n in (1, max(map(int, args.gpus.split(","))))
                 out = Path(tmp) / f"{n}-{batch}.json"
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
                        "--master-port", str(free_port()), __file__, "--worker", "--variant", ",".join(variants),
                        "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
                        "--repeats", str(args.repeats), "--tokenizer", args.tokenizer, "--size", args.size,
                        "--result", str(out), *(["--compile"] if args.compile else []),
-                       *(["--profile", str(Path(args.profile).resolve())] if args.profile else [])]
+                       *(["--profile", str(Path(args.profile).resolve())] if profile_here else [])]
                 done = subprocess.run(cmd, capture_output=True, text=True)
                 if done.returncode != 0 or not out.is_file():
                     print(done.stderr[-2000:], file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -15,7 +16,9 @@ log = logging.getLogger(__name__)
 
 class ProfilerCallback(TrainerCallback):
     """Profiles optimizer steps warmup+1 .. warmup+steps and writes ``trace.json`` (Chrome / Perfetto) and
-    ``top_ops.txt`` (the most expensive operators) into ``out_dir`` (default: ``profile/`` in the run directory)."""
+    ``top_ops.txt`` (the most expensive operators) into ``out_dir`` (default: ``profile/`` in the run directory);
+    on a GPU also ``gpu_time.json`` (:func:`gpu_time`: how much of the window the GPU computed, communicated,
+    both at once, or idled)."""
 
     def __init__(self, warmup: int = 5, steps: int = 3, out_dir: Path | None = None):
         self.warmup, self.steps, self.out_dir = warmup, steps, out_dir
@@ -43,5 +46,56 @@ class ProfilerCallback(TrainerCallback):
         profiler.export_chrome_trace(str(out / "trace.json"))
         sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
         atomic_write_text(out / "top_ops.txt", profiler.key_averages().table(sort_by=sort, row_limit=30) + "\n")
+        if torch.cuda.is_available():
+            summary = gpu_time(json.loads((out / "trace.json").read_text()))
+            atomic_write_text(out / "gpu_time.json", json.dumps(summary, indent=2) + "\n")
+            log.info("GPU time in the profiled steps: %s", summary)
         log.info("profile of %d steps written to %s", self.steps, out)
         self.warmup = -1  # once per run
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> tuple[float, list[tuple[float, float]]]:
+    """Total length of a union of [start, end) intervals, and the merged intervals."""
+    merged: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return sum(e - s for s, e in merged), merged
+
+
+def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> float:
+    total, j = 0.0, 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            total += min(end, b[k][1]) - max(start, b[k][0])
+            k += 1
+    return total
+
+
+def gpu_time(trace: dict) -> dict:
+    """From a Chrome trace of the profiler: over the window from the first to the last GPU kernel, the time
+    (ms, on any stream of the trace's devices taken together) the GPU ran compute kernels, collective
+    communication kernels (NCCL), both at once, and nothing. Exposed communication (NCCL running while no
+    compute kernel does) and idle time are what multi-GPU scaling loses."""
+    compute, comm = [], []
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") != "kernel" or "dur" not in event:
+            continue
+        span = (event["ts"] / 1000, (event["ts"] + event["dur"]) / 1000)  # trace times are microseconds
+        (comm if "nccl" in event.get("name", "").lower() else compute).append(span)
+    if not compute and not comm:
+        return {}
+    start = min(s for s, _ in compute + comm)
+    end = max(e for _, e in compute + comm)
+    busy, _ = _union_ms(compute + comm)
+    compute_ms, compute_merged = _union_ms(compute)
+    comm_ms, comm_merged = _union_ms(comm)
+    both = _overlap(compute_merged, comm_merged)
+    return {"window_ms": round(end - start, 3), "compute_ms": round(compute_ms, 3), "comm_ms": round(comm_ms, 3),
+            "comm_overlapped_ms": round(both, 3), "comm_exposed_ms": round(comm_ms - both, 3),
+            "idle_ms": round(end - start - busy, 3)}
