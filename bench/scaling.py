@@ -196,7 +196,7 @@ def worker(args: argparse.Namespace) -> None:
 
         for variant in (v for v in args.variant.split(",") if v != PLAIN_DDP):
             experiment, items = overrides_of(variant)
-            out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}" / f"rank{rank}"
+            out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}-rank{rank}"
             time_variant(registry, experiment, items, tokenizer, data, args.warmup,
                          callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
 
@@ -255,7 +255,7 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="train.torch_compile=true in every variant")
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="also profile 3 steps of each variant (an extra, untimed run) at 1 GPU and the most GPUs: "
-                        "DIR/VARIANT-NGPU-bB/rankR/")
+                        "DIR/VARIANT-NGPU-bB-rankR/")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="bert_100k", help=argparse.SUPPRESS)

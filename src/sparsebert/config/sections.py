@@ -138,8 +138,12 @@ class TrainConfig:
     torch_compile_mode: str = "default"
     # what torch.compile wraps: "model" (one graph) or "layers" (each encoder layer and each other part compiled
     # on its own, Accelerate's regional compilation: identical layers share one compile, and between layers
-    # DDP's all-reduce hooks run as in eager mode); see trainer/compile_scope.py for what was measured
+    # DDP's all-reduce hooks run as in eager mode); see trainer/compile_options.py for what was measured
     torch_compile_scope: str = "model"
+    # symbolic shapes: None = torch's default (exact shapes first, recompile symbolic on a new shape); true =
+    # symbolic from the first compile (one compile for all padded lengths and the last short batch); false = a
+    # compile per distinct shape
+    torch_compile_dynamic: bool | None = None
     ddp: DDPConfig = field(default_factory=DDPConfig)
 
     def validate(self) -> None:

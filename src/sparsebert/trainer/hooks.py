@@ -15,10 +15,12 @@ from sparsebert.sparsity import SparsityController
 def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed: int,
                 teacher_source: str | None = None,
                 load_teacher: Callable[[str], nn.Module] | None = None) -> dict[str, Any]:
-    """The keyword arguments that switch SparseBertTrainer's hooks on (``ddp`` and ``compile_scope`` alone train
-    dense)."""
+    """The keyword arguments that switch SparseBertTrainer's hooks on (``ddp`` and the compile options alone
+    train dense)."""
+    compiled = cfg.train.torch_compile
     hooks: dict[str, Any] = {"ddp": cfg.train.ddp,
-                             "compile_scope": cfg.train.torch_compile_scope if cfg.train.torch_compile else None}
+                             "compile_scope": cfg.train.torch_compile_scope if compiled else None,
+                             "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None}
     if cfg.sparsity is not None:
         try:
             hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,

@@ -7,7 +7,8 @@ taking one keyword argument (None = off) and passing everything else on:
 - ``distillation=``  DistillationMixin (distillation.py): teacher soft targets
 - ``onecycle=``      OneCycleMixin (onecycle.py): torch OneCycleLR
 - ``ddp=``           DDPTuningMixin (ddp.py): DDP settings TrainingArguments cannot carry (train.ddp)
-- ``compile_scope=`` CompileScopeMixin (compile_scope.py): torch.compile per layer instead of the whole model
+- ``compile_scope=``, ``compile_dynamic=`` CompileOptionsMixin (compile_options.py): torch.compile per layer
+  instead of the whole model; symbolic shapes from the first compile
 - always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
 """
 
@@ -19,7 +20,7 @@ import time
 from transformers import Trainer, TrainerCallback
 
 from sparsebert.errors import SparseBertError
-from sparsebert.trainer.compile_scope import CompileScopeMixin
+from sparsebert.trainer.compile_options import CompileOptionsMixin
 from sparsebert.trainer.ddp import DDPTuningMixin
 from sparsebert.trainer.distillation import DistillationMixin
 from sparsebert.trainer.onecycle import OneCycleMixin
@@ -101,6 +102,6 @@ class ThroughputLoggingMixin:
         return metrics
 
 
-class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, CompileScopeMixin,
+class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, CompileOptionsMixin,
                         ThroughputLoggingMixin, Trainer):
     """The Trainer every sparsebert job runs."""

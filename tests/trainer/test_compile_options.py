@@ -52,3 +52,42 @@ def test_layer_scope_compiles_regions_and_matches_eager(data_dir, tmp_path, monk
     assert len(eager) == len(compiled) == 4
     # fp32 on CPU: fused kernels only reorder sums, so the trajectories agree to float rounding
     assert compiled == pytest.approx(eager, rel=1e-3, abs=1e-3)
+
+
+def finetune_compiles(data_dir: Path, out: Path, monkeypatch, extra: list[str]) -> tuple[int, list]:
+    """Dynamo compiles (frames compiled, recompiles included) of a tiny RTE finetuning whose batches come in
+    several shapes (dynamic padding to a multiple of 8, and a short last batch), and the ``dynamic`` argument
+    torch.compile got. Dynamo traces, guards and recompiles exactly as with Inductor; only the backend that
+    turns each graph into kernels is swapped for eager to keep the test fast."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    seen: list = []
+    real_compile = getattr(torch.compile, "real", torch.compile)
+
+    def eager_backend_compile(model, **kwargs):
+        seen.append(kwargs.get("dynamic"))
+        return real_compile(model, **{**kwargs, "backend": "eager", "mode": None})
+
+    eager_backend_compile.real = real_compile
+    monkeypatch.setattr(torch, "compile", eager_backend_compile)
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue", [
+        'finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=44",
+        "finetune.max_eval_samples=8", "finetune.save_model=false", "train.global_batch_size=8", "train.epochs=1",
+        "train.torch_compile=true", *extra])
+    run_experiment(cfg, RunOptions(output_root=out, data_dir=data_dir))
+    return counters["stats"]["unique_graphs"], seen
+
+
+def test_dynamic_shapes_compile_once_for_every_batch_shape(data_dir, tmp_path, monkeypatch):
+    default, seen_default = finetune_compiles(data_dir, tmp_path / "default", monkeypatch, [])
+    dynamic, seen_dynamic = finetune_compiles(data_dir, tmp_path / "dynamic", monkeypatch,
+                                              ["train.torch_compile_dynamic=true"])
+    assert seen_default == [None] and seen_dynamic == [True]
+    # RTE rows differ in length, and 44 = 5 x 8 + 4 leaves a short last batch: torch's default compiles the
+    # first shape, then again with the sizes that changed made symbolic; symbolic from the start compiles once
+    assert default >= 2
+    assert dynamic == 1
