@@ -91,3 +91,21 @@ def test_dynamic_shapes_compile_once_for_every_batch_shape(data_dir, tmp_path, m
     # first shape, then again with the sizes that changed made symbolic; symbolic from the start compiles once
     assert default >= 2
     assert dynamic == 1
+
+
+def test_drop_last_batch_makes_every_batch_one_size(data_dir, tmp_path, monkeypatch):
+    """44 rows at batch 8: 6 steps of which the last has 4 rows; dropping it leaves 5 full steps, so with padding to
+    the maximum length a compiled model sees one shape and compiles once."""
+    steps = {}
+    for drop in (False, True):
+        logs = TrainLogs()
+        cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue", [
+            'finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=44",
+            "finetune.max_eval_samples=8", "finetune.save_model=false", "train.global_batch_size=8",
+            "train.epochs=1", "train.logging_steps=1", f"train.drop_last_batch={str(drop).lower()}"])
+        run_experiment(cfg, RunOptions(output_root=tmp_path / str(drop), data_dir=data_dir), callbacks=[logs])
+        steps[drop] = len(logs.logs)
+    assert steps == {False: 6, True: 5}
+    # evaluation keeps every row: the 8 dev rows are fewer than one eval batch, and all are scored
+    predictions = next((tmp_path / "True").glob("tiny_glue/glue_rte/run0/predictions_dev.tsv"))
+    assert len(predictions.read_text().splitlines()) == 1 + 8

@@ -20,7 +20,8 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
     compiled = cfg.train.torch_compile
     hooks: dict[str, Any] = {"ddp": cfg.train.ddp,
                              "compile_scope": cfg.train.torch_compile_scope if compiled else None,
-                             "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None}
+                             "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,
+                             "drop_last_batch": cfg.train.drop_last_batch}
     if cfg.sparsity is not None:
         try:
             hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,

@@ -9,6 +9,7 @@ taking one keyword argument (None = off) and passing everything else on:
 - ``ddp=``           DDPTuningMixin (ddp.py): DDP settings TrainingArguments cannot carry (train.ddp)
 - ``compile_scope=``, ``compile_dynamic=`` CompileOptionsMixin (compile_options.py): torch.compile per layer
   instead of the whole model; symbolic shapes from the first compile
+- ``drop_last_batch=`` SparseBertTrainer itself: drop each epoch's short last training batch (train.drop_last_batch)
 - always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
 """
 
@@ -105,3 +106,17 @@ class ThroughputLoggingMixin:
 class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, CompileOptionsMixin,
                         ThroughputLoggingMixin, Trainer):
     """The Trainer every sparsebert job runs."""
+
+    def __init__(self, *args, drop_last_batch: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.drop_last_batch = drop_last_batch
+
+    def get_train_dataloader(self):
+        # TrainingArguments.dataloader_drop_last would drop rows of the evaluation sets as well
+        if not self.drop_last_batch:
+            return super().get_train_dataloader()
+        kept, self.args.dataloader_drop_last = self.args.dataloader_drop_last, True
+        try:
+            return super().get_train_dataloader()
+        finally:
+            self.args.dataloader_drop_last = kept

@@ -69,7 +69,12 @@ def total_optimizer_steps(cfg: ExperimentConfig, n_train: int) -> int:
     """Optimizer steps of a finetuning run: the RigL / GMP schedules are laid out over them."""
     if cfg.train.epochs is None:
         return cfg.train.max_steps
-    return max(1, math.ceil(math.ceil(n_train / cfg.train.global_batch_size) * cfg.train.epochs))
+    batch = cfg.train.global_batch_size
+    if cfg.train.drop_last_batch and n_train < batch:
+        raise SparseBertError(f"train.drop_last_batch: {n_train} training rows are fewer than one batch of {batch}, "
+                              "so every batch would be dropped")
+    batches = n_train // batch if cfg.train.drop_last_batch else math.ceil(n_train / batch)
+    return max(1, math.ceil(batches * cfg.train.epochs))
 
 
 def make_trainer(ctx: FinetuneContext, model, run_dir: Path, seed: int, train_ds, eval_ds, collator,
