@@ -113,6 +113,12 @@ def test_split_compiled_graphs_sets_dynamos_ddp_optimizer_both_ways(registry, tm
     assert torch._dynamo.config.optimize_ddp is False
     tiny_trainer(registry, tmp_path, [])
     assert torch._dynamo.config.optimize_ddp is True
+    # unset: no split where each layer is compiled on its own (the layers separate the buckets already)
+    tiny_trainer(registry, tmp_path, ["train.torch_compile=true", "train.torch_compile_scope=layers"])
+    assert torch._dynamo.config.optimize_ddp is False
+    tiny_trainer(registry, tmp_path, ["train.torch_compile=true", "train.torch_compile_scope=layers",
+                                      "train.ddp.split_compiled_graphs=true"])
+    assert torch._dynamo.config.optimize_ddp is True
 
 
 def test_bf16_all_reduce_without_cuda_is_a_clear_error(registry, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -18,7 +19,10 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
     """The keyword arguments that switch SparseBertTrainer's hooks on (``ddp`` and the compile options alone
     train dense)."""
     compiled = cfg.train.torch_compile
-    hooks: dict[str, Any] = {"ddp": cfg.train.ddp,
+    ddp = cfg.train.ddp
+    if ddp.split_compiled_graphs is None:  # per-layer graphs already give DDP its overlap points
+        ddp = replace(ddp, split_compiled_graphs=not (compiled and cfg.train.torch_compile_scope == "layers"))
+    hooks: dict[str, Any] = {"ddp": ddp,
                              "compile_scope": cfg.train.torch_compile_scope if compiled else None,
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,
                              "drop_last_batch": cfg.train.drop_last_batch}
