@@ -129,3 +129,14 @@ def test_one_shape_compiled_finetuning_matches_eager(data_dir, tmp_path):
     compiled = losses(["train.torch_compile=true", "train.torch_compile_mode=reduce-overhead"], tmp_path / "fast")
     assert len(eager) == len(compiled) == 5
     assert compiled == pytest.approx(eager, rel=1e-3, abs=1e-3)
+
+
+def test_drop_last_batch_refuses_a_training_set_smaller_than_one_batch(data_dir, tmp_path):
+    from sparsebert.errors import SparseBertError
+
+    cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue", [
+        'finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=4",
+        "finetune.max_eval_samples=8", "finetune.save_model=false", "train.global_batch_size=8",
+        "train.drop_last_batch=true"])
+    with pytest.raises(SparseBertError, match="4 training rows are fewer than one batch of 8"):
+        run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
