@@ -71,17 +71,19 @@ def baseline(vocab: int, batch: int, steps: int, warmup: int, attn: str, compile
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30, "flops_config": cfg}
 
 
-def ours(experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: int, compiled: bool) -> dict:
+def ours(experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: int, compiled: bool,
+         extra: tuple[str, ...] = (), label: str = "") -> dict:
     from sparse_overhead import random_blocks, time_variant, timing_overrides
 
     from sparsebert.config import Registry
     from sparsebert.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path)
-    overrides = [*timing_overrides(steps, batch, tokenizer_path), f"train.torch_compile={str(compiled).lower()}"]
+    overrides = [*timing_overrides(steps, batch, tokenizer_path), f"train.torch_compile={str(compiled).lower()}",
+                 *extra]
     data = random_blocks(steps * batch, SEQ, len(tokenizer), tokenizer, seed=0)
     r = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, overrides, tokenizer, data, warmup)
-    r["variant"] = f"sparsebert {experiment}" + (" + torch.compile" if compiled else "")
+    r["variant"] = f"sparsebert {experiment}" + (" + torch.compile" if compiled else "") + label
     return r
 
 
@@ -93,7 +95,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--ours-steps", type=int, default=120, help="Trainer steps (RigL: one update per 100)")
     p.add_argument("--peak-tflops", type=float, default=781.0, help="dense bf16 matmul peak of the card")
-    p.add_argument("--skip", default="", help="comma list of variant keys to skip: eager,sdpa,compiled,ours-eager")
+    p.add_argument("--skip", default="", help="comma list of variant keys to skip: eager, sdpa, compiled, ours-eager, ours, "
+                   "ours-sparse, ours-static, ours-static-cudagraphs")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -111,7 +114,18 @@ def main() -> None:
                                         False)),
             ("ours", lambda: ours("bert_100k", args.tokenizer, args.batch, args.ours_steps, args.warmup, True)),
             ("ours-sparse", lambda: ours("sparse_80_rigl", args.tokenizer, args.batch, args.ours_steps,
-                                         args.warmup, True))]
+                                         args.warmup, True)),
+            # a fixed number of decoder rows per batch (data.static_mask_count): one graph for the whole step,
+            # then also replayed as a CUDA graph (reduce-overhead)
+            ("ours-static", lambda: ours("bert_100k", args.tokenizer, args.batch, args.ours_steps, args.warmup,
+                                         True, ("data.static_mask_count=true",), " + static mask count")),
+            ("ours-static-cudagraphs", lambda: ours("bert_100k", args.tokenizer, args.batch, args.ours_steps,
+                                                    args.warmup, True, ("data.static_mask_count=true",
+                                                                        "train.torch_compile_mode=reduce-overhead"),
+                                                    " + static mask count + CUDA graphs"))]
+    unknown = skip - {key for key, _ in plan} - {""}
+    if unknown:  # before the first variant's minutes are spent
+        raise SystemExit(f"--skip: unknown variant key(s) {sorted(unknown)}; known: {', '.join(k for k, _ in plan)}")
     for key, fn in plan:
         if key in skip:
             continue

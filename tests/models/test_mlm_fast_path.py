@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
+from sparsebert.data.pretrain import cap_masked_tokens, static_prediction_rows
 from sparsebert.models.bert import BertForMaskedLMAtMasked, scatter_masked_predictions
 
 CONFIG = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -70,3 +71,50 @@ def test_compiled_model_gives_the_eager_loss(seed):
     ids, labels = batch(seed)
     torch.testing.assert_close(compiled(input_ids=ids, labels=labels).loss,
                                fast(input_ids=ids, labels=labels).loss, rtol=1e-5, atol=1e-6)
+
+
+def test_static_rows_give_the_same_loss_and_gradients():
+    """data.static_mask_count: the decoder runs on a fixed number of rows (masked ones, then ignored fillers)."""
+    plain, fast = twins()
+    fast.static_mlm_probability = 0.15
+    ids, labels = batch(2)
+    loss_plain = plain(input_ids=ids, labels=labels).loss
+    out = fast(input_ids=ids, labels=labels)
+    assert out.logits.shape[0] == static_prediction_rows(ids.numel(), 0.15) > int((labels != -100).sum())
+    torch.testing.assert_close(out.loss, loss_plain, rtol=1e-5, atol=1e-6)
+    loss_plain.backward()
+    out.loss.backward()
+    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    n = int((labels != -100).sum())
+    torch.testing.assert_close(fast(input_ids=ids, labels=labels, num_items_in_batch=2 * n).loss, out.loss / 2)
+
+
+def test_static_rows_compile_to_one_graph_and_evaluation_stays_exact():
+    """fullgraph=True fails on any graph break, which a data-dependent shape would cause."""
+    _, fast = twins()
+    fast.static_mlm_probability = 0.15
+    ids, labels = batch(3)
+    compiled = torch.compile(fast, backend="aot_eager", fullgraph=True)
+    torch.testing.assert_close(compiled(input_ids=ids, labels=labels).loss,
+                               fast(input_ids=ids, labels=labels).loss, rtol=1e-5, atol=1e-6)
+    fast.eval()  # evaluation: one logits row per masked token, as scatter_masked_predictions expects
+    with torch.no_grad():
+        assert fast(input_ids=ids, labels=labels).logits.shape[0] == int((labels != -100).sum())
+
+
+def test_static_row_count_is_far_above_the_expected_masked_count():
+    rows = static_prediction_rows(256 * 128, 0.15)  # BERT-base batch 256 x seq 128: 4 915 masked expected
+    assert rows % 64 == 0 and 4915 + 8 * 64 < rows < 4915 * 1.2
+    assert static_prediction_rows(16, 0.15) == 16  # never more rows than tokens
+
+
+def test_collator_caps_the_masked_count():
+    ids = torch.arange(100, 140).reshape(2, 20)
+    labels = torch.where(torch.arange(40).reshape(2, 20) % 2 == 0, ids, torch.full_like(ids, -100))  # 20 masked
+    inputs = torch.where(labels != -100, torch.full_like(ids, 4), ids)  # 4 = [MASK]
+    cap_masked_tokens(inputs, labels, 7, torch.Generator().manual_seed(0))
+    assert int((labels != -100).sum()) == 7
+    unmasked = labels == -100
+    assert torch.equal(inputs[unmasked], ids[unmasked])  # every unmasked position holds its own token again
+    assert (inputs[~unmasked] == 4).all()

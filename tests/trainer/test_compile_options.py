@@ -140,3 +140,15 @@ def test_drop_last_batch_refuses_a_training_set_smaller_than_one_batch(data_dir,
         "train.drop_last_batch=true"])
     with pytest.raises(SparseBertError, match="4 training rows are fewer than one batch of 8"):
         run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
+
+
+def test_static_mask_count_pretrains_like_the_exact_decoder(data_dir, tmp_path):
+    """data.static_mask_count changes shapes, not results: the same masks (the cap is far above any real count)
+    and the same losses, eager and compiled (one graph for the whole step)."""
+    exact = train_losses(data_dir, tmp_path / "exact", [])
+    static = train_losses(data_dir, tmp_path / "static", ["data.static_mask_count=true"])
+    compiled = train_losses(data_dir, tmp_path / "compiled", ["data.static_mask_count=true",
+                                                              "train.torch_compile=true"])
+    assert len(exact) == len(static) == len(compiled) == 4
+    assert static == pytest.approx(exact, rel=1e-5, abs=1e-5)
+    assert compiled == pytest.approx(exact, rel=1e-3, abs=1e-3)

@@ -60,6 +60,10 @@ class DataConfig:
     max_eval_samples: int | None = 2000  # cap on eval blocks, to keep evaluation cheap
     max_seq_length: int = 128
     mlm_probability: float = 0.15
+    # static shapes for the MLM decoder: it always runs on a fixed number of rows per training batch (the expected
+    # masked count + 8 standard deviations; the collator never masks more), so a compiled step has no
+    # data-dependent shape (one graph, CUDA graphs possible); the loss is the same
+    static_mask_count: bool = False
     num_proc: int | None = None  # tokenization worker processes; None: all cores, at most 16
 
     def validate(self) -> None:

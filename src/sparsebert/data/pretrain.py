@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,28 @@ def pack_documents(docs, tokenizer: PreTrainedTokenizerBase, max_seq_length: int
                      remove_columns=docs.column_names, cache_dir=cache_dir)
 
 
+def static_prediction_rows(num_tokens: int, mlm_probability: float) -> int:
+    """Decoder rows per training batch under ``data.static_mask_count``: the expected number of masked tokens
+    plus 8 standard deviations, rounded up to a multiple of 64 (at most every token). A batch masks more only
+    with probability < 1e-15, and MLMCollator caps it there."""
+    mean = num_tokens * mlm_probability
+    spread = math.sqrt(num_tokens * mlm_probability * (1 - mlm_probability))
+    return min(num_tokens, math.ceil((mean + 8 * spread) / 64) * 64)
+
+
+def cap_masked_tokens(inputs: torch.Tensor, labels: torch.Tensor, limit: int,
+                      generator: torch.Generator | None = None) -> None:
+    """Unmask randomly chosen masked positions (in place: the original token back, label -100) until at most
+    ``limit`` remain."""
+    masked = (labels.view(-1) != -100).nonzero().squeeze(1)
+    excess = len(masked) - limit
+    if excess <= 0:
+        return
+    drop = masked[torch.randperm(len(masked), generator=generator)[:excess]]
+    inputs.view(-1)[drop] = labels.view(-1)[drop]
+    labels.view(-1)[drop] = -100
+
+
 @dataclass
 class MLMCollator(DataCollatorForLanguageModeling):
     """BERT masking (15 %, 80/10/10) for training batches; eval batches arrive already masked.
@@ -145,6 +168,7 @@ class MLMCollator(DataCollatorForLanguageModeling):
     """
 
     mask_seed: int | None = None
+    static_mask_count: bool = False  # never more masked tokens than static_prediction_rows (data.static_mask_count)
 
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         if "labels" in examples[0]:  # pre-masked evaluation blocks: stack as they are
@@ -159,7 +183,11 @@ class MLMCollator(DataCollatorForLanguageModeling):
             digest = hashlib.blake2b(inputs.numpy().tobytes(), digest_size=8,
                                      key=self.mask_seed.to_bytes(8, "little", signed=True)).digest()
             self.generator = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
-        return super().torch_mask_tokens(inputs, special_tokens_mask, offset_mapping)
+        inputs, labels = super().torch_mask_tokens(inputs, special_tokens_mask, offset_mapping)
+        if self.static_mask_count:
+            cap_masked_tokens(inputs, labels, static_prediction_rows(labels.numel(), self.mlm_probability),
+                              self.generator)
+        return inputs, labels
 
 
 def mask_batch(batch: dict[str, list], tokenizer: PreTrainedTokenizerBase, mlm_probability: float,

@@ -10,6 +10,7 @@ from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 from transformers.modeling_outputs import MaskedLMOutput
 
 from sparsebert.config.sections import MODEL_SIZES, ModelConfig
+from sparsebert.data.pretrain import static_prediction_rows
 from sparsebert.errors import SparseBertError
 from sparsebert.models.pretrained import dropout_overrides, resolve_pretrained
 
@@ -21,7 +22,15 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
     every position wastes about 85 % of it. With labels, ``logits`` holds one row per masked token, in the
     row-major order of ``labels != -100``, and the loss equals ``BertForMaskedLM``'s. Without labels the model
     behaves exactly like ``BertForMaskedLM``. Weights and checkpoints are interchangeable with it.
+
+    With ``static_mlm_probability`` set (``data.static_mask_count``), a training forward computes the decoder on a
+    fixed number of rows (:func:`static_prediction_rows` of the batch's token count): the masked positions in the
+    same order, then unmasked filler rows whose label is ignored. The loss is the same, and nothing in the step
+    has a data-dependent shape, so ``torch.compile`` makes one graph of it and CUDA graphs can replay it.
+    Evaluation keeps the exact path.
     """
+
+    static_mlm_probability: float | None = None
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 num_items_in_batch=None, **kwargs):
@@ -30,14 +39,23 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
                                    token_type_ids=token_type_ids, **kwargs)
         hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                            **kwargs).last_hidden_state
-        masked = labels != -100
-        logits = self.cls(hidden[masked])
+        if self.training and self.static_mlm_probability is not None:
+            flat = labels.reshape(-1)
+            rows = static_prediction_rows(flat.numel(), self.static_mlm_probability)
+            # masked positions first, in row-major order (a stable sort of "is unmasked"), then filler rows
+            order = torch.argsort((flat == -100).to(torch.int8), stable=True)[:rows]
+            selected = hidden.reshape(-1, hidden.size(-1)).index_select(0, order)
+            targets = flat.index_select(0, order)  # -100 on filler rows: cross_entropy ignores them
+        else:
+            masked = labels != -100
+            selected, targets = hidden[masked], labels[masked]
+        logits = self.cls(selected)
         if num_items_in_batch is None:
-            loss = F.cross_entropy(logits.float(), labels[masked])
+            loss = F.cross_entropy(logits.float(), targets)
         else:
             # the Trainer's convention: sum over this micro-batch / masked tokens of the whole optimizer step
             # (all micro-batches and processes), so accumulation and DDP weight every token equally
-            loss = F.cross_entropy(logits.float(), labels[masked], reduction="sum") / num_items_in_batch
+            loss = F.cross_entropy(logits.float(), targets, reduction="sum") / num_items_in_batch
         return MaskedLMOutput(loss=loss, logits=logits)
 
 
