@@ -154,7 +154,7 @@ def print_table(root: Path, experiments: list[str] | None, fmt: str, agg: str) -
     if not (root / REGISTRY_FILENAME).is_file():
         raise SparseBertError(f"no results registry at {root / REGISTRY_FILENAME}: run a finetuning experiment "
                               "first, or point --output-dir at the output root that holds it")
-    records = Registry.in_output_root(root).runs(experiments=experiments, task_prefix="glue:")
+    records = Registry.in_output_root(root, read_only=True).runs(experiments=experiments, task_prefix="glue:")
     if not records:
         raise SparseBertError(f"the registry in {root} has no finished GLUE runs"
                               + (f" of {', '.join(experiments)}" if experiments else ""))

@@ -204,3 +204,25 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path, busy_timeout_s: float) 
         assert con.execute("SELECT count(*) FROM runs").fetchone()[0] == N_PROCS * N_PER_PROC
     finally:
         con.close()
+
+
+def test_read_only_registry_reads_and_never_writes(tmp_path: Path) -> None:
+    path = tmp_path / REGISTRY_FILENAME
+    Registry(path).record(_rec("runs/a"))
+    before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
+    reader = Registry(path, read_only=True)
+    assert [r.run_dir for r in reader.runs()] == ["runs/a"]
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        reader.record(_rec("runs/b"))
+    assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name in before} == before
+    assert [r.run_dir for r in reader.runs()] == ["runs/a"]
+
+
+def test_read_only_registry_must_exist_and_be_current(tmp_path: Path) -> None:
+    with pytest.raises(SparseBertError, match="no results registry"):
+        Registry(tmp_path / "missing.sqlite", read_only=True)
+    assert not (tmp_path / "missing.sqlite").exists()
+    old = tmp_path / "old.sqlite"
+    sqlite3.connect(old).close()  # an empty database: schema version 0
+    with pytest.raises(SparseBertError, match="schema version 0"):
+        Registry(old, read_only=True)

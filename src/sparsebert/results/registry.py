@@ -114,10 +114,23 @@ class Registry:
         path: str | os.PathLike,
         busy_timeout_s: float = 30.0,
         max_attempts: int = 20,
+        read_only: bool = False,
     ) -> None:
+        """``read_only``: for tables and plots. The file must exist; it is opened with SQLite's read-only mode
+        and never locked for writing, so a registry on a read-only file system (or owned by a colleague) can be
+        read."""
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
         self.max_attempts = max_attempts
+        self.read_only = read_only
+        if read_only:
+            if not self.path.is_file():
+                raise SparseBertError(f"no results registry at {self.path}")
+            version = self._with_retry(lambda conn: conn.execute("PRAGMA user_version").fetchone()[0])
+            if version != SCHEMA_VERSION:
+                raise SparseBertError(f"run registry {self.path} has schema version {version}, this sparsebert "
+                                      f"reads version {SCHEMA_VERSION}: open it once read-write to migrate it")
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._with_retry(self._initialize)
 
@@ -178,7 +191,11 @@ class Registry:
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: autocommit; a single upsert is its own atomic transaction and the schema
         # setup uses an explicit BEGIN IMMEDIATE.  timeout= installs SQLite's busy handler.
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
+        if self.read_only:
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                   timeout=self.busy_timeout_s, isolation_level=None)
+        else:
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         conn.row_factory = sqlite3.Row
         return conn
 
