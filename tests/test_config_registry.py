@@ -394,3 +394,11 @@ def test_default_seed_is_fixed(registry):
     for name in registry.names():
         assert registry.build(name).seed == 42
     assert Registry({"x": {}}).build("x").seed == 42
+
+
+def test_static_mask_count_refuses_distillation_and_finetuning(registry):
+    assert registry.build("bert_tiny_quick", ["data.static_mask_count=true"]).data.static_mask_count
+    with pytest.raises(ConfigError, match="static_mask_count cannot be used with kd"):
+        registry.build("bert_tiny_quick", ["data.static_mask_count=true", "kd.teacher=bert_tiny_quick"])
+    with pytest.raises(ConfigError, match="static_mask_count is for MLM pretraining"):
+        registry.build("tiny_glue", ["data.static_mask_count=true"])
