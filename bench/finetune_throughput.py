@@ -71,6 +71,16 @@ OURS = {
 WARM = "+warm"
 
 
+def clear_compiled_code() -> None:
+    """Forget every graph and kernel compiled in this process (Dynamo's caches, Inductor's in-memory code and
+    kernel caches), so a variant starts from what is on disk only."""
+    import torch._dynamo
+    import torch._inductor.utils
+
+    torch._dynamo.reset()
+    torch._inductor.utils.clear_caches()
+
+
 def baseline(model_dir: str, data_dir: Path, out_dir: Path, limit: int | None = None, seed: int = 42) -> dict:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, Trainer, TrainingArguments
 
@@ -156,6 +166,8 @@ def main() -> None:
             # compiled code: a cache per variant, shared only with its +warm run
             inductor = Path(compile_caches.name) / key.removesuffix(WARM).replace("/", "_")
             os.environ["TORCHINDUCTOR_CACHE_DIR"], os.environ["TRITON_CACHE_DIR"] = str(inductor), str(inductor / "triton")
+            # and nothing compiled earlier in this process: a later run is a new process with only the disk cache
+            clear_compiled_code()
             try:
                 r = fn(Path(tmp))
             except Exception as e:  # one failing lever must not lose the others' numbers

@@ -83,6 +83,7 @@ def ours(experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: i
                  *extra]
     data = random_blocks(steps * batch, SEQ, len(tokenizer), tokenizer, seed=0)
     r = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, overrides, tokenizer, data, warmup)
+    r.pop("window")
     r["variant"] = f"sparsebert {experiment}" + (" + torch.compile" if compiled else "") + label
     return r
 
@@ -105,7 +106,7 @@ def main() -> None:
     from sparsebert.data.tokenizer import load_tokenizer
 
     vocab = len(load_tokenizer(args.tokenizer))
-    skip = set(args.skip.split(","))
+    skip = {key.strip() for key in args.skip.split(",")}
     results = []
     plan = [("eager", lambda: baseline(vocab, args.batch, args.steps, args.warmup, "eager", False)),
             ("sdpa", lambda: baseline(vocab, args.batch, args.steps, args.warmup, "sdpa", False)),

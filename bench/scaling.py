@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from datetime import date
 from pathlib import Path
 
@@ -59,8 +60,6 @@ def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
     """bert_100k's model, MLM collator and fused AdamW (bf16 autocast, clipping at 1.0) in a plain loop under
     torch DDP with the settings of train.ddp (no buffer broadcast, gradients as bucket views); rank 0's wall time
     of steps warmup+1..end, synchronized at both ends, as StepTimer does for the Trainer variants."""
-    import time
-
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -107,21 +106,22 @@ def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
         opt.zero_grad(set_to_none=True)
     if cuda:
         torch.cuda.synchronize()
-    seconds = (time.perf_counter() - start) / (steps - warmup)
-    return {"variant": PLAIN_DDP, "step_ms": 1000 * seconds,
+    end = time.perf_counter()
+    seconds = (end - start) / (steps - warmup)
+    return {"variant": PLAIN_DDP, "step_ms": 1000 * seconds, "window": (start, end),
             "samples_per_second": cfg.train.global_batch_size / seconds,
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
 
 
 class ClockSampler:
-    """SM clock and power of every GPU of the node, sampled through NVML every 0.2 s while a run lasts (rank 0
-    only): shows whether N busy GPUs run at lower clocks than one (power or thermal limits), which no software
-    lever can win back. Records nothing where NVML is missing."""
+    """SM clock and power of every GPU of the node (NVML order), sampled every 0.2 s while a run lasts (rank 0
+    only), summarized over the run's timed steps: shows whether N busy GPUs run at lower clocks than one (power
+    or thermal limits), which no software lever can win back. Records nothing where NVML is missing."""
 
     def __init__(self):
         import threading
 
-        self.samples: list[list[tuple[int, float]]] = []
+        self.samples: list[tuple[float, list[tuple[int, float]]]] = []  # (perf_counter, per GPU)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -134,8 +134,9 @@ class ClockSampler:
             return
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
         while not self._stop.wait(0.2):
-            self.samples.append([(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                                  pynvml.nvmlDeviceGetPowerUsage(h) / 1000) for h in handles])
+            self.samples.append((time.perf_counter(),
+                                 [(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                                   pynvml.nvmlDeviceGetPowerUsage(h) / 1000) for h in handles]))
         pynvml.nvmlShutdown()
 
     def __enter__(self) -> ClockSampler:
@@ -146,13 +147,15 @@ class ClockSampler:
         self._stop.set()
         self._thread.join()
 
-    def summary(self) -> dict:
-        """Per GPU of the node: median SM clock (MHz) and median power (W) over the run."""
-        if not self.samples:
+    def summary(self, window: tuple[float, float]) -> dict:
+        """Per GPU of the node: median SM clock (MHz) and median power (W) over the timed steps (``window``: their
+        perf_counter ends); set-up, compilation and warm-up would mix idle clocks in."""
+        timed = [values for at, values in self.samples if window[0] <= at <= window[1]]
+        if not timed:
             return {}
-        gpus = range(len(self.samples[0]))
-        return {"sm_clock_mhz": [statistics.median(s[g][0] for s in self.samples) for g in gpus],
-                "power_w": [round(statistics.median(s[g][1] for s in self.samples)) for g in gpus]}
+        gpus = range(len(timed[0]))
+        return {"sm_clock_mhz": [statistics.median(s[g][0] for s in timed) for g in gpus],
+                "power_w": [round(statistics.median(s[g][1] for s in timed)) for g in gpus]}
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -185,7 +188,8 @@ def worker(args: argparse.Namespace) -> None:
                 else:
                     experiment, items = overrides_of(variant)
                     result = time_variant(registry, experiment, items, tokenizer, data, args.warmup)
-            result.update(clocks.summary() if clocks else {})
+            window = result.pop("window")
+            result.update(clocks.summary(window) if clocks else {})
             result.update({"variant": variant, "gpus": world, "per_gpu_batch": args.batch, "repeat": repeat,
                            "compiled": args.compile and variant != PLAIN_DDP})
             results.append(result)

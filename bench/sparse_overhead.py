@@ -104,6 +104,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
         "step_ms": 1000 * seconds,
         "samples_per_second": cfg.train.global_batch_size / seconds,
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
+        "window": (timer.start, timer.end),  # perf_counter ends of the timed steps (for samplers in this process)
     }
     if "sparsity" in hooks:
         out["sparsity"] = hooks["sparsity"].report()["selected"]["sparsity"]
@@ -130,6 +131,7 @@ def main() -> None:
     for rep in range(args.repeats):
         for name in ("bert_100k", "sparse_80_rigl"):
             r = time_variant(registry, name, overrides, tokenizer, data, args.warmup)
+            r.pop("window")
             r["repeat"] = rep
             results.append(r)
             print(json.dumps(r), flush=True)

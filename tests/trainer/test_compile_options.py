@@ -152,3 +152,19 @@ def test_static_mask_count_pretrains_like_the_exact_decoder(data_dir, tmp_path):
     assert len(exact) == len(static) == len(compiled) == 4
     assert static == pytest.approx(exact, rel=1e-5, abs=1e-5)
     assert compiled == pytest.approx(exact, rel=1e-3, abs=1e-3)
+
+
+@pytest.mark.parametrize("per_device,drop", [(2, True), (2, False), (8, True)])
+def test_schedule_length_is_the_trainers_step_count(data_dir, tmp_path, per_device, drop):
+    """RigL / GMP lay their schedules over total_optimizer_steps: it must count what the Trainer runs, also when
+    the short last micro-batch is dropped under gradient accumulation (44 rows, global batch 8)."""
+    from sparsebert.trainer.finetune.common import total_optimizer_steps
+
+    logs = TrainLogs()
+    cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue", [
+        'finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=44",
+        "finetune.max_eval_samples=8", "finetune.save_model=false", "train.global_batch_size=8",
+        f"train.per_device_batch_size={per_device}", "train.epochs=1", "train.logging_steps=1",
+        f"train.drop_last_batch={str(drop).lower()}"])
+    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir), callbacks=[logs])
+    assert len(logs.logs) == total_optimizer_steps(cfg, 44)

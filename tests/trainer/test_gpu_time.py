@@ -12,7 +12,8 @@ def test_split_of_compute_communication_and_idle():
         kernel("ampere_bf16_gemm", 0, 4000),          # compute 0-4 ms
         kernel("vectorized_elementwise", 3000, 2000),  # compute 3-5 ms, overlaps the first
         kernel("ncclDevKernel_AllReduce", 4500, 2500),  # comm 4.5-7 ms: 0.5 ms under compute, 2 ms exposed
-        kernel("ampere_bf16_gemm", 8000, 2000),         # compute 8-10 ms after 1 ms idle
+        kernel("ampere_bf16_gemm", 8000, 1500),         # compute 8-9.5 ms after 1 ms idle
+        {"cat": "gpu_memcpy", "name": "Memcpy DtoD", "ts": 9500, "dur": 500},  # a copy is GPU work too
         {"cat": "cpu_op", "name": "aten::mm", "ts": 0, "dur": 99999},  # host events do not count
     ]}
     assert gpu_time(trace) == {"window_ms": 10.0, "compute_ms": 7.0, "comm_ms": 2.5, "comm_overlapped_ms": 0.5,

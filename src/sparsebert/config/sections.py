@@ -152,7 +152,7 @@ class TrainConfig:
     torch_compile_scope: str = "model"
     # symbolic shapes: None = torch's default (exact shapes first, recompile symbolic on a new shape); true =
     # symbolic from the first compile (one compile for all padded lengths and the last short batch); false = a
-    # compile per distinct shape
+    # compile per distinct shape (past Dynamo's recompile limit, 8 by default, further shapes run uncompiled)
     torch_compile_dynamic: bool | None = None
     ddp: DDPConfig = field(default_factory=DDPConfig)
 

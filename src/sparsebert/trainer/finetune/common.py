@@ -13,12 +13,13 @@ import numpy as np
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 
 from sparsebert.config import ExperimentConfig, to_dict
+from sparsebert.distributed import world_size
 from sparsebert.env_info import git_commit
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
 from sparsebert.models.pretrained import pretrained_kwargs, resolve_pretrained
 from sparsebert.results import Registry, RunRecord
-from sparsebert.trainer.arguments import training_arguments
+from sparsebert.trainer.arguments import batch_layout, training_arguments
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
 
@@ -69,12 +70,15 @@ def total_optimizer_steps(cfg: ExperimentConfig, n_train: int) -> int:
     """Optimizer steps of a finetuning run: the RigL / GMP schedules are laid out over them."""
     if cfg.train.epochs is None:
         return cfg.train.max_steps
-    batch = cfg.train.global_batch_size
-    if cfg.train.drop_last_batch and n_train < batch:
-        raise SparseBertError(f"train.drop_last_batch: {n_train} training rows are fewer than one batch of {batch}, "
+    per_device, accumulation = batch_layout(cfg.train, world_size())
+    micro = per_device * world_size()  # rows per micro-batch over all processes
+    if cfg.train.drop_last_batch and n_train < micro:
+        raise SparseBertError(f"train.drop_last_batch: {n_train} training rows are fewer than one batch of {micro}, "
                               "so every batch would be dropped")
-    batches = n_train // batch if cfg.train.drop_last_batch else math.ceil(n_train / batch)
-    return max(1, math.ceil(batches * cfg.train.epochs))
+    # as the Trainer counts: micro-batches per epoch (the short last one dropped, or not), then optimizer steps,
+    # the last of which may accumulate fewer micro-batches
+    micro_batches = n_train // micro if cfg.train.drop_last_batch else math.ceil(n_train / micro)
+    return max(1, math.ceil(math.ceil(micro_batches / accumulation) * cfg.train.epochs))
 
 
 def make_trainer(ctx: FinetuneContext, model, run_dir: Path, seed: int, train_ds, eval_ds, collator,
