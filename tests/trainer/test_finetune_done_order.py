@@ -43,3 +43,22 @@ def test_crash_before_done_leaves_a_recorded_run_that_resume_finishes(data_dir, 
     run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir, resume=True))
     assert (run_dir / "DONE").is_file()
     assert len(Results.in_output_root(tmp_path).runs()) == 1  # the row was updated, not duplicated
+
+
+def test_only_the_main_process_writes_the_run_files(data_dir, tmp_path, monkeypatch):
+    """Every rank computes the same gathered predictions; only the main process writes them (and the metrics,
+    and DONE), after the model is saved. Simulated in one process: a rank that is not the main one."""
+    from sparsebert.trainer.trainer import SparseBertTrainer
+
+    cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue", ONE_RUN)
+    monkeypatch.setattr(SparseBertTrainer, "is_world_process_zero", lambda self: False)
+    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run_dir = tmp_path / "tiny_glue" / "glue_rte" / "run0"
+    assert run_dir.is_dir()
+    written = {p.name for p in run_dir.iterdir()}
+    assert not written & {"predictions_dev.tsv", "metrics.json", "DONE"}, written
+
+    monkeypatch.undo()
+    run_experiment(cfg, RunOptions(output_root=tmp_path / "main", data_dir=data_dir))
+    main_dir = tmp_path / "main" / "tiny_glue" / "glue_rte" / "run0"
+    assert {"predictions_dev.tsv", "metrics.json", "DONE"} <= {p.name for p in main_dir.iterdir()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,8 +122,10 @@ def epoch_stats(trainer) -> list[dict[str, Any]]:
 
 
 def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: int, metrics: dict[str, Any],
-               started: float) -> dict[str, Any]:
-    """Everything a finished run leaves: model, metrics, epochs, config, sparsity; DONE last; a registry row."""
+               started: float, outputs: Sequence[Callable[[], None]] = ()) -> dict[str, Any]:
+    """Everything a finished run leaves: model, the task's ``outputs`` (prediction files, plots: written by the
+    main process only, every rank having computed the same gathered predictions), metrics, epochs, config,
+    sparsity; a registry row; DONE last."""
     cfg = ctx.cfg
     train_metrics = next((h for h in reversed(trainer.state.log_history) if "train_runtime" in h), {})
     metrics = {k: float(v) if isinstance(v, np.floating | np.integer) else v for k, v in metrics.items()}
@@ -143,6 +146,8 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
     trainer.accelerator.wait_for_everyone()
     if not trainer.is_world_process_zero():
         return metrics
+    for write in outputs:
+        write()
     if report is not None:
         atomic_write_json(run_dir / "sparsity.json", report)
     atomic_write_json(run_dir / "epochs.json", epoch_stats(trainer))

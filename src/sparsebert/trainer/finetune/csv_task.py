@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +43,11 @@ def run_csv(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     predicted = probs.argmax(axis=-1)
     metrics = classification_metrics(truth, predicted, num_labels)
     metrics.update({"label_names": data.label_names, "test_rows": len(row_ids), "test_chunks": len(test)})
-    write_csv_predictions(run_dir / "test_predictions.csv", row_ids, truth, predicted, probs, data.label_names)
-    plot_confusion_matrix(metrics["confusion_matrix"], data.label_names, run_dir / "confusion_matrix.png")
-    return finish_run(ctx, trainer, run_dir, "csv", seed, metrics, started)
+    outputs = [partial(write_csv_predictions, run_dir / "test_predictions.csv", row_ids, truth, predicted, probs,
+                       data.label_names),
+               partial(plot_confusion_matrix, metrics["confusion_matrix"], data.label_names,
+                       run_dir / "confusion_matrix.png")]
+    return finish_run(ctx, trainer, run_dir, "csv", seed, metrics, started, outputs)
 
 
 def _chunk_accuracy(p) -> dict[str, float]:

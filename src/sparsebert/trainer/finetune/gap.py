@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,11 +48,12 @@ def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     probs = softmax(out.predictions)
     metrics = gap_metrics(probs, eval_ex)
     ids = [ex.id for ex in eval_ex]
-    write_kaggle_submission(run_dir / "submission.csv", ids, probs)
-    write_gap_system_file(run_dir / "gap_system.tsv", ids, probs)
-    plot_confusion_matrix(metrics["confusion_matrix"], GAP_CLASSES, run_dir / "confusion_matrix.png")
+    outputs = [partial(write_kaggle_submission, run_dir / "submission.csv", ids, probs),
+               partial(write_gap_system_file, run_dir / "gap_system.tsv", ids, probs),
+               partial(plot_confusion_matrix, metrics["confusion_matrix"], GAP_CLASSES,
+                       run_dir / "confusion_matrix.png")]
     metrics.update({"head": fcfg.gap_head, "train_examples": len(train_ex), "eval_examples": len(eval_ex)})
-    return finish_run(ctx, trainer, run_dir, "gap", seed, metrics, started)
+    return finish_run(ctx, trainer, run_dir, "gap", seed, metrics, started, outputs)
 
 
 def load_gap_teacher(encoder_source: str, head: str, teacher_dir: str) -> GapClassifier:

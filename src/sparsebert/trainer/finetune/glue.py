@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,21 +57,23 @@ def run_glue(ctx: FinetuneContext, name: str, seed: int, run_dir: Path) -> dict[
 
     metrics: dict[str, Any] = {}
     scores = []
+    outputs = []
     for split in task.eval_splits:
         out = trainer.predict(features[split])
         m = glue_metrics(task.name, out.predictions, out.label_ids)
         scores.append(m["score"])
         suffix = {"dev_matched": "_matched", "dev_mismatched": "_mismatched"}.get(split, "")
         metrics.update({f"{k}{suffix}": v for k, v in m.items() if k != "score"})
-        _write_dev_predictions(run_dir / f"predictions_{split}.tsv", raw[split]["idx"],
-                               _predictions(task, out.predictions), out.label_ids)
+        outputs.append(partial(_write_dev_predictions, run_dir / f"predictions_{split}.tsv", raw[split]["idx"],
+                               _predictions(task, out.predictions), out.label_ids))
     metrics["score"] = float(np.mean(scores))
     for split in task.test_splits:
         if split in features:
             out = trainer.predict(features[split])
-            write_glue_test_predictions(task.name, raw[split]["idx"], _predictions(task, out.predictions),
-                                        run_dir / "test" / glue_leaderboard_filename(task.name, split))
-    return finish_run(ctx, trainer, run_dir, f"glue:{task.name}", seed, metrics, started)
+            outputs.append(partial(write_glue_test_predictions, task.name, raw[split]["idx"],
+                                   _predictions(task, out.predictions),
+                                   run_dir / "test" / glue_leaderboard_filename(task.name, split)))
+    return finish_run(ctx, trainer, run_dir, f"glue:{task.name}", seed, metrics, started, outputs)
 
 
 def _write_dev_predictions(path: Path, ids, predictions: np.ndarray, labels: np.ndarray) -> None:

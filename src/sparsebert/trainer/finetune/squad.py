@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +78,7 @@ def run_squad(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict
     metrics = squad_metrics(eval_ex, predictions, version_2)
     metrics.update({"train_examples": len(train_ex), "eval_examples": len(eval_ex),
                     "train_windows": len(train_features), "eval_windows": len(eval_features)})
-    write_predictions_json(run_dir / "predictions.json", predictions)
+    outputs = [partial(write_predictions_json, run_dir / "predictions.json", predictions)]
     if version_2:
-        atomic_write_json(run_dir / "null_odds.json", null_odds)
-    return finish_run(ctx, trainer, run_dir, task, seed, metrics, started)
+        outputs.append(partial(atomic_write_json, run_dir / "null_odds.json", null_odds))
+    return finish_run(ctx, trainer, run_dir, task, seed, metrics, started, outputs)
