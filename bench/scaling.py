@@ -75,7 +75,7 @@ def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     torch.manual_seed(cfg.seed)
-    model = build_mlm_model(cfg.model, tokenizer, cfg.data.max_seq_length).to(device).train()
+    model = build_mlm_model(cfg.model, tokenizer, cfg.data).to(device).train()
     step_model = model
     if world > 1:
         step_model = DistributedDataParallel(model, device_ids=[local_rank] if cuda else None,
@@ -87,7 +87,7 @@ def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
     sampler = DistributedSampler(data, shuffle=False) if world > 1 else None
     loader = DataLoader(data.with_format(None), batch_size=per_device, sampler=sampler, num_workers=4,
                         pin_memory=cuda, drop_last=True,
-                        collate_fn=MLMCollator(tokenizer, mlm_probability=cfg.data.mlm_probability))
+                        collate_fn=MLMCollator.for_data(cfg.data, tokenizer))
     steps = cfg.train.max_steps
     start = 0.0
     for i, batch in enumerate(loader):

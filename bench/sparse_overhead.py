@@ -75,9 +75,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
                  callbacks: list | None = None) -> dict:
     cfg = registry.build(name, overrides)
     torch.manual_seed(cfg.seed)
-    model = build_mlm_model(cfg.model, tokenizer, cfg.data.max_seq_length)
-    if cfg.data.static_mask_count:  # as the pretraining job does (trainer/pretrain.py)
-        model.static_mlm_probability = cfg.data.mlm_probability
+    model = build_mlm_model(cfg.model, tokenizer, cfg.data)
     hooks = build_hooks(cfg, model, cfg.train.max_steps, cfg.seed)
     timer = StepTimer(warmup)
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,8 +84,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
             args=training_arguments(cfg.train, Path(tmp), cfg.seed, name),
             train_dataset=data,
             eval_dataset=data.select(range(8)),  # never reached: eval_steps is past the last step
-            data_collator=MLMCollator(tokenizer, mlm_probability=cfg.data.mlm_probability,
-                                      static_mask_count=cfg.data.static_mask_count),
+            data_collator=MLMCollator.for_data(cfg.data, tokenizer),
             processing_class=tokenizer,
             preprocess_logits_for_metrics=scatter_masked_predictions,
             callbacks=[timer, *(callbacks or [])],

@@ -170,6 +170,13 @@ class MLMCollator(DataCollatorForLanguageModeling):
     mask_seed: int | None = None
     static_mask_count: bool = False  # never more masked tokens than static_prediction_rows (data.static_mask_count)
 
+    @classmethod
+    def for_data(cls, data: DataConfig, tokenizer: PreTrainedTokenizerBase,
+                 mask_seed: int | None = None) -> MLMCollator:
+        """The training collator of an MLM experiment's data section."""
+        return cls(tokenizer, mlm_probability=data.mlm_probability, mask_seed=mask_seed,
+                   static_mask_count=data.static_mask_count)
+
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         if "labels" in examples[0]:  # pre-masked evaluation blocks: stack as they are
             return {k: torch.tensor([ex[k] for ex in examples]) for k in ("input_ids", "labels")}

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 from transformers.modeling_outputs import MaskedLMOutput
 
-from sparsebert.config.sections import MODEL_SIZES, ModelConfig
+from sparsebert.config.sections import MODEL_SIZES, DataConfig, ModelConfig
 from sparsebert.data.pretrain import static_prediction_rows
 from sparsebert.errors import SparseBertError
 from sparsebert.models.pretrained import dropout_overrides, resolve_pretrained
@@ -96,18 +96,22 @@ def load_mlm_model(source: str, attn_implementation: str = "sdpa", **config_over
         raise SparseBertError(f"cannot load model '{source}': {str(e).splitlines()[0]}") from None
 
 
-def build_mlm_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, max_seq_length: int,
+def build_mlm_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, data: DataConfig,
                     output_root: Path | None = None) -> BertForMaskedLMAtMasked:
+    """The model an MLM experiment trains: from ``model.init_from`` or a named size, checked against the
+    data's sequence length and the tokenizer, with the static decoder rows of ``data.static_mask_count``."""
     if cfg.init_from:
         model = load_mlm_model(resolve_pretrained(cfg.init_from, output_root), cfg.attn_implementation,
                                **dropout_overrides(cfg))
     else:
         model = BertForMaskedLMAtMasked(bert_config(cfg, len(tokenizer), tokenizer.pad_token_id))
         model.config._attn_implementation = cfg.attn_implementation
-    if max_seq_length > model.config.max_position_embeddings:
-        raise SparseBertError(f"data.max_seq_length={max_seq_length} is beyond the model's "
+    if data.max_seq_length > model.config.max_position_embeddings:
+        raise SparseBertError(f"data.max_seq_length={data.max_seq_length} is beyond the model's "
                               f"{model.config.max_position_embeddings} position embeddings")
     if model.config.vocab_size < len(tokenizer):
         raise SparseBertError(f"the tokenizer has {len(tokenizer)} tokens but the model only "
                               f"{model.config.vocab_size} embeddings")
+    if data.static_mask_count:
+        model.static_mlm_probability = data.mlm_probability
     return model

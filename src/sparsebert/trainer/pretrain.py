@@ -52,9 +52,7 @@ class PretrainJob:
         # featurize once per node: the local main process fills the datasets cache, the others load it
         with process_state().local_main_process_first():
             self.data = build_pretrain_data(cfg.data, self.tokenizer, self.data_dir, cfg.seed)
-        self.model = build_mlm_model(cfg.model, self.tokenizer, cfg.data.max_seq_length, self.output_root)
-        if cfg.data.static_mask_count:
-            self.model.static_mlm_probability = cfg.data.mlm_probability
+        self.model = build_mlm_model(cfg.model, self.tokenizer, cfg.data, self.output_root)
         teacher = resolve_pretrained(cfg.kd.teacher, self.output_root) if cfg.kd else None
         self.hooks = build_hooks(cfg, self.model, cfg.train.max_steps, cfg.seed, teacher,
                                  lambda source: load_mlm_model(source, cfg.model.attn_implementation))
@@ -68,8 +66,7 @@ class PretrainJob:
             args=args,
             train_dataset=self.data.train,
             eval_dataset=self.data.eval,
-            data_collator=MLMCollator(self.tokenizer, mlm_probability=cfg.data.mlm_probability,
-                                      mask_seed=cfg.seed, static_mask_count=cfg.data.static_mask_count),
+            data_collator=MLMCollator.for_data(cfg.data, self.tokenizer, mask_seed=cfg.seed),
             processing_class=self.tokenizer,
             compute_metrics=mlm_accuracy,
             preprocess_logits_for_metrics=scatter_masked_predictions,

@@ -80,8 +80,8 @@ def _overlap(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> floa
 def gpu_time(trace: dict) -> dict:
     """From a Chrome trace of the profiler: over the window from the first to the last GPU kernel, the time
     (ms, on any stream of the trace's devices taken together) the GPU ran compute kernels (copies and memsets
-    included), collective communication kernels (NCCL), both at once, and nothing. Exposed communication (NCCL running while no
-    compute kernel does) and idle time are what multi-GPU scaling loses."""
+    included), collective communication kernels (NCCL), both at once, and nothing. Exposed communication (NCCL
+    running while no compute kernel does) and idle time are what multi-GPU scaling loses."""
     compute, comm = [], []
     for event in trace.get("traceEvents", []):
         if event.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset") or "dur" not in event:

@@ -71,8 +71,9 @@ def total_optimizer_steps(cfg: ExperimentConfig, n_train: int) -> int:
     """Optimizer steps of a finetuning run: the RigL / GMP schedules are laid out over them."""
     if cfg.train.epochs is None:
         return cfg.train.max_steps
-    per_device, accumulation = batch_layout(cfg.train, world_size())
-    micro = per_device * world_size()  # rows per micro-batch over all processes
+    world = world_size()
+    per_device, accumulation = batch_layout(cfg.train, world)
+    micro = per_device * world  # rows per micro-batch over all processes
     if cfg.train.drop_last_batch and n_train < micro:
         raise SparseBertError(f"train.drop_last_batch: {n_train} training rows are fewer than one batch of {micro}, "
                               "so every batch would be dropped")
