@@ -25,12 +25,32 @@ from datetime import date
 from pathlib import Path
 
 import torch
+import torch._dynamo
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 SEQ = 128
+BASELINES = [("eager", "eager", False), ("sdpa", "sdpa", False), ("compiled", "sdpa", True)]  # key, attention, compile
+STATIC = ("data.static_mask_count=true",)
+# key, experiment, train.torch_compile, further overrides, label
+OURS = [
+    ("ours-eager", "bert_100k", False, (), ""),
+    ("ours", "bert_100k", True, (), ""),
+    ("ours-sparse", "sparse_80_rigl", True, (), ""),
+    # a fixed number of decoder rows per batch (data.static_mask_count): one graph for the whole step, then also
+    # replayed as CUDA graphs (reduce-overhead)
+    ("ours-static", "bert_100k", True, STATIC, " + static mask count"),
+    ("ours-static-cudagraphs", "bert_100k", True, (*STATIC, "train.torch_compile_mode=reduce-overhead"),
+     " + static mask count + CUDA graphs"),
+    ("ours-sparse-static-cudagraphs", "sparse_80_rigl", True, (*STATIC, "train.torch_compile_mode=reduce-overhead"),
+     " + static mask count + CUDA graphs"),
+    # Inductor autotunes each matmul (Triton templates against cuBLAS, with fused epilogues) and keeps CUDA
+    # graphs: minutes more compilation for whatever the autotuner finds
+    ("ours-static-autotune", "bert_100k", True, (*STATIC, "train.torch_compile_mode=max-autotune"),
+     " + static mask count + max-autotune"),
+]
 
 
 def flops_per_token(cfg) -> float:
@@ -71,8 +91,8 @@ def baseline(vocab: int, batch: int, steps: int, warmup: int, attn: str, compile
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30, "flops_config": cfg}
 
 
-def ours(experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: int, compiled: bool,
-         extra: tuple[str, ...] = (), label: str = "") -> dict:
+def ours(callbacks: list, experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: int,
+         compiled: bool, extra: tuple[str, ...] = (), label: str = "") -> dict:
     from sparse_overhead import random_blocks, time_variant, timing_overrides
 
     from sparsebert.config import Registry
@@ -82,7 +102,8 @@ def ours(experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: i
     overrides = [*timing_overrides(steps, batch, tokenizer_path), f"train.torch_compile={str(compiled).lower()}",
                  *extra]
     data = random_blocks(steps * batch, SEQ, len(tokenizer), tokenizer, seed=0)
-    r = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, overrides, tokenizer, data, warmup)
+    r = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, overrides, tokenizer, data, warmup,
+                     callbacks)
     r.pop("window")
     r["variant"] = f"sparsebert {experiment}" + (" + torch.compile" if compiled else "") + label
     return r
@@ -96,8 +117,12 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--ours-steps", type=int, default=120, help="Trainer steps (RigL: one update per 100)")
     p.add_argument("--peak-tflops", type=float, default=781.0, help="dense bf16 matmul peak of the card")
-    p.add_argument("--skip", default="", help="comma list of variant keys to skip: eager, sdpa, compiled, ours-eager, ours, "
-                   "ours-sparse, ours-static, ours-static-cudagraphs")
+    p.add_argument("--skip", default="", help="comma list of variant keys to skip: "
+                   + ", ".join(key for key, *_ in [*BASELINES, *OURS]))
+    p.add_argument("--profile", default="", metavar="KEYS",
+                   help="comma list of ours* keys to profile after the timed runs: one more, untimed run each, "
+                        "3 steps after the warm-up, into --profile-dir/KEY/ (top_ops.txt, gpu_time.json, trace)")
+    p.add_argument("--profile-dir", type=Path, default=Path("profile"))
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -108,36 +133,34 @@ def main() -> None:
     vocab = len(load_tokenizer(args.tokenizer))
     skip = {key.strip() for key in args.skip.split(",")}
     results = []
-    plan = [("eager", lambda: baseline(vocab, args.batch, args.steps, args.warmup, "eager", False)),
-            ("sdpa", lambda: baseline(vocab, args.batch, args.steps, args.warmup, "sdpa", False)),
-            ("compiled", lambda: baseline(vocab, args.batch, args.steps, args.warmup, "sdpa", True)),
-            ("ours-eager", lambda: ours("bert_100k", args.tokenizer, args.batch, args.ours_steps, args.warmup,
-                                        False)),
-            ("ours", lambda: ours("bert_100k", args.tokenizer, args.batch, args.ours_steps, args.warmup, True)),
-            ("ours-sparse", lambda: ours("sparse_80_rigl", args.tokenizer, args.batch, args.ours_steps,
-                                         args.warmup, True)),
-            # a fixed number of decoder rows per batch (data.static_mask_count): one graph for the whole step,
-            # then also replayed as a CUDA graph (reduce-overhead)
-            ("ours-static", lambda: ours("bert_100k", args.tokenizer, args.batch, args.ours_steps, args.warmup,
-                                         True, ("data.static_mask_count=true",), " + static mask count")),
-            ("ours-static-cudagraphs", lambda: ours("bert_100k", args.tokenizer, args.batch, args.ours_steps,
-                                                    args.warmup, True, ("data.static_mask_count=true",
-                                                                        "train.torch_compile_mode=reduce-overhead"),
-                                                    " + static mask count + CUDA graphs"))]
-    unknown = skip - {key for key, _ in plan} - {""}
-    if unknown:  # before the first variant's minutes are spent
-        raise SystemExit(f"--skip: unknown variant key(s) {sorted(unknown)}; known: {', '.join(k for k, _ in plan)}")
+    plan = [(key, lambda cb, attn=attn, compiled=compiled: baseline(vocab, args.batch, args.steps, args.warmup,
+                                                                     attn, compiled))
+            for key, attn, compiled in BASELINES]
+    plan += [(key, lambda cb, v=v: ours(cb, v[0], args.tokenizer, args.batch, args.ours_steps, args.warmup, *v[1:]))
+             for key, *v in OURS]
+    profile = {key.strip() for key in args.profile.split(",")} - {""}
+    for flag, keys, known in (("--skip", skip, [k for k, _ in plan]), ("--profile", profile, [k for k, *_ in OURS])):
+        unknown = keys - set(known) - {""}
+        if unknown:  # before the first variant's minutes are spent
+            raise SystemExit(f"{flag}: unknown variant key(s) {sorted(unknown)}; known: {', '.join(known)}")
     for key, fn in plan:
         if key in skip:
             continue
-        r = fn()
+        r = fn([])
         r.pop("flops_config", None)
         r["key"] = key
         results.append(r)
         print(json.dumps(r), flush=True)
+        torch._dynamo.reset()  # the next variant compiles afresh; this one's CUDA graph pool is freed
         torch.cuda.empty_cache()
         report(results, vocab, args, table=False)  # after every variant: a cut-off call keeps its numbers
     report(results, vocab, args)
+    from sparsebert.trainer.profiling import ProfilerCallback
+
+    for key, fn in plan:  # after the timings, so the profiler's cost never enters one
+        if key in profile:
+            fn([ProfilerCallback(warmup=args.warmup, steps=3, out_dir=args.profile_dir / key)])
+            print(f"profile of {key}: {args.profile_dir / key}", flush=True)
 
 
 def report(results: list[dict], vocab: int, args: argparse.Namespace, table: bool = True) -> None:
