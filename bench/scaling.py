@@ -56,13 +56,20 @@ VARIANTS = {
     "sparse_80_rigl_static_cudagraphs": ("sparse_80_rigl", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS]),
     "bert_100k_layers_static_cudagraphs": ("bert_100k", [*LAYERS, *STATIC, *CUDAGRAPHS]),
     "sparse_80_rigl_layers_static_cudagraphs": ("sparse_80_rigl", [*LAYERS, *STATIC, *CUDAGRAPHS]),
+    # the CUDA-graph step with the DDP levers on top
+    "static_cudagraphs_bf16_allreduce": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
+                                                       "train.ddp.comm_hook=bf16"]),
+    "static_cudagraphs_bucket_100mb": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
+                                                     "train.ddp.bucket_cap_mb=100"]),
 }
 # "plain_ddp" is not a registry variant: the same model, collator, optimizer and DDP settings as bert_100k in a
 # hand-written torch DDP loop, without the Trainer and Accelerate (what they add on top of DDP is the difference).
 PLAIN_DDP = "plain_ddp"
-# Variants that change DDP settings only: one process has no DDP, so their 1-GPU reference is their
-# experiment's plain run.
-DDP_ONLY = {"trainer_ddp_defaults", "bucket_100mb", "bf16_allreduce", "static_graph"}
+# Variants that change DDP settings only -> the variant they change: one process has no DDP, so their 1-GPU
+# reference is that variant's 1-GPU run.
+DDP_ONLY = {"trainer_ddp_defaults": "bert_100k", "bucket_100mb": "bert_100k", "bf16_allreduce": "bert_100k",
+            "static_graph": "bert_100k", "static_cudagraphs_bf16_allreduce": "bert_100k_static_cudagraphs",
+            "static_cudagraphs_bucket_100mb": "bert_100k_static_cudagraphs"}
 
 
 def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
@@ -238,8 +245,8 @@ def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
     medians = {k: statistics.median(v) for k, v in cells.items()}
     rows, summary_rows = [], []
     for (variant, n, batch), speed in medians.items():
-        # a DDP-settings variant has no 1-GPU run of its own: one process has no DDP, so it is its experiment's
-        reference = VARIANTS[variant][0] if variant in DDP_ONLY else variant
+        # a DDP-settings variant has no 1-GPU run of its own (one process has no DDP): the variant it changes is
+        reference = DDP_ONLY.get(variant, variant)
         one = medians.get((reference, 1, batch))
         eff = speed / (n * one) if one else None
         summary_rows.append({"variant": variant, "gpus": n, "per_gpu_batch": batch, "samples_per_second": speed,
