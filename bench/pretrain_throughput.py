@@ -46,10 +46,6 @@ OURS = [
      " + static mask count + CUDA graphs"),
     ("ours-sparse-static-cudagraphs", "sparse_80_rigl", True, (*STATIC, "train.torch_compile_mode=reduce-overhead"),
      " + static mask count + CUDA graphs"),
-    # Inductor autotunes each matmul (Triton templates against cuBLAS, with fused epilogues) and keeps CUDA
-    # graphs: minutes more compilation for whatever the autotuner finds
-    ("ours-static-autotune", "bert_100k", True, (*STATIC, "train.torch_compile_mode=max-autotune"),
-     " + static mask count + max-autotune"),
 ]
 
 

@@ -61,11 +61,6 @@ VARIANTS = {
                                                        "train.ddp.comm_hook=bf16"]),
     "static_cudagraphs_bucket_100mb": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
                                                      "train.ddp.bucket_cap_mb=100"]),
-    # no all-gather of the masked-token counts before each step (train.ddp.average_tokens_across_devices)
-    "static_cudagraphs_local_tokens": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
-                                                     "train.ddp.average_tokens_across_devices=false"]),
-    "sparse_static_cudagraphs_local_tokens": ("sparse_80_rigl", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
-                                                                 "train.ddp.average_tokens_across_devices=false"]),
 }
 # "plain_ddp" is not a registry variant: the same model, collator, optimizer and DDP settings as bert_100k in a
 # hand-written torch DDP loop, without the Trainer and Accelerate (what they add on top of DDP is the difference).
@@ -74,9 +69,7 @@ PLAIN_DDP = "plain_ddp"
 # reference is that variant's 1-GPU run.
 DDP_ONLY = {"trainer_ddp_defaults": "bert_100k", "bucket_100mb": "bert_100k", "bf16_allreduce": "bert_100k",
             "static_graph": "bert_100k", "static_cudagraphs_bf16_allreduce": "bert_100k_static_cudagraphs",
-            "static_cudagraphs_bucket_100mb": "bert_100k_static_cudagraphs",
-            "static_cudagraphs_local_tokens": "bert_100k_static_cudagraphs",
-            "sparse_static_cudagraphs_local_tokens": "sparse_80_rigl_static_cudagraphs"}
+            "static_cudagraphs_bucket_100mb": "bert_100k_static_cudagraphs"}
 
 
 def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
@@ -252,7 +245,8 @@ def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
     medians = {k: statistics.median(v) for k, v in cells.items()}
     rows, summary_rows = [], []
     for (variant, n, batch), speed in medians.items():
-        # a DDP-settings variant has no 1-GPU run of its own (one process has no DDP): the variant it changes is
+        # a DDP-settings variant has no 1-GPU run of its own (one process has no DDP): it is compared with the
+        # 1-GPU run of the variant it changes
         reference = DDP_ONLY.get(variant, variant)
         one = medians.get((reference, 1, batch))
         eff = speed / (n * one) if one else None

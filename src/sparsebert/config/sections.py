@@ -106,13 +106,6 @@ class DDPConfig:
     # split a whole-model graph, not per-layer ones; true / false: always / never
     # (torch._dynamo.config.optimize_ddp, process-wide)
     split_compiled_graphs: bool | None = None
-    # The loss is a mean over the masked tokens of the global batch, so each step all-gathers every rank's count
-    # first (TrainingArguments.average_tokens_across_devices). That collective holds every rank's forward until
-    # the slowest rank arrives: 4 x H200, per-GPU batch 128, it was 6 ms of a 37 ms step (docs/benchmarks.md).
-    # false: each rank divides by its own count and DDP averages the gradients, which weights ranks equally instead
-    # of tokens: the same step when the counts are equal, else off by the counts' spread (15 % masking of
-    # 128 x 128 tokens: about 2 % per rank). Finetuning losses are per example and gather nothing.
-    average_tokens_across_devices: bool = True
 
     def validate(self) -> None:
         if self.bucket_cap_mb < 1:

@@ -91,7 +91,6 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         ddp_broadcast_buffers=cfg.ddp.broadcast_buffers,
         ddp_bucket_cap_mb=cfg.ddp.bucket_cap_mb,
         ddp_static_graph=cfg.ddp.static_graph,
-        average_tokens_across_devices=cfg.ddp.average_tokens_across_devices,
         dataloader_pin_memory=torch.cuda.is_available(),
         remove_unused_columns=False,
         label_names=label_names or ["labels"],
