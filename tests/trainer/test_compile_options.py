@@ -142,6 +142,17 @@ def test_drop_last_batch_refuses_a_training_set_smaller_than_one_batch(data_dir,
         run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
 
 
+def test_drop_last_batch_refuses_pretraining_data_smaller_than_one_batch(data_dir, tmp_path):
+    """Without the check the Trainer runs no step, logs a warning and the run reports success."""
+    from sparsebert.errors import SparseBertError
+
+    cfg = Registry.from_directory(REPO / "experiments").build("bert_tiny_quick", [
+        *TINY, "data.max_documents=3", "data.eval_documents=1", "train.global_batch_size=512",
+        "train.drop_last_batch=true"])
+    with pytest.raises(SparseBertError, match=r"training rows are fewer than one batch of 512 per device x 1"):
+        run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
+
+
 def test_static_mask_count_pretrains_like_the_exact_decoder(data_dir, tmp_path):
     """data.static_mask_count changes shapes, not results: the same masks (the cap is far above any real count)
     and the same losses, eager and compiled (one graph for the whole step)."""

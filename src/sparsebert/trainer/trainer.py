@@ -117,6 +117,11 @@ class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, D
             return super().get_train_dataloader()
         kept, self.args.dataloader_drop_last = self.args.dataloader_drop_last, True
         try:
-            return super().get_train_dataloader()
+            loader = super().get_train_dataloader()
         finally:
             self.args.dataloader_drop_last = kept
+        if len(loader) == 0:  # the Trainer would run no step at all and report success
+            raise SparseBertError(f"train.drop_last_batch: {len(self.train_dataset)} training rows are fewer than one "
+                                  f"batch of {self._train_batch_size} per device x {self.args.world_size} "
+                                  "process(es); use more data or a smaller batch")
+        return loader
