@@ -165,6 +165,19 @@ def test_static_mask_count_pretrains_like_the_exact_decoder(data_dir, tmp_path):
     assert compiled == pytest.approx(exact, rel=1e-3, abs=1e-3)
 
 
+def test_static_mask_count_distills_like_the_exact_decoder(data_dir, tmp_path):
+    """With kd the student's filler rows have no teacher row: only the masked rows are distilled, so the losses
+    equal the exact decoder's (alpha 1: the logged loss is the distillation term alone)."""
+    teacher_cfg = Registry.from_directory(REPO / "experiments").build("bert_tiny_quick", [*TINY, "train.max_steps=2"])
+    run_experiment(teacher_cfg, RunOptions(output_root=tmp_path / "teacher", data_dir=data_dir))
+    kd = [f"kd.teacher={tmp_path / 'teacher' / 'bert_tiny_quick'}", "kd.alpha=1.0"]
+    exact = train_losses(data_dir, tmp_path / "exact", kd)
+    static = train_losses(data_dir, tmp_path / "static", [*kd, "data.static_mask_count=true"])
+    assert len(exact) == len(static) == 4
+    assert max(exact) < 2.0  # a KL term between two barely trained models, not the ~10-nat MLM loss
+    assert static == pytest.approx(exact, rel=1e-5, abs=1e-6)
+
+
 @pytest.mark.parametrize("per_device,drop", [(2, True), (2, False), (8, True)])
 def test_schedule_length_is_the_trainers_step_count(data_dir, tmp_path, per_device, drop):
     """RigL / GMP lay their schedules over total_optimizer_steps: it must count what the Trainer runs, also when

@@ -62,10 +62,6 @@ class ExperimentConfig:
             for schedule in (self.rigl, self.gmp):
                 if schedule is not None:
                     schedule.check_run_length(self.train.max_steps)
-        if self.data.static_mask_count and self.kd is not None:
-            # the student's filler rows would enter the distillation term, which compares row by row
-            raise ConfigError("data.static_mask_count cannot be used with kd yet: distillation needs the exact "
-                              "masked rows")
         if self.data.static_mask_count and self.is_finetuning:
             raise ConfigError("data.static_mask_count is for MLM pretraining; finetuning has no masked tokens")
         if not self.is_finetuning and self.train.epochs is not None:

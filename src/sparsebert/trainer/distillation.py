@@ -63,6 +63,16 @@ def output_logits(outputs) -> list[torch.Tensor]:
     return [outputs.logits]
 
 
+def match_teacher_rows(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """The student rows that have a teacher row. Under ``data.static_mask_count`` the student (training) scores a
+    fixed number of MLM rows: one per masked token, in the row-major order the teacher's exact path (eval mode)
+    also uses, then filler rows that score no token. Only the leading rows are compared; elsewhere the shapes
+    already agree."""
+    if student.dim() == 2 and teacher.dim() == 2 and student.shape[0] > teacher.shape[0]:
+        return student[: teacher.shape[0]]
+    return student
+
+
 class DistillationMixin:
     """Trainer mixin: ``distillation=(config, teacher_model)`` or None."""
 
@@ -84,7 +94,7 @@ class DistillationMixin:
         with torch.no_grad():
             teacher = output_logits(self.teacher(**inputs))
         alpha = self.kd_config.alpha_at(self.state.global_step, self.state.max_steps)
-        student = output_logits(outputs)
+        student = [match_teacher_rows(s, t) for s, t in zip(output_logits(outputs), teacher)]
         kd = sum(distillation_loss(s, t, self.kd_config.temperature) for s, t in zip(student, teacher)) / len(student)
         if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             # The task loss came back already divided by the step's item count over every accumulated
