@@ -6,7 +6,9 @@ batch 256, bf16 autocast, fused AdamW, random full-length sequences with 15 % of
 
 Ours: the registry's ``bert_100k`` (dense) and ``sparse_80_rigl`` through SparseBertTrainer (MLM collator with
 content-seeded masking, decoder only at masked positions, fused AdamW, bf16), eager and with
-``train.torch_compile=true``.
+``train.torch_compile=true``; then with ``data.static_mask_count=true`` (a fixed number of decoder rows: one
+graph per step), also replayed as CUDA graphs (``reduce-overhead``). ``--profile KEYS`` profiles an extra,
+untimed run of each listed variant after the timings (``ProfilerCallback``: top_ops.txt, gpu_time.json, trace).
 
 MFU counts the baseline's model FLOPs for every variant, 6 * (matmul params incl. the full decoder) + 12 * L * H * S
 per token, against the card's dense bf16 peak (--peak-tflops; 781 measured on H100 in the issue), so MFU is
@@ -150,11 +152,13 @@ def main() -> None:
         torch._dynamo.reset()  # the next variant compiles afresh; this one's CUDA graph pool is freed
         torch.cuda.empty_cache()
         report(results, vocab, args, table=False)  # after every variant: a cut-off call keeps its numbers
-    report(results, vocab, args)
+    if results:
+        report(results, vocab, args)
     from sparsebert.trainer.profiling import ProfilerCallback
 
     for key, fn in plan:  # after the timings, so the profiler's cost never enters one
         if key in profile:
+            torch._dynamo.reset()  # compiled afresh, as in the timed run
             fn([ProfilerCallback(warmup=args.warmup, steps=3, out_dir=args.profile_dir / key)])
             print(f"profile of {key}: {args.profile_dir / key}", flush=True)
 

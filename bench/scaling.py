@@ -61,9 +61,9 @@ VARIANTS = {
                                                        "train.ddp.comm_hook=bf16"]),
     "static_cudagraphs_bucket_100mb": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
                                                      "train.ddp.bucket_cap_mb=100"]),
-    # one bucket for all gradients: a single all-reduce after the backward instead of overlapping it. The
-    # profile showed the backward's matrix products 38-74 % slower while NCCL ran beside them; one fp32
-    # all-reduce of BERT-base's 440 MB takes ~2 ms on 4 NVLink GPUs (355 GB/s bus bandwidth), less than that loss
+    # one bucket for all gradients: a single all-reduce after the backward instead of overlapping it. Tests
+    # whether overlap costs more than it hides: one fp32 all-reduce of BERT-base's 440 MB should take ~2 ms on
+    # 4 NVLink GPUs (355 GB/s bus bandwidth), less than the ~5 ms per step the 4-GPU step loses now
     "static_cudagraphs_one_bucket": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
                                                    "train.ddp.bucket_cap_mb=1024"]),
 }
@@ -226,10 +226,19 @@ def worker(args: argparse.Namespace) -> None:
         from sparsebert.trainer.profiling import ProfilerCallback
 
         for variant in (v for v in args.variant.split(",") if v != PLAIN_DDP):
+            torch._dynamo.reset()  # compiled afresh, as in the timed runs
             experiment, items = overrides_of(variant)
             out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}-rank{rank}"
             time_variant(registry, experiment, items, tokenizer, data, args.warmup,
                          callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
+
+
+def launch_variants(variants: list[str], gpus: int) -> list[str]:
+    """What one launch runs: on one GPU a DDP-settings variant is replaced by the variant it changes (its
+    efficiency reference), so every listed variant gets an efficiency."""
+    if gpus > 1:
+        return variants
+    return list(dict.fromkeys(DDP_ONLY.get(v, v) for v in variants))
 
 
 def free_port() -> int:
@@ -239,8 +248,9 @@ def free_port() -> int:
 
 
 def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
-    """Median samples/s over repeats per (variant, GPUs, batch); efficiency against the 1-GPU median of the same
-    variant and per-GPU batch; the table; the JSON file (medians and every run)."""
+    """Median samples/s over repeats per (variant, GPUs, batch); efficiency against the 1-GPU median at the same
+    per-GPU batch of the same variant (of the variant it changes, for a DDP-settings variant); the table; the
+    JSON file (medians and every run)."""
     import torch
 
     from sparsebert.env_info import git_commit
@@ -263,7 +273,8 @@ def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
                     + (f"{eff:.3f} |" if eff else "- |"))
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     summary = {"card": card, "gpus_on_machine": torch.cuda.device_count(), "date": date.today().isoformat(),
-               "commit": git_commit(ROOT), "compiled": sorted({r["variant"] for r in runs if r["compiled"]}), "cells": summary_rows,
+               "commit": git_commit(ROOT), "compiled": sorted({r["variant"] for r in runs if r["compiled"]}),
+               "cells": summary_rows,
                "runs": runs}
     if table:
         print(f"\n{card} x{summary['gpus_on_machine']}, compiled: {', '.join(summary['compiled']) or 'none'}\n"
@@ -304,7 +315,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for batch in map(int, args.per_gpu_batch.split(",")):
             for n in map(int, args.gpus.split(",")):
-                variants = [v for v in args.variants.split(",") if n > 1 or v not in DDP_ONLY]
+                variants = launch_variants(args.variants.split(","), n)
                 profile_here = args.profile and n in (1, max(map(int, args.gpus.split(","))))
                 out = Path(tmp) / f"{n}-{batch}.json"
                 cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n),
