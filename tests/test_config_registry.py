@@ -86,6 +86,19 @@ def test_resolve_does_not_mutate_the_registered_dicts(registry):
 # --- deep_update ---------------------------------------------------------------------------------------------
 
 
+def test_a_derived_experiment_replaces_free_form_mappings_and_merges_sections(registry):
+    """Sections merge key by key, but finetune.runs_per_task is a value: tiny_glue_2to4's {} empties its parent's
+    {"rte": 2, "stsb": 1} (merged, RTE would run twice)."""
+    parent, child = registry.build("tiny_glue"), registry.build("tiny_glue_2to4")
+    assert parent.finetune.runs_per_task == {"rte": 2, "stsb": 1}
+    assert child.finetune.runs_per_task == {}
+    assert child.finetune.max_train_samples == parent.finetune.max_train_samples == 128  # the section merged
+    assert child.train.epochs == 1  # so did train
+    out = deep_update({"sparsity": {"per_layer": {"a": 0.5, "b": 0.9}, "sparsity": 0.8}},
+                      {"sparsity": {"per_layer": {"a": 0.7}}}, ExperimentConfig)
+    assert out == {"sparsity": {"per_layer": {"a": 0.7}, "sparsity": 0.8}}
+
+
 def test_deep_update_merges_nested_dicts_and_replaces_everything_else():
     base = {"a": {"x": 1, "y": {"p": 1, "q": 2}}, "lst": [1, 2, 3], "s": "keep", "d": {"k": 1}}
     update = {"a": {"y": {"q": 20, "r": 30}, "z": 3}, "lst": [9], "d": 5, "new": {"n": 1}}

@@ -9,26 +9,43 @@ result into an :class:`ExperimentConfig`.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import difflib
 import importlib.util
+import typing
 from pathlib import Path
 from typing import Any
 
 from sparsebert.config.experiment import ExperimentConfig
-from sparsebert.config.schema import ConfigError, field_type, from_dict, parse_value
+from sparsebert.config.schema import ConfigError, field_type, from_dict, is_optional, parse_value
 
 Experiment = dict[str, Any]
 
 
-def deep_update(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``base`` with ``update`` merged in: nested dicts merge, everything else replaces."""
+def deep_update(base: dict[str, Any], update: dict[str, Any], schema: type | None = None) -> dict[str, Any]:
+    """A copy of ``base`` with ``update`` merged in: nested dicts merge, everything else replaces.
+
+    With ``schema`` (a dataclass), only its sections (dataclass-typed fields) merge key by key; a free-form
+    mapping such as ``finetune.runs_per_task`` is a value like any other and replaces the parent's whole, so a
+    derived experiment can also shrink or empty it.
+    """
     out = copy.deepcopy(base)
     for key, value in update.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_update(out[key], value)
+        section = section_type(schema, key) if schema is not None else None
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and (schema is None or section is not None):
+            out[key] = deep_update(out[key], value, section)
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def section_type(schema: type, key: str) -> type | None:
+    """The dataclass type of field ``key`` of ``schema`` (``X | None`` unwrapped), or None if it is not one."""
+    if not dataclasses.is_dataclass(schema):
+        return None
+    hint = typing.get_type_hints(schema).get(key)
+    _, inner = is_optional(hint)
+    return inner if dataclasses.is_dataclass(inner) else None
 
 
 class Registry:
@@ -88,7 +105,7 @@ class Registry:
             return copy.deepcopy(raw)
         if parent not in self._raw:
             raise ConfigError(f"experiment '{name}' names an unknown parent '{parent}'")
-        return deep_update(self.resolve(parent, (*_seen, name)), raw)
+        return deep_update(self.resolve(parent, (*_seen, name)), raw, ExperimentConfig)
 
     def build(self, name: str, overrides: list[str] | None = None) -> ExperimentConfig:
         """Resolve ``name``, apply ``--set`` overrides (``key.sub=value``) and validate.

@@ -26,7 +26,7 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _is_optional(tp: Any) -> tuple[bool, Any]:
+def is_optional(tp: Any) -> tuple[bool, Any]:
     """(True, inner) for ``X | None``; (False, tp) otherwise."""
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
@@ -37,7 +37,7 @@ def _is_optional(tp: Any) -> tuple[bool, Any]:
 
 
 def _type_name(tp: Any) -> str:
-    optional, inner = _is_optional(tp)
+    optional, inner = is_optional(tp)
     if optional:
         return f"{_type_name(inner)} or None"
     if dataclasses.is_dataclass(tp):
@@ -46,7 +46,7 @@ def _type_name(tp: Any) -> str:
 
 
 def _convert(value: Any, tp: Any, key: str) -> Any:
-    optional, inner = _is_optional(tp)
+    optional, inner = is_optional(tp)
     if value is None:
         if optional or tp is Any:
             return None
@@ -140,7 +140,7 @@ def field_type(cls: type, dotted: str) -> Any:
     tp: Any = cls
     walked: list[str] = []
     for part in dotted.split("."):
-        _, tp = _is_optional(tp)
+        _, tp = is_optional(tp)
         if not dataclasses.is_dataclass(tp):
             if typing.get_origin(tp) is dict:  # a free-form mapping such as sparsity.per_layer
                 return typing.get_args(tp)[1] if typing.get_args(tp) else Any
@@ -156,7 +156,7 @@ def field_type(cls: type, dotted: str) -> Any:
 
 def parse_value(text: str, tp: Any, key: str) -> Any:
     """Parse the string of ``--set key=text`` into a value of type ``tp`` (checked again by from_dict)."""
-    optional, inner = _is_optional(tp)
+    optional, inner = is_optional(tp)
     if optional and text.lower() in ("none", "null"):
         return None
     tp = inner
