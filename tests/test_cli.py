@@ -265,6 +265,16 @@ def test_unknown_second_experiment_fails_before_the_first_runs(tmp_path, capsys)
     assert not (tmp_path / "out").exists()
 
 
+def test_abbreviated_flags_are_refused(tmp_path, capsys):
+    """--gpu must not pass for --gpus: the relaunch under torchrun strips --gpus by its full name only, and
+    would start itself again and again."""
+    with pytest.raises(SystemExit) as e:
+        main([EXPERIMENT, "--gpu", "1", "--output-dir", str(tmp_path / "out")])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --gpu" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_data_dir_from_env_exits_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SPARSEBERT_DATA", str(tmp_path / "no_such_data"))
     code, out, err = run_main([EXPERIMENT, "--output-dir", str(tmp_path / "out")], capsys)

@@ -18,6 +18,7 @@ log = logging.getLogger("sparsebert")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="run.py",
+        allow_abbrev=False,  # --gpu would pass for --gpus, which the relaunch under torchrun strips by its full name
         description="Run sparsebert experiments in sequence, e.g. python run.py bert_100k sparse_80_rigl",
     )
     p.add_argument("experiments", nargs="*", metavar="NAME", help="experiments to run, in order")
