@@ -304,6 +304,11 @@ def test_set_without_equals_is_an_error(registry):
     (["train.precision=fp8"], ["train.precision"]),
     (["train.report_to=tensorboard,mlflow"], ["train.report_to", "mlflow"]),
     (["train.learning_rate=0"], ["train.learning_rate"]),
+    (["train.learning_rate=nan"], ["train.learning_rate", "finite"]),
+    (["task=glue", "train.epochs=inf"], ["train.epochs", "finite"]),
+    (["task=squad_v1", "finetune.n_best_size=0"], ["finetune.n_best_size"]),
+    (["task=squad_v1", "finetune.max_answer_length=0"], ["finetune.max_answer_length"]),
+    (["task=glue", "finetune.pad_to_multiple_of=0"], ["finetune.pad_to_multiple_of"]),
     (["train.max_steps=0"], ["train.max_steps"]),
     (["model.hidden_dropout=1.0"], ["model.hidden_dropout"]),
     (["task=clm"], ["task"]),
@@ -335,10 +340,13 @@ def test_onecycle_momentum_may_stay_flat(registry):
 
 @pytest.mark.parametrize("items,keys", [
     # sparse_tiny_rigl trains 150 steps: RigL ends at 0.75 x 150 = 112 unless told otherwise
-    (["rigl.begin_step=200"], ["rigl.begin_step (200)", "train.max_steps (150)"]),
+    (["rigl.begin_step=200"], ["rigl.begin_step (200)", "optimizer steps (150)"]),
     (["rigl.begin_step=120"], ["rigl.end_step (resolved to 112", "rigl.begin_step (120)"]),
-    (["rigl=null", "gmp.begin_step=150"], ["gmp.begin_step (150)", "train.max_steps (150)"]),
-    (["rigl=null", "gmp.end_step=151"], ["gmp.end_step (151)", "train.max_steps (150)"]),
+    # updates fall on multiples of update_freq, before 0.75 x 120 = 90: none
+    (["train.max_steps=120", "rigl.update_freq=100"], ["never update the masks", "step 100", "before step 90"]),
+    (["rigl=null", "gmp.begin_step=150"], ["gmp.begin_step (150)", "optimizer steps (150)"]),
+    (["rigl=null", "gmp.end_step=151"], ["gmp.end_step (151)", "optimizer steps (150)"]),
+    (["rigl=null", "gmp.initial_sparsity=0.5"], ["gmp.initial_sparsity", "sparsity.init=magnitude"]),
 ])
 def test_sparsity_schedules_must_fit_the_run_length(registry, items, keys):
     assert_refused_naming(registry, "sparse_tiny_rigl", items, keys)

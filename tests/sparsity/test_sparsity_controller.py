@@ -176,3 +176,38 @@ def test_zeros_init_keeps_the_zero_pattern_of_the_weights():
     expected = model[0].weight != 0
     controller = SparsityController(model, SparsityConfig(sparsity=0.5, init="zeros", include=[r"0\.weight$"]))
     assert torch.equal(controller.masks["0.weight"], expected)
+
+
+def test_a_schedule_is_checked_against_a_run_length_known_only_now(mlp):
+    """Epoch-counted finetuning learns its step count when the Trainer is built: a GMP end past it would prune
+    everything in one shot at the end, a RigL start past it would never update, and both are refused here."""
+    from sparsebert.sparsity import GMPConfig
+
+    with pytest.raises(ValueError, match=r"gmp.end_step \(500\) must be <= the run's optimizer steps \(100\)"):
+        SparsityController(mlp, SparsityConfig(sparsity=0.9, include=["weight$"], init="magnitude"),
+                           gmp=GMPConfig(end_step=500, frequency=10), total_steps=100)
+    with pytest.raises(ValueError, match=r"rigl.begin_step \(150\) must be < the run's optimizer steps \(100\)"):
+        SparsityController(mlp, SparsityConfig(sparsity=0.9, include=["weight$"]),
+                           rigl=RigLConfig(begin_step=150, end_step=300), total_steps=100)
+    with pytest.raises(ValueError, match="rigl would never update the masks"):
+        SparsityController(mlp, SparsityConfig(sparsity=0.9, include=["weight$"]), rigl=RigLConfig(),
+                           total_steps=120)  # updates every 100 steps, ending at 0.75 x 120 = 90
+
+
+def test_a_frozen_layer_leaves_the_other_gradients_masked(mlp):
+    """One selected layer without a gradient must not switch masking off for the rest; RigL, which scores
+    growth by gradient, names the layer instead."""
+    mlp[0].weight.requires_grad_(False)
+    controller = SparsityController(mlp, SparsityConfig(sparsity=0.75, include=["weight$"]))
+    mlp_loss(mlp, torch.Generator().manual_seed(0)).backward()
+    controller.before_optimizer_step()
+    assert mlp[0].weight.grad is None
+    for name in ("2.weight", "4.weight"):
+        grad = controller.params[name].grad
+        assert grad.abs().sum() > 0 and not grad[~controller.masks[name]].any()
+
+    rigl = SparsityController(mlp, SparsityConfig(sparsity=0.75, include=["weight$"]),
+                              rigl=RigLConfig(update_freq=1, end_step=10))
+    mlp_loss(mlp, torch.Generator().manual_seed(0)).backward()
+    with pytest.raises(ValueError, match=r"0.weight received no gradient \(frozen, or unused"):
+        rigl.before_optimizer_step()

@@ -56,6 +56,10 @@ class ExperimentConfig:
         if evolving and self.sparsity is not None and self.sparsity.pattern == "2:4":
             raise ConfigError('rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number '
                               "of weights per group; 2:4 masks stay fixed")
+        if self.gmp is not None and self.gmp.initial_sparsity > 0 and self.sparsity.init == "random":
+            # the starting masks come from sparsity.init: random would delete random weights at step 0
+            raise ConfigError("gmp.initial_sparsity > 0 prunes at the start by sparsity.init, and init random "
+                              "deletes random weights: use sparsity.init=magnitude")
         if self.train.epochs is None:
             # the run length is known now (with epochs only once the data is loaded): a RigL / GMP schedule that
             # does not fit it fails here, not when the Trainer is built

@@ -129,8 +129,15 @@ class RigLConfig:
         return _resolve_end_step("rigl", self.begin_step, self.end_step, self.end_fraction, total_steps)
 
     def check_run_length(self, total_steps: int) -> None:
-        """Refuse a schedule that cannot run within ``total_steps`` (when that is known before training)."""
-        _check_run_length("rigl", self.begin_step, self.end_step, self.end_fraction, total_steps)
+        """Refuse a schedule that cannot run within ``total_steps`` (when that is known before training), or
+        that would never update the masks: updates fall on multiples of ``update_freq`` in [begin, end)."""
+        end = _check_run_length("rigl", self.begin_step, self.end_step, self.end_fraction, total_steps)
+        first = -(-max(self.begin_step, 1) // self.update_freq) * self.update_freq
+        if first >= min(end, total_steps + 1):
+            raise ValueError(f"rigl would never update the masks: the first multiple of rigl.update_freq "
+                             f"({self.update_freq}) from rigl.begin_step ({self.begin_step}) is step {first}, but "
+                             f"updates stop before step {min(end, total_steps + 1)} (rigl.end_step / end_fraction, "
+                             f"{total_steps} optimizer steps in all); lower rigl.update_freq")
 
 
 @dataclass
@@ -158,8 +165,8 @@ class GMPConfig:
         """Refuse a schedule that cannot run within ``total_steps``, or would stop pruning short of the target."""
         end = _check_run_length("gmp", self.begin_step, self.end_step, self.end_fraction, total_steps)
         if end > total_steps:
-            raise ValueError(f"gmp.end_step ({end}) must be <= train.max_steps ({total_steps}): the run would end "
-                             "before the layers reach their target sparsity")
+            raise ValueError(f"gmp.end_step ({end}) must be <= the run's optimizer steps ({total_steps}): the run "
+                             "would end before the layers reach their target sparsity")
 
 
 def _resolve_end_step(section: str, begin: int, end: int | None, fraction: float, total_steps: int) -> int:
@@ -177,7 +184,7 @@ def _resolve_end_step(section: str, begin: int, end: int | None, fraction: float
 def _check_run_length(section: str, begin: int, end: int | None, fraction: float, total_steps: int) -> int:
     """The resolved end step; the schedule must start before the run ends and end after it starts."""
     if begin >= total_steps:
-        raise ValueError(f"{section}.begin_step ({begin}) must be < train.max_steps ({total_steps}): "
+        raise ValueError(f"{section}.begin_step ({begin}) must be < the run's optimizer steps ({total_steps}): "
                          f"the {section} schedule would never start")
     return _resolve_end_step(section, begin, end, fraction, total_steps)  # which refuses end <= begin
 

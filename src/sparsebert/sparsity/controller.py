@@ -59,6 +59,10 @@ class SparsityController:
         self.rigl = rigl
         self.gmp = gmp
         self.seed = seed
+        if total_steps > 0:  # known (an epoch-counted run learns it only here): a schedule must fit it
+            for schedule in (rigl, gmp):
+                if schedule is not None:
+                    schedule.check_run_length(total_steps)
         self.rigl_end_step = rigl.resolved_end_step(total_steps) if rigl is not None else None
         self.gmp_end_step = gmp.resolved_end_step(total_steps) if gmp is not None else None
         self.step = 0
@@ -103,12 +107,16 @@ class SparsityController:
         clipping and the optimizer see only the sparse model's gradient and the optimizer state of masked
         positions stays empty. Under fp16 the copy is loss-scaled: ranking by magnitude does not change.
         """
-        grads = [p.grad for p in self.params.values()]
-        if any(g is None for g in grads):
-            return
+        with_grad = [name for name, p in self.params.items() if p.grad is not None]
         if self.rigl is not None and rigl_update_due(self.step + 1, self.rigl, self.rigl_end_step):
+            missing = [name for name in self.params if name not in with_grad]
+            if missing:  # growth is scored by gradient: a layer without one cannot take part
+                raise ValueError(f"RigL update at step {self.step + 1}: {', '.join(missing[:3])} received no "
+                                 "gradient (frozen, or unused in the forward pass); exclude it through "
+                                 "sparsity.exclude")
             self._growth_grads = {n: p.grad.detach().clone() for n, p in self.params.items()}
-        apply_masks_(grads, [self.masks[name] for name in self.params])
+        # a layer without a gradient (frozen) is skipped; every other one is masked
+        apply_masks_([self.params[name].grad for name in with_grad], [self.masks[name] for name in with_grad])
 
     def on_optimizer_step(self, skipped: bool = False) -> dict[str, float] | None:
         """Call once after every ``optimizer.step()``; returns log stats when the masks changed, else None.
