@@ -44,8 +44,10 @@ def test_multiclass_against_sklearn():
 def test_absent_class_keeps_matrix_shape():
     m = classification_metrics([0, 0, 1], [0, 1, 1], num_labels=3)
     assert m["confusion_matrix"] == [[1, 1, 0], [0, 1, 0], [0, 0, 0]]
-    # class 2 has no support and no predictions: it counts as 0 in the macro averages
-    assert m["f1"] == pytest.approx((2 / 3 + 2 / 3 + 0) / 3)
+    # class 2 has no support and no predictions: the macro averages leave it out (scikit-learn's default)
+    assert m["f1"] == pytest.approx((2 / 3 + 2 / 3) / 2)
+    perfect = classification_metrics([0, 0, 1, 1], [0, 0, 1, 1], num_labels=3)
+    assert perfect["f1"] == perfect["precision"] == perfect["recall"] == perfect["accuracy"] == 1.0
     with pytest.raises(ValueError):
         classification_metrics([0, 1], [0], num_labels=2)
 

@@ -212,7 +212,7 @@ def test_read_only_registry_reads_and_never_writes(tmp_path: Path) -> None:
     before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
     reader = Registry(path, read_only=True)
     assert [r.run_dir for r in reader.runs()] == ["runs/a"]
-    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+    with pytest.raises(SparseBertError, match="readonly"):
         reader.record(_rec("runs/b"))
     assert {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir() if p.name in before} == before
     assert [r.run_dir for r in reader.runs()] == ["runs/a"]
@@ -226,3 +226,11 @@ def test_read_only_registry_must_exist_and_be_current(tmp_path: Path) -> None:
     sqlite3.connect(old).close()  # an empty database: schema version 0
     with pytest.raises(SparseBertError, match="schema version 0"):
         Registry(old, read_only=True)
+
+
+@pytest.mark.parametrize("read_only", [True, False])
+def test_a_file_that_is_not_a_database_is_a_one_line_error(tmp_path: Path, read_only: bool) -> None:
+    path = tmp_path / REGISTRY_FILENAME
+    path.write_bytes(b"these are not the bytes of a SQLite database\n" * 100)
+    with pytest.raises(SparseBertError, match=f"run registry {path}: file is not a database"):
+        Registry(path, read_only=read_only).runs()

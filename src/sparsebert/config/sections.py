@@ -6,6 +6,7 @@ Sections that belong to a hook (sparsity, RigL, distillation, ...) live next to 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 # Named BERT sizes: (layers, hidden). Heads = hidden / 64, intermediate = 4 * hidden, as in the BERT papers.
@@ -158,16 +159,16 @@ class TrainConfig:
 
     def validate(self) -> None:
         self.ddp.validate()
-        if self.epochs is not None and self.epochs <= 0:
-            raise ValueError(f"train.epochs must be > 0, got {self.epochs}")
+        if self.epochs is not None and not 0 < self.epochs < math.inf:
+            raise ValueError(f"train.epochs must be > 0 and finite, got {self.epochs}")
         for name in ("max_steps", "global_batch_size", "eval_steps", "save_steps", "logging_steps",
                      "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.per_device_batch_size is not None and self.per_device_batch_size < 1:
             raise ValueError(f"train.per_device_batch_size must be >= 1, got {self.per_device_batch_size}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"train.learning_rate must be > 0, got {self.learning_rate}")
+        if not 0 < self.learning_rate < math.inf:  # also refuses nan
+            raise ValueError(f"train.learning_rate must be > 0 and finite, got {self.learning_rate}")
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.precision not in PRECISIONS:
@@ -248,3 +249,9 @@ class FinetuneConfig:
             raise ValueError(f"finetune.gap_bad_rows must be error or skip, got {self.gap_bad_rows!r}")
         if not 0.0 < self.squad_eval_fraction < 1.0:
             raise ValueError(f"finetune.squad_eval_fraction must be in (0, 1), got {self.squad_eval_fraction}")
+        # 0 would make every SQuAD answer empty, or every batch shape unroundable, without an error
+        for key in ("n_best_size", "max_answer_length", "doc_stride", "max_query_length"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"finetune.{key} must be >= 1, got {getattr(self, key)}")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"finetune.pad_to_multiple_of must be >= 1 or null, got {self.pad_to_multiple_of}")

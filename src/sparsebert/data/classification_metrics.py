@@ -15,8 +15,8 @@ def classification_metrics(y_true: Any, y_pred: Any, num_labels: int) -> dict[st
     """accuracy, macro precision/recall/f1, mcc and the confusion matrix (rows = truth, columns = prediction).
 
     With two classes, ``precision_binary``/``recall_binary``/``f1_binary`` are the positive-class (id 1)
-    values as well. Classes absent from both arrays still get a row and a column, so the matrix is always
-    ``num_labels`` x ``num_labels``.
+    values as well. Macro averages run over the classes present in either array; classes absent from both
+    still get a row and a column, so the matrix is always ``num_labels`` x ``num_labels``.
     """
     from sklearn.metrics import (
         accuracy_score,
@@ -30,8 +30,11 @@ def classification_metrics(y_true: Any, y_pred: Any, num_labels: int) -> dict[st
     if y_true.shape != y_pred.shape:
         raise ValueError(f"{y_pred.size} predictions for {y_true.size} labels")
     labels = list(range(num_labels))
+    # macro averages over the classes that occur (in truth or predictions), as scikit-learn does by default: a
+    # class with no test rows (a stratified split keeps a rare one in train) would otherwise count as 0
+    present = np.union1d(y_true, y_pred).tolist()
     precision, recall, f1, _ = precision_recall_fscore_support(
-        y_true, y_pred, labels=labels, average="macro", zero_division=0
+        y_true, y_pred, labels=present, average="macro", zero_division=0
     )
     out: dict[str, Any] = {
         "accuracy": float(accuracy_score(y_true, y_pred)),

@@ -206,9 +206,10 @@ class Registry:
             conn = self._connect()
             try:
                 return op(conn)
-            except sqlite3.OperationalError as e:
-                if not _is_lock_error(e):
-                    raise
+            except sqlite3.DatabaseError as e:  # OperationalError (locks among them) is one
+                if not (isinstance(e, sqlite3.OperationalError) and _is_lock_error(e)):
+                    # not a database, a corrupt one, a read-only folder: one line that names the file
+                    raise SparseBertError(f"run registry {self.path}: {e}") from e
                 if attempt == self.max_attempts:
                     raise SparseBertError(
                         f"run registry {self.path} stayed locked after {attempt} attempts: {e}; "
