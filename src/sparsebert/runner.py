@@ -55,13 +55,14 @@ def run_experiment(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | No
     run_dir = opts.output_root / cfg.name
     state = process_state()
     if is_finished(run_dir) and not opts.overwrite:
+        _check_same_config(run_dir, cfg, f"{run_dir} holds a finished run of {cfg.name} with other settings")
         log.warning("%s already finished in %s; skipping (pass --overwrite to run it again)", cfg.name, run_dir)
         return None
     if run_dir.exists() and not (opts.resume or opts.overwrite):
         raise SparseBertError(f"{run_dir} holds an unfinished run of {cfg.name}; pass --resume to continue it "
                               "or --overwrite to start over")
     if run_dir.exists() and opts.resume:
-        _check_same_config(run_dir, cfg)
+        _check_same_config(run_dir, cfg, f"--resume of {run_dir}: the experiment changed since it started")
 
     check_train_settings(cfg)
 
@@ -97,8 +98,9 @@ def check_train_settings(cfg: ExperimentConfig) -> None:
     batch_layout(cfg.train, world_size())
 
 
-def _check_same_config(run_dir: Path, cfg: ExperimentConfig) -> None:
-    """Resuming with different settings would silently mix two experiments in one run directory."""
+def _check_same_config(run_dir: Path, cfg: ExperimentConfig, problem: str) -> None:
+    """Resuming with different settings would silently mix two experiments in one run directory, and skipping
+    a finished run with different settings would silently produce nothing for the new ones."""
     import json
 
     saved_path = run_dir / "config.json"
@@ -108,8 +110,7 @@ def _check_same_config(run_dir: Path, cfg: ExperimentConfig) -> None:
     current = json.loads(json.dumps(to_dict(cfg)))
     if saved != current:
         diff = sorted(_diff_keys(saved, current))
-        raise SparseBertError(f"--resume of {run_dir}: the experiment changed since it started "
-                              f"({', '.join(diff[:5])}); use --overwrite or another --output-dir")
+        raise SparseBertError(f"{problem} ({', '.join(diff[:5])}); use --overwrite or another --output-dir")
 
 
 def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
