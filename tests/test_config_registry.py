@@ -309,6 +309,10 @@ def test_set_without_equals_is_an_error(registry):
     (["task=squad_v1", "finetune.n_best_size=0"], ["finetune.n_best_size"]),
     (["task=squad_v1", "finetune.max_answer_length=0"], ["finetune.max_answer_length"]),
     (["task=glue", "finetune.pad_to_multiple_of=0"], ["finetune.pad_to_multiple_of"]),
+    # a runs_per_task key that matches no task was silently ignored; GLUE names were checked only at data load
+    (["task=glue", "model.init_from=minilm", 'finetune.runs_per_task={"rtee": 3}'],
+     ["finetune.runs_per_task", "rtee", "sst2"]),
+    (["task=glue", "model.init_from=minilm", 'finetune.glue_tasks=["rte", "sst"]'], ["finetune.glue_tasks", "'sst'"]),
     (["train.max_steps=0"], ["train.max_steps"]),
     (["model.hidden_dropout=1.0"], ["model.hidden_dropout"]),
     (["task=clm"], ["task"]),

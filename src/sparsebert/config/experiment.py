@@ -40,6 +40,22 @@ class ExperimentConfig:
     def is_finetuning(self) -> bool:
         return self.task != "mlm"
 
+    def _check_task_names(self) -> None:
+        """GLUE task names and runs_per_task keys now, not when the data loads (or never: a key that matches no
+        task was silently ignored)."""
+        from sparsebert.data.glue import GLUE_TASKS, get_glue_task
+        from sparsebert.errors import SparseBertError
+
+        try:
+            for name in self.finetune.glue_tasks or []:
+                get_glue_task(name)
+        except SparseBertError as e:
+            raise ConfigError(f"finetune.glue_tasks: {e}") from None
+        known = {*GLUE_TASKS} | (set() if self.task.startswith("glue") else {self.task})
+        unknown = sorted(set(self.finetune.runs_per_task) - known)
+        if unknown:
+            raise ConfigError(f"finetune.runs_per_task: unknown task name(s) {unknown}; use {', '.join(sorted(known))}")
+
     def validate(self) -> None:
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
@@ -73,6 +89,8 @@ class ExperimentConfig:
         if self.is_finetuning and not self.model.init_from:
             raise ConfigError(f"task {self.task} finetunes a pretrained model: set model.init_from "
                               "(minilm, a finished run, a model directory or a hub name)")
+        if self.is_finetuning:
+            self._check_task_names()
         if self.task.startswith("squad") and self.finetune.doc_stride >= self.finetune.max_seq_length:
             raise ConfigError("finetune.doc_stride must be smaller than finetune.max_seq_length")
         if self.task == "csv" and self.csv is None:
