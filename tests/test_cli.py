@@ -275,6 +275,15 @@ def test_abbreviated_flags_are_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_finetuning_beyond_the_models_positions_is_refused_before_a_run_exists(tmp_path, capsys, data_dir):
+    code, out, err = run_main(["tiny_glue", "--set", "finetune.max_seq_length=1024", "--output-dir",
+                               str(tmp_path / "out"), "--data-dir", str(data_dir)], capsys)
+    assert code == 2
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("error:") and "finetune.max_seq_length=1024" in line and "512 position" in line
+    assert not (tmp_path / "out" / "tiny_glue").exists()
+
+
 def test_missing_data_dir_from_env_exits_2(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("SPARSEBERT_DATA", str(tmp_path / "no_such_data"))
     code, out, err = run_main([EXPERIMENT, "--output-dir", str(tmp_path / "out")], capsys)

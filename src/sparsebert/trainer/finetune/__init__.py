@@ -73,6 +73,20 @@ def sparsity_of_run(source_name: str | None, output_root: Path) -> SparsityConfi
     return from_dict(SparsityConfig, {**section, "init": "zeros"}, prefix="sparsity") if section else None
 
 
+def check_positions(source: str, max_seq_length: int) -> None:
+    """Refuse finetune.max_seq_length beyond the model's position embeddings before any run directory exists
+    (the forward pass would fail on the first long batch)."""
+    from transformers import AutoConfig
+
+    try:
+        positions = AutoConfig.from_pretrained(source).max_position_embeddings
+    except (OSError, ValueError, AttributeError):
+        return  # not readable here: loading the model reports it
+    if max_seq_length > positions:
+        raise SparseBertError(f"finetune.max_seq_length={max_seq_length} is beyond the {positions} position "
+                              f"embeddings of {source}")
+
+
 RUNNERS = {"glue": run_glue, "squad_v1": run_squad, "squad_v2": run_squad, "gap": run_gap, "csv": run_csv}
 
 
@@ -87,6 +101,7 @@ class FinetuneJob:
         cfg = self.cfg
         self.tasks = task_list(cfg, self.data_dir)
         source = resolve_pretrained(cfg.model.init_from, self.output_root)
+        check_positions(source, cfg.finetune.max_seq_length)
         inherited = sparsity_of_run(cfg.model.init_from, self.output_root)
         if cfg.sparsity is None and inherited is not None:
             # finetuning a sparse pretraining run keeps its masks fixed: the zeros of its exported weights. The
