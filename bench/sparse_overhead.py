@@ -74,10 +74,12 @@ def timing_overrides(steps: int, global_batch: int, tokenizer: str, size: str = 
 
 def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer, data, warmup: int,
                  callbacks: list | None = None) -> dict:
-    cfg = registry.build(name, overrides)
-    if cfg.rigl is not None:
+    if registry.resolve(name).get("rigl") is not None:
         # a real run updates masks through its first 75 %; this short one must too, inside the timed window
-        cfg = registry.build(name, [*overrides, f"rigl.end_step={cfg.train.max_steps + 1}"])
+        # (and a RigL range without an update step is refused)
+        steps = next(int(item.split("=", 1)[1]) for item in overrides if item.startswith("train.max_steps="))
+        overrides = [*overrides, f"rigl.end_step={steps + 1}"]
+    cfg = registry.build(name, overrides)
     torch.manual_seed(cfg.seed)
     model = build_mlm_model(cfg.model, tokenizer, cfg.data)
     hooks = build_hooks(cfg, model, cfg.train.max_steps, cfg.seed)

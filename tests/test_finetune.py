@@ -116,7 +116,7 @@ def glue_from_sparse(registry, data_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("glue_from_sparse")
     fast = ["data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=16", "data.max_seq_length=64",
             "train.global_batch_size=8", "train.max_steps=6", "train.eval_steps=3", "train.save_steps=3",
-            "train.report_to=[]", "model.tokenizer=minilm"]
+            "train.report_to=[]", "model.tokenizer=minilm", "rigl.update_freq=2"]  # RigL must update in 6 steps
     run_experiment(registry.build("sparse_tiny_rigl", fast), RunOptions(output_root=out, data_dir=data_dir))
     cfg = registry.build("glue_from=sparse_tiny_rigl", GLUE_FROM_SPARSE)
     assert cfg.name == "glue_from=sparse_tiny_rigl" and cfg.model.init_from == "sparse_tiny_rigl"
