@@ -184,24 +184,31 @@ def test_sparse_resume_restores_masks_and_result(registry, data_dir, tmp_path):
     assert resumed["eval_loss"] == pytest.approx(full["eval_loss"], abs=1e-5)
 
 
-class CrashOnSave(TrainerCallback):
-    """Simulates a crash after the Trainer saved checkpoint-``step`` but before the sparsity masks went with it
-    (callbacks passed in run before the sparsity callback's on_save)."""
+def crash_before_trainer_state(monkeypatch, step: int) -> None:
+    """Simulates a crash while checkpoint-``step`` is saved: weights, optimizer state and masks are written,
+    trainer_state.json (the Trainer writes it last, before deleting older checkpoints) is not."""
+    from transformers import TrainerState
 
-    def __init__(self, step: int):
-        self.step = step
+    save = TrainerState.save_to_json
 
-    def on_save(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
+    def crashing(self, json_path):
+        if Path(json_path).parent.name == f"checkpoint-{step}":
             raise Interrupt
+        save(self, json_path)
+
+    monkeypatch.setattr(TrainerState, "save_to_json", crashing)
 
 
-def test_sparse_resume_skips_a_checkpoint_without_masks(registry, data_dir, tmp_path, caplog):
-    with pytest.raises(Interrupt):
-        run(registry, "sparse_tiny_rigl", tmp_path, data_dir, callbacks=[CrashOnSave(20)])
+def test_sparse_resume_skips_a_checkpoint_without_trainer_state(registry, data_dir, tmp_path, caplog, monkeypatch):
+    with monkeypatch.context() as patch:
+        crash_before_trainer_state(patch, 20)
+        with pytest.raises(Interrupt):
+            run(registry, "sparse_tiny_rigl", tmp_path, data_dir)
     run_dir = tmp_path / "sparse_tiny_rigl"
-    assert (run_dir / "checkpoint-20" / "trainer_state.json").is_file()
-    assert not (run_dir / "checkpoint-20" / "masks.safetensors").exists()
+    # the masks went in with the optimizer state, before trainer_state.json (with save_total_limit=1 the older
+    # checkpoint is deleted right after it: masks written later left no complete checkpoint for a while)
+    assert (run_dir / "checkpoint-20" / "masks.safetensors").is_file()
+    assert not (run_dir / "checkpoint-20" / "trainer_state.json").exists()
     steps = CountSparsityUpdates()
     with caplog.at_level("WARNING", logger="sparsebert.trainer.pretrain"):
         resumed = run(registry, "sparse_tiny_rigl", tmp_path, data_dir, resume=True, callbacks=[steps])
@@ -209,7 +216,7 @@ def test_sparse_resume_skips_a_checkpoint_without_masks(registry, data_dir, tmp_
     assert steps.steps == list(range(11, 21))  # continued from checkpoint-10
     assert resumed["global_step"] == 20 and (run_dir / "DONE").is_file()
     assert resumed["sparsity"] == pytest.approx(0.8, abs=1e-4)
-    assert (run_dir / "checkpoint-20" / "masks.safetensors").is_file()  # saved again, whole this time
+    assert (run_dir / "checkpoint-20" / "trainer_state.json").is_file()  # saved again, whole this time
 
 
 def test_export_reload_keeps_sparsity(registry, data_dir, tmp_path):

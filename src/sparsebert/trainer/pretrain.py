@@ -98,9 +98,9 @@ def checkpoint_step(path: Path) -> int | None:
 
 
 def missing_checkpoint_files(checkpoint: Path, sparse: bool) -> list[str]:
-    """Files a checkpoint needs to resume from. The Trainer writes trainer_state.json after the weights, optimizer
-    and RNG state, and the sparsity callback writes the masks after that (on_save): a crash in between leaves a
-    directory without them."""
+    """Files a checkpoint needs to resume from. The Trainer writes the weights, the optimizer state with the
+    sparsity masks, the RNG state, then trainer_state.json: a crash in between leaves a directory without the
+    later ones."""
     needed = [TRAINER_STATE_NAME, *((MASKS_FILE, STATE_FILE) if sparse else ())]
     return [name for name in needed if not (checkpoint / name).is_file()]
 

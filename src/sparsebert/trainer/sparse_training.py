@@ -19,6 +19,7 @@ from transformers import TrainerCallback
 
 from sparsebert.io import atomic_write_json
 from sparsebert.sparsity import SparsityController
+from sparsebert.sparsity.persistence import MASKS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,14 @@ class SparseTrainingMixin:
         if self.sparsity is not None and self.accelerator.sync_gradients:
             self.sparsity.before_optimizer_step()
         return loss
+
+    def _save_optimizer_and_scheduler(self, output_dir, *args, **kwargs):
+        # the masks go into the checkpoint with the optimizer state, before trainer_state.json marks it complete
+        # and before the Trainer deletes older checkpoints (with save_total_limit=1, masks written afterwards in
+        # on_save left a window in which no complete checkpoint existed)
+        super()._save_optimizer_and_scheduler(output_dir, *args, **kwargs)
+        if self.sparsity is not None and output_dir and self.is_world_process_zero():
+            self.sparsity.save(Path(output_dir))
 
 
 class SparsityCallback(TrainerCallback):
@@ -62,9 +71,10 @@ class SparsityCallback(TrainerCallback):
             self.trainer.pending_logs.add(stats)
 
     def on_save(self, args, state, control, **kwargs):
+        # normally written already with the optimizer state; not with save_only_model (no optimizer state)
         if state.is_world_process_zero:
             checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if checkpoint.is_dir():
+            if checkpoint.is_dir() and not (checkpoint / MASKS_FILE).is_file():
                 self.controller.save(checkpoint)
 
     def on_train_end(self, args, state, control, **kwargs):
