@@ -27,21 +27,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-# variant -> (experiment, extra overrides). "trainer_ddp_defaults" is bert_100k with the DDP settings the
-# Transformers Trainer picks by itself (find_unused_parameters and buffer broadcast on): the lever's A/B.
+# variant -> (experiment, extra overrides).
 LAYERS = ["train.torch_compile=true", "train.torch_compile_scope=layers"]
 STATIC = ["data.static_mask_count=true"]
 CUDAGRAPHS = ["train.torch_compile_mode=reduce-overhead"]
 VARIANTS = {
     "bert_100k": ("bert_100k", []),
     "sparse_80_rigl": ("sparse_80_rigl", []),
-    "trainer_ddp_defaults": ("bert_100k", ["train.ddp.find_unused_parameters=true",
-                                           "train.ddp.broadcast_buffers=true"]),
-    # fewer, larger buckets; half-precision all-reduce; DDP's static-graph mode (bucket order fixed after the
-    # first step, no per-step readiness bookkeeping)
-    "bucket_100mb": ("bert_100k", ["train.ddp.bucket_cap_mb=100"]),
-    "bf16_allreduce": ("bert_100k", ["train.ddp.comm_hook=bf16"]),
-    "static_graph": ("bert_100k", ["train.ddp.static_graph=true"]),
     # torch.compile per encoder layer (fewer kernels and host work per step), with Dynamo's DDPOptimizer splitting
     # each layer's graph at the buckets (as first measured; no longer the default for per-layer graphs)
     "bert_100k_compiled_layers": ("bert_100k", [*LAYERS, "train.ddp.split_compiled_graphs=true"]),
@@ -56,26 +48,32 @@ VARIANTS = {
     "sparse_80_rigl_static_cudagraphs": ("sparse_80_rigl", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS]),
     "bert_100k_layers_static_cudagraphs": ("bert_100k", [*LAYERS, *STATIC, *CUDAGRAPHS]),
     "sparse_80_rigl_layers_static_cudagraphs": ("sparse_80_rigl", [*LAYERS, *STATIC, *CUDAGRAPHS]),
+}
+# Variants that change DDP settings only: variant -> (the variant they change, DDP overrides). One process has no
+# DDP, so their 1-GPU reference is that variant's 1-GPU run.
+DDP_LEVERS = {
+    # the DDP settings the Transformers Trainer picks by itself (find_unused_parameters and buffer broadcast on)
+    "trainer_ddp_defaults": ("bert_100k", ["train.ddp.find_unused_parameters=true",
+                                           "train.ddp.broadcast_buffers=true"]),
+    # fewer, larger buckets; half-precision all-reduce; DDP's static-graph mode (bucket order fixed after the
+    # first step, no per-step readiness bookkeeping)
+    "bucket_100mb": ("bert_100k", ["train.ddp.bucket_cap_mb=100"]),
+    "bf16_allreduce": ("bert_100k", ["train.ddp.comm_hook=bf16"]),
+    "static_graph": ("bert_100k", ["train.ddp.static_graph=true"]),
     # the CUDA-graph step with the DDP levers on top
-    "static_cudagraphs_bf16_allreduce": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
-                                                       "train.ddp.comm_hook=bf16"]),
-    "static_cudagraphs_bucket_100mb": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
-                                                     "train.ddp.bucket_cap_mb=100"]),
+    "static_cudagraphs_bf16_allreduce": ("bert_100k_static_cudagraphs", ["train.ddp.comm_hook=bf16"]),
+    "static_cudagraphs_bucket_100mb": ("bert_100k_static_cudagraphs", ["train.ddp.bucket_cap_mb=100"]),
     # one bucket for all gradients: a single all-reduce after the backward instead of overlapping it. Tests
     # whether overlap costs more than it hides: one fp32 all-reduce of BERT-base's 440 MB should take ~2 ms on
     # 4 NVLink GPUs (355 GB/s bus bandwidth), less than the ~5 ms per step the 4-GPU step loses now
-    "static_cudagraphs_one_bucket": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
-                                                   "train.ddp.bucket_cap_mb=1024"]),
+    "static_cudagraphs_one_bucket": ("bert_100k_static_cudagraphs", ["train.ddp.bucket_cap_mb=1024"]),
 }
+for _name, (_reference, _ddp) in DDP_LEVERS.items():
+    VARIANTS[_name] = (VARIANTS[_reference][0], [*VARIANTS[_reference][1], *_ddp])
+DDP_ONLY = {name: reference for name, (reference, _) in DDP_LEVERS.items()}
 # "plain_ddp" is not a registry variant: the same model, collator, optimizer and DDP settings as bert_100k in a
 # hand-written torch DDP loop, without the Trainer and Accelerate (what they add on top of DDP is the difference).
 PLAIN_DDP = "plain_ddp"
-# Variants that change DDP settings only -> the variant they change: one process has no DDP, so their 1-GPU
-# reference is that variant's 1-GPU run.
-DDP_ONLY = {"trainer_ddp_defaults": "bert_100k", "bucket_100mb": "bert_100k", "bf16_allreduce": "bert_100k",
-            "static_graph": "bert_100k", "static_cudagraphs_bf16_allreduce": "bert_100k_static_cudagraphs",
-            "static_cudagraphs_bucket_100mb": "bert_100k_static_cudagraphs",
-            "static_cudagraphs_one_bucket": "bert_100k_static_cudagraphs"}
 
 
 def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:

@@ -132,12 +132,13 @@ class RigLConfig:
         """Refuse a schedule that cannot run within ``total_steps`` (when that is known before training), or
         that would never update the masks: updates fall on multiples of ``update_freq`` in [begin, end)."""
         end = _check_run_length("rigl", self.begin_step, self.end_step, self.end_fraction, total_steps)
+        stop = min(end, total_steps + 1)  # steps are counted from 1; updates happen before end
         first = -(-max(self.begin_step, 1) // self.update_freq) * self.update_freq
-        if first >= min(end, total_steps + 1):
+        if first >= stop:
             raise ValueError(f"rigl would never update the masks: the first multiple of rigl.update_freq "
                              f"({self.update_freq}) from rigl.begin_step ({self.begin_step}) is step {first}, but "
-                             f"updates stop before step {min(end, total_steps + 1)} (rigl.end_step / end_fraction, "
-                             f"{total_steps} optimizer steps in all); lower rigl.update_freq")
+                             f"updates stop before step {stop} (rigl.end_step / end_fraction, {total_steps} "
+                             "optimizer steps in all); lower rigl.update_freq")
 
 
 @dataclass

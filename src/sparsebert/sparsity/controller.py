@@ -109,7 +109,7 @@ class SparsityController:
         """
         with_grad = [name for name, p in self.params.items() if p.grad is not None]
         if self.rigl is not None and rigl_update_due(self.step + 1, self.rigl, self.rigl_end_step):
-            missing = [name for name in self.params if name not in with_grad]
+            missing = [name for name, p in self.params.items() if p.grad is None]
             if missing:  # growth is scored by gradient: a layer without one cannot take part
                 raise ValueError(f"RigL update at step {self.step + 1}: {', '.join(missing[:3])} received no "
                                  "gradient (frozen, or unused in the forward pass); exclude it through "

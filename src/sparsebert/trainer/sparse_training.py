@@ -19,7 +19,6 @@ from transformers import TrainerCallback
 
 from sparsebert.io import atomic_write_json
 from sparsebert.sparsity import SparsityController
-from sparsebert.sparsity.persistence import MASKS_FILE
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +70,10 @@ class SparsityCallback(TrainerCallback):
             self.trainer.pending_logs.add(stats)
 
     def on_save(self, args, state, control, **kwargs):
-        # normally written already with the optimizer state; not with save_only_model (no optimizer state)
-        if state.is_world_process_zero:
+        # the masks go with the optimizer state (SparseTrainingMixin); save_only_model saves none of it
+        if state.is_world_process_zero and args.save_only_model:
             checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
-            if checkpoint.is_dir() and not (checkpoint / MASKS_FILE).is_file():
+            if checkpoint.is_dir():
                 self.controller.save(checkpoint)
 
     def on_train_end(self, args, state, control, **kwargs):
