@@ -46,6 +46,10 @@ VARIANTS = {
     "bert_100k_static_compiled": ("bert_100k", ["train.torch_compile=true", *STATIC]),
     "bert_100k_static_cudagraphs": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS]),
     "sparse_80_rigl_static_cudagraphs": ("sparse_80_rigl", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS]),
+    # the same step with the Trainer's blocking batch copy, which waits every step until the GPU has finished
+    # the previous one (train.async_batch_copy=false)
+    "bert_100k_static_cudagraphs_blocking_copy": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
+                                                                "train.async_batch_copy=false"]),
     "bert_100k_layers_static_cudagraphs": ("bert_100k", [*LAYERS, *STATIC, *CUDAGRAPHS]),
     "sparse_80_rigl_layers_static_cudagraphs": ("sparse_80_rigl", [*LAYERS, *STATIC, *CUDAGRAPHS]),
 }

@@ -33,6 +33,7 @@ from sparsebert.models.bert import build_mlm_model, scatter_masked_predictions  
 from sparsebert.sparsity.rigl import rigl_update_due  # noqa: E402
 from sparsebert.trainer.arguments import training_arguments  # noqa: E402
 from sparsebert.trainer.hooks import build_hooks  # noqa: E402
+from sparsebert.trainer.profiling import HostSyncCounter  # noqa: E402
 from sparsebert.trainer.trainer import SparseBertTrainer  # noqa: E402
 
 
@@ -84,6 +85,9 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
     model = build_mlm_model(cfg.model, tokenizer, cfg.data)
     hooks = build_hooks(cfg, model, cfg.train.max_steps, cfg.seed)
     timer = StepTimer(warmup)
+    # host-GPU synchronizations in the last 5 warm-up steps (compiled and recorded by then; untimed, as the
+    # sync debug mode's warnings cost host time)
+    syncs = HostSyncCounter(start=warmup - 6, steps=5)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = SparseBertTrainer(
             model=model,
@@ -93,7 +97,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
             data_collator=MLMCollator.for_data(cfg.data, tokenizer),
             processing_class=tokenizer,
             preprocess_logits_for_metrics=scatter_masked_predictions,
-            callbacks=[timer, *(callbacks or [])],
+            callbacks=[timer, *([syncs] if warmup >= 7 else []), *(callbacks or [])],
             tokens_per_sample=cfg.data.max_seq_length,
             **hooks,
         )
@@ -109,6 +113,9 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "window": (timer.start, timer.end),  # perf_counter ends of the timed steps (for samplers in this process)
     }
+    if syncs.result is not None:
+        out["host_syncs_per_step"] = syncs.result["per_step"]
+        out["host_sync_sites"] = syncs.result["sites"][:3]
     if "sparsity" in hooks:
         out["sparsity"] = hooks["sparsity"].report()["selected"]["sparsity"]
         controller = hooks["sparsity"]

@@ -139,6 +139,10 @@ class TrainConfig:
     logging_steps: int = 50
     report_to: list[str] = field(default_factory=lambda: ["tensorboard"])  # tensorboard, wandb
     dataloader_workers: int = 2
+    # copy each batch to the GPU from pinned memory without waiting: a blocking copy (the Trainer's default)
+    # waits until the GPU has finished the previous step, so the GPU then idles for the host's whole per-step
+    # work, and under DDP every rank's host delay reaches all ranks; GPU only
+    async_batch_copy: bool = True
     # drop each epoch's last, short batch: with torch.compile every batch then has the same size, which saves a
     # recompile (and, under reduce-overhead, a CUDA graph); the dropped rows differ per epoch when shuffled;
     # evaluation never drops rows

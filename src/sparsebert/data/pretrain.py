@@ -180,7 +180,13 @@ class MLMCollator(DataCollatorForLanguageModeling):
     def torch_call(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
         if "labels" in examples[0]:  # pre-masked evaluation blocks: stack as they are
             return {k: torch.tensor([ex[k] for ex in examples]) for k in ("input_ids", "labels")}
-        return super().torch_call(examples)
+        batch = super().torch_call(examples)
+        if "attention_mask" in batch and bool(batch["attention_mask"].all()):
+            # packed blocks have no padding. An all-ones mask makes the eager model ask the GPU whether it is
+            # all ones (a host-GPU sync every step), and a compiled model, which cannot ask, hands attention a
+            # dense mask; without it attention takes its unmasked kernels, as it does for the eval blocks
+            del batch["attention_mask"]
+        return batch
 
     def torch_mask_tokens(self, inputs, special_tokens_mask=None, offset_mapping=None):
         if special_tokens_mask is None:

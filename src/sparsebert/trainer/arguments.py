@@ -92,6 +92,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         ddp_bucket_cap_mb=cfg.ddp.bucket_cap_mb,
         ddp_static_graph=cfg.ddp.static_graph,
         dataloader_pin_memory=torch.cuda.is_available(),
+        accelerator_config={"non_blocking": cfg.async_batch_copy and torch.cuda.is_available()},
         remove_unused_columns=False,
         label_names=label_names or ["labels"],
         use_cpu=not torch.cuda.is_available(),

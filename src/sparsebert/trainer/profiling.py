@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import traceback
+import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -13,18 +16,79 @@ from sparsebert.io import atomic_write_text
 
 log = logging.getLogger(__name__)
 
+# the text of the warning torch issues for each synchronizing CUDA call under torch.cuda.set_sync_debug_mode("warn")
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+class HostSyncCounter(TrainerCallback):
+    """Counts the host-GPU synchronizations in optimizer steps start+1 .. start+steps and where they come from
+    (torch's CUDA sync debug mode). A step whose host waits for the GPU cannot queue the next step ahead: the
+    GPU then idles for the host's per-step work, and under DDP each rank's host delay reaches every rank.
+    ``result`` is None until the window has been counted; without CUDA nothing is counted."""
+
+    def __init__(self, start: int, steps: int = 5):
+        self.start, self.steps = start, steps
+        self.sites: Counter[str] = Counter()
+        self.stacks: dict[str, list[str]] = {}
+        self.result: dict | None = None
+        self._catch: warnings.catch_warnings | None = None
+        self._previous_mode = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.start and self._catch is None and self.result is None:
+            self._begin()
+        elif self._catch is not None and state.global_step == self.start + self.steps:
+            self._end(self.steps)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._catch is not None:  # training ended inside the window
+            self._end(state.global_step - self.start)
+
+    def _begin(self) -> None:
+        if not torch.cuda.is_available():
+            return
+        self._catch = warnings.catch_warnings()  # restores the filters and showwarning at the end
+        self._catch.__enter__()
+        warnings.filterwarnings("always", message=SYNC_WARNING)
+        original = warnings.showwarning
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            if SYNC_WARNING not in str(message):
+                return original(message, category, filename, lineno, file, line)
+            site = f"{filename}:{lineno}"
+            self.sites[site] += 1
+            # the caller's frames, without this function and the warnings machinery
+            self.stacks.setdefault(site, [f"{f.filename}:{f.lineno} {f.name}"
+                                          for f in traceback.extract_stack()[-9:-2]])
+
+        warnings.showwarning = record
+        self._previous_mode = torch.cuda.get_sync_debug_mode()
+        torch.cuda.set_sync_debug_mode("warn")
+
+    def _end(self, steps: int) -> None:
+        torch.cuda.set_sync_debug_mode(self._previous_mode)
+        self._catch.__exit__(None, None, None)
+        self._catch = None
+        total = sum(self.sites.values())
+        self.result = {"steps": steps, "syncs": total, "per_step": total / max(steps, 1),
+                       "sites": [{"site": site, "count": n, "stack": self.stacks[site]}
+                                 for site, n in self.sites.most_common()]}
+        log.info("host-GPU synchronizations in %d steps: %d", steps, total)
+
 
 class ProfilerCallback(TrainerCallback):
     """Profiles optimizer steps warmup+1 .. warmup+steps and writes ``trace.json`` (Chrome / Perfetto) and
     ``top_ops.txt`` (the most expensive operators) into ``out_dir`` (default: ``profile/`` in the run directory);
     on a GPU also ``gpu_time.json`` (:func:`gpu_time`: how much of the window the GPU computed, communicated,
-    both at once, or idled)."""
+    both at once, or idled) and ``host_syncs.json`` (:class:`HostSyncCounter` over the same steps)."""
 
     def __init__(self, warmup: int = 5, steps: int = 3, out_dir: Path | None = None):
         self.warmup, self.steps, self.out_dir = warmup, steps, out_dir
         self.profiler: torch.profiler.profile | None = None
+        self.syncs = HostSyncCounter(warmup, steps)
 
     def on_step_end(self, args, state, control, **kwargs):
+        self.syncs.on_step_end(args, state, control, **kwargs)
         if state.global_step == self.warmup and self.profiler is None:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
@@ -35,6 +99,7 @@ class ProfilerCallback(TrainerCallback):
             self._finish(Path(args.output_dir))
 
     def on_train_end(self, args, state, control, **kwargs):
+        self.syncs.on_train_end(args, state, control, **kwargs)
         if self.profiler is not None:  # training ended inside the window
             self._finish(Path(args.output_dir))
 
@@ -50,6 +115,8 @@ class ProfilerCallback(TrainerCallback):
             summary = gpu_time(json.loads((out / "trace.json").read_text()))
             atomic_write_text(out / "gpu_time.json", json.dumps(summary, indent=2) + "\n")
             log.info("GPU time in the profiled steps: %s", summary)
+        if self.syncs.result is not None:
+            atomic_write_text(out / "host_syncs.json", json.dumps(self.syncs.result, indent=2) + "\n")
         log.info("profile of %d steps written to %s", self.steps, out)
         self.warmup = -1  # once per run
 
