@@ -1,0 +1,93 @@
+"""Attention kernels for BERT-base pretraining shapes: which sdpa backend is fastest, with and without a mask.
+
+Forward + backward of ``F.scaled_dot_product_attention`` at batch x 12 heads x seq 128 x head dim 64, bf16, with
+the training dropout (0.1) and without, for torch's own choice and each backend forced (cuDNN, FlashAttention,
+memory-efficient), each with no mask and with an all-ones boolean padding mask (what a collator's attention_mask
+becomes). Times are CUDA-event medians of 5 blocks of 50 steps, all in one process on one card.
+
+    python bench/attention_backends.py --out attention_backends.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+from datetime import date
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+BACKENDS = {"torch's choice": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def time_attention(batch: int, backend: SDPBackend | None, masked: bool, dropout: float, layers: int = 12,
+                   blocks: int = 5, steps: int = 50) -> float | str:
+    """Median ms of one step's attention (``layers`` x forward + backward), or why the backend refused."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(batch, 12, 128, 64, device="cuda", dtype=torch.bfloat16, generator=g,
+                           requires_grad=True) for _ in range(3))
+    mask = torch.ones(batch, 1, 128, 128, device="cuda", dtype=torch.bool) if masked else None
+    grad = torch.randn(batch, 12, 128, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    with sdpa_kernel(backend) if backend is not None else contextlib.nullcontext():
+        def step() -> None:
+            for _ in range(layers):
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout).backward(grad)
+        try:
+            step()
+        except RuntimeError as e:
+            return f"refused: {str(e).splitlines()[0][:120]}"
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(blocks):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(steps):
+                step()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / steps)
+    return statistics.median(times)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", default="128,256")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("attention_backends: needs a CUDA GPU")
+    from sparsebert.env_info import git_commit
+
+    rows = []
+    for batch in map(int, args.batch.split(",")):
+        for dropout in (0.1, 0.0):
+            for masked in (False, True):
+                for name, backend in BACKENDS.items():
+                    ms = time_attention(batch, backend, masked, dropout)
+                    rows.append({"batch": batch, "dropout": dropout, "mask": "all-ones bool" if masked else "none",
+                                 "backend": name, "ms_per_step_12_layers": ms})
+                    print(json.dumps(rows[-1]), flush=True)
+    card = torch.cuda.get_device_name(0)
+    print(f"\n{card}: attention forward + backward of 12 layers (ms)\n| batch | dropout | mask | "
+          + " | ".join(BACKENDS) + " |\n|---|---|---|" + "---|" * len(BACKENDS))
+    for i in range(0, len(rows), len(BACKENDS)):
+        group = rows[i:i + len(BACKENDS)]
+        cells = [f"{r['ms_per_step_12_layers']:.2f}" if isinstance(r["ms_per_step_12_layers"], float) else "refused"
+                 for r in group]
+        print(f"| {group[0]['batch']} | {group[0]['dropout']} | {group[0]['mask']} | " + " | ".join(cells) + " |")
+    if args.out:
+        args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
+                                        "torch": torch.__version__, "rows": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
