@@ -58,9 +58,52 @@ def time_attention(batch: int, backend: SDPBackend | None, masked: bool, dropout
     return statistics.median(times)
 
 
+ATTENTION_KERNEL_MARKERS = ("sdpa", "fmha", "flash", "attention", "softmax", "cudnn")
+
+
+def time_encoder(batch: int, compiled: bool, masked: bool, force: SDPBackend | None, steps: int = 20) -> dict:
+    """BERT-base's encoder (Hugging Face BertModel, sdpa, dropout 0.1, bf16 autocast) forward + backward: ms per
+    step and the attention kernels a profiled step ran. ``masked`` passes an all-ones attention_mask (what a
+    collator returns for unpadded rows); ``force`` wraps the step in ``sdpa_kernel(force)``."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    model = BertModel._from_config(BertConfig(), attn_implementation="sdpa").cuda().train()
+    fn = torch.compile(model) if compiled else model
+    ids = torch.randint(1000, 30000, (batch, 128), device="cuda")
+    mask = torch.ones_like(ids) if masked else None
+
+    def step() -> None:
+        with sdpa_kernel(force) if force is not None else contextlib.nullcontext():
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                out = fn(input_ids=ids, attention_mask=mask).last_hidden_state
+            out.float().square().mean().backward()
+
+    for _ in range(3):  # compile, record
+        step()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(steps):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.device_time_total > 0 and any(m in e.key.lower() for m in ATTENTION_KERNEL_MARKERS):
+            kernels[e.key[:90]] = round(e.device_time_total / 1000, 3)
+    torch._dynamo.reset()
+    return {"ms_per_step": start.elapsed_time(end) / steps,
+            "attention_kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:6])}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", default="128,256")
+    p.add_argument("--encoder-only", action="store_true", help="only the BERT-base encoder section")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available():
@@ -68,7 +111,7 @@ def main() -> None:
     from sparsebert.env_info import git_commit
 
     rows = []
-    for batch in map(int, args.batch.split(",")):
+    for batch in [] if args.encoder_only else map(int, args.batch.split(",")):
         for dropout in (0.1, 0.0):
             for masked in (False, True):
                 for name, backend in BACKENDS.items():
@@ -84,9 +127,18 @@ def main() -> None:
         cells = [f"{r['ms_per_step_12_layers']:.2f}" if isinstance(r["ms_per_step_12_layers"], float) else "refused"
                  for r in group]
         print(f"| {group[0]['batch']} | {group[0]['dropout']} | {group[0]['mask']} | " + " | ".join(cells) + " |")
+    encoder = []
+    for compiled in (False, True):
+        for masked, force in ((False, None), (True, None), (False, SDPBackend.CUDNN_ATTENTION)):
+            r = {"batch": 128, "compiled": compiled, "mask": "all-ones" if masked else "none",
+                 "forced": force.name if force is not None else None,
+                 **time_encoder(128, compiled, masked, force)}
+            encoder.append(r)
+            print(json.dumps(r), flush=True)
     if args.out:
         args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
-                                        "torch": torch.__version__, "rows": rows}, indent=2) + "\n")
+                                        "torch": torch.__version__, "rows": rows, "encoder": encoder},
+                                       indent=2) + "\n")
 
 
 if __name__ == "__main__":

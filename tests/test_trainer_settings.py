@@ -137,3 +137,41 @@ def test_cached_flop_count_equals_the_trainers(registry, tmp_path):
     inputs = batch()
     expected = Trainer.floating_point_ops(ours, inputs)
     assert expected > 0 and ours.floating_point_ops(inputs) == ours.floating_point_ops(inputs) == expected
+
+
+def test_attention_kernel_holds_inside_every_training_and_evaluation_step(registry, tmp_path):
+    """model.attention_kernel=math: each step's attention runs with only torch's math kernel allowed (the flags
+    sdpa_kernel sets), before and after the step torch's own choice is back, and the loss is what auto gives."""
+    seen = []
+
+    def losses(kernel: str) -> list[float]:
+        torch.manual_seed(0)
+        trainer = tiny_trainer(registry, tmp_path, [f"model.attention_kernel={kernel}", "model.hidden_dropout=0",
+                                                    "model.attention_dropout=0"])
+        model = trainer.model
+        model.bert.encoder.layer[0].attention.register_forward_pre_hook(
+            lambda *_: seen.append((kernel, torch.backends.cuda.flash_sdp_enabled(),
+                                    torch.backends.cuda.math_sdp_enabled())))
+        ids = torch.randint(5, 60, (4, 16), generator=torch.Generator().manual_seed(0))
+        inputs = {"input_ids": ids, "labels": torch.where(ids % 3 == 0, ids, -100)}
+        trainer.current_gradient_accumulation_steps = 1  # set by the training loop, which this test skips
+        out = [float(trainer.training_step(model, inputs))]
+        out.append(float(trainer.prediction_step(model, inputs, prediction_loss_only=True)[0]))
+        return out
+
+    math_losses, auto_losses = losses("math"), losses("auto")
+    assert torch.backends.cuda.flash_sdp_enabled()  # restored after the steps
+    assert seen == [("math", False, True)] * 2 + [("auto", True, True)] * 2
+    assert math_losses == pytest.approx(auto_losses, rel=1e-5)
+
+
+def test_attention_kernel_settings_are_checked(registry, tmp_path):
+    from sparsebert.errors import SparseBertError
+
+    with pytest.raises(ConfigError, match="attention_kernel must be"):
+        registry.build("bert_tiny_quick", ["model.attention_kernel=fast"])
+    with pytest.raises(ConfigError, match="needs model.attn_implementation=sdpa"):
+        registry.build("bert_tiny_quick", ["model.attention_kernel=math", "model.attn_implementation=eager"])
+    if not torch.cuda.is_available():
+        with pytest.raises(SparseBertError, match="attention_kernel=cudnn needs a CUDA GPU"):
+            tiny_trainer(registry, tmp_path, ["model.attention_kernel=cudnn"])
