@@ -5,6 +5,10 @@ the training dropout (0.1) and without, for torch's own choice and each backend 
 memory-efficient), each with no mask and with an all-ones boolean padding mask (what a collator's attention_mask
 becomes). Times are CUDA-event medians of 5 blocks of 50 steps, all in one process on one card.
 
+Then the whole BERT-base encoder (Hugging Face BertModel), eager and compiled, without a mask, with an all-ones
+mask, and with the layers called directly without any mask (as sparsebert's MLM model runs unpadded blocks):
+ms per forward + backward and the attention kernels that ran (``--encoder-only`` runs just this part).
+
     python bench/attention_backends.py --out attention_backends.json
 """
 
@@ -61,25 +65,31 @@ def time_attention(batch: int, backend: SDPBackend | None, masked: bool, dropout
 ATTENTION_KERNEL_MARKERS = ("sdpa", "fmha", "flash", "attention", "softmax", "cudnn")
 
 
-def time_encoder(batch: int, compiled: bool, masked: bool, force: SDPBackend | None, steps: int = 20) -> dict:
+def time_encoder(batch: int, compiled: bool, mask: str, steps: int = 20) -> dict:
     """BERT-base's encoder (Hugging Face BertModel, sdpa, dropout 0.1, bf16 autocast) forward + backward: ms per
-    step and the attention kernels a profiled step ran. ``masked`` passes an all-ones attention_mask (what a
-    collator returns for unpadded rows); ``force`` wraps the step in ``sdpa_kernel(force)``."""
+    step and the attention kernels a profiled step ran. ``mask``: "none" (BertModel without attention_mask),
+    "all-ones" (what a collator returns for unpadded rows), "direct" (embeddings, then the encoder layers with no
+    mask at all, as sparsebert's MLM model runs unpadded blocks)."""
     from transformers import BertConfig, BertModel
 
     torch.manual_seed(0)
     model = BertModel._from_config(BertConfig(), attn_implementation="sdpa").cuda().train()
-    fn = torch.compile(model) if compiled else model
     ids = torch.randint(1000, 30000, (batch, 128), device="cuda")
-    mask = torch.ones_like(ids) if masked else None
+    ones = torch.ones_like(ids)
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        if mask == "direct":
+            return model.encoder(model.embeddings(input_ids=ids), attention_mask=None).last_hidden_state
+        return model(input_ids=ids, attention_mask=ones if mask == "all-ones" else None).last_hidden_state
+
+    fn = torch.compile(forward) if compiled else forward
 
     def step() -> None:
-        with sdpa_kernel(force) if force is not None else contextlib.nullcontext():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                out = fn(input_ids=ids, attention_mask=mask).last_hidden_state
-            out.float().square().mean().backward()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            out = fn(ids)
+        out.float().square().mean().backward()
 
-    for _ in range(3):  # compile, record
+    for _ in range(3):  # compile, warm up
         step()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -129,10 +139,8 @@ def main() -> None:
         print(f"| {group[0]['batch']} | {group[0]['dropout']} | {group[0]['mask']} | " + " | ".join(cells) + " |")
     encoder = []
     for compiled in (False, True):
-        for masked, force in ((False, None), (True, None), (False, SDPBackend.CUDNN_ATTENTION)):
-            r = {"batch": 128, "compiled": compiled, "mask": "all-ones" if masked else "none",
-                 "forced": force.name if force is not None else None,
-                 **time_encoder(128, compiled, masked, force)}
+        for mask in ("none", "all-ones", "direct"):
+            r = {"batch": 128, "compiled": compiled, "mask": mask, **time_encoder(128, compiled, mask)}
             encoder.append(r)
             print(json.dumps(r), flush=True)
     if args.out:

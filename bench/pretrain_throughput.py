@@ -50,15 +50,6 @@ OURS = [
      " + static mask count + CUDA graphs"),
     ("ours-sparse-static-cudagraphs", "sparse_80_rigl", True, (*STATIC, "train.torch_compile_mode=reduce-overhead"),
      " + static mask count + CUDA graphs"),
-    # the same with every attention call on cuDNN's fused kernel (model.attention_kernel=cudnn)
-    ("ours-static-cudnn", "bert_100k", True, (*STATIC, "model.attention_kernel=cudnn"),
-     " + static mask count + cuDNN attention"),
-    ("ours-static-cudagraphs-cudnn", "bert_100k", True,
-     (*STATIC, "train.torch_compile_mode=reduce-overhead", "model.attention_kernel=cudnn"),
-     " + static mask count + CUDA graphs + cuDNN attention"),
-    ("ours-sparse-static-cudagraphs-cudnn", "sparse_80_rigl", True,
-     (*STATIC, "train.torch_compile_mode=reduce-overhead", "model.attention_kernel=cudnn"),
-     " + static mask count + CUDA graphs + cuDNN attention"),
 ]
 
 

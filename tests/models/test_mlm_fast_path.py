@@ -118,3 +118,32 @@ def test_collator_caps_the_masked_count():
     unmasked = labels == -100
     assert torch.equal(inputs[unmasked], ids[unmasked])  # every unmasked position holds its own token again
     assert (inputs[~unmasked] == 4).all()
+
+
+def _sdpa_masks_under_compile(model, monkeypatch) -> list[str]:
+    """The attn_mask of every attention call in the graph torch.compile captures of a training forward without
+    an attention mask, with transformers made to build its mask while tracing as 5.17 does (it cannot skip an
+    absent mask there)."""
+    import transformers.masking_utils as masking_utils
+
+    monkeypatch.setattr(masking_utils, "_ignore_bidirectional_mask_sdpa", lambda *args, **kwargs: False)
+    masks = []
+
+    def capture(gm, example_inputs):
+        masks.extend(str(n.kwargs.get("attn_mask")) for n in gm.graph.nodes
+                     if n.target is torch.nn.functional.scaled_dot_product_attention)
+        return gm
+
+    torch._dynamo.reset()
+    ids, labels = batch()
+    torch.compile(model.train(), backend=capture)(input_ids=ids, labels=labels)
+    torch._dynamo.reset()
+    return masks
+
+
+def test_unpadded_blocks_reach_attention_without_a_mask_under_compile(monkeypatch):
+    plain, fast = twins()
+    plain.config._attn_implementation = fast.config._attn_implementation = "sdpa"
+    assert _sdpa_masks_under_compile(fast, monkeypatch) == ["None", "None"]  # one call per layer, unmasked
+    # the control: plain BERT under the same transformers behaviour hands every layer a built mask
+    assert all(mask != "None" for mask in _sdpa_masks_under_compile(plain, monkeypatch))

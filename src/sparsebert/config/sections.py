@@ -29,9 +29,6 @@ class ModelConfig:
     init_from: str | None = None  # "minilm" (package-shipped), a run dir or checkpoint dir, or a hub name
     tokenizer: str = "minilm"  # "minilm" (its uncased WordPiece vocab), a local path, or a hub name
     attn_implementation: str = "sdpa"  # "sdpa" uses FlashAttention / memory-efficient kernels on GPU
-    # with sdpa: "auto" (torch's choice per call) or the kernel every attention call must run: "cudnn", "flash",
-    # "efficient" (GPU only) or "math" (trainer/attention.py)
-    attention_kernel: str = "auto"
     max_position_embeddings: int = 512
     # None: the checkpoint's own value with init_from, else BERT's 0.1
     hidden_dropout: float | None = None
@@ -43,11 +40,6 @@ class ModelConfig:
         if self.attn_implementation not in ("sdpa", "eager", "flash_attention_2"):
             raise ValueError(f"model.attn_implementation must be sdpa, eager or flash_attention_2, "
                              f"got {self.attn_implementation!r}")
-        if self.attention_kernel not in ("auto", "cudnn", "flash", "efficient", "math"):
-            raise ValueError(f"model.attention_kernel must be auto, cudnn, flash, efficient or math, "
-                             f"got {self.attention_kernel!r}")
-        if self.attention_kernel != "auto" and self.attn_implementation != "sdpa":
-            raise ValueError(f"model.attention_kernel={self.attention_kernel} needs model.attn_implementation=sdpa")
         for name in ("hidden_dropout", "attention_dropout"):
             if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")

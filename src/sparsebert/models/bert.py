@@ -32,13 +32,24 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
 
     static_mlm_probability: float | None = None
 
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, **kwargs) -> torch.Tensor:
+        """The encoder's last hidden state. Without an attention mask (packed blocks have no padding) the layers
+        get no mask at all, so attention runs its unmasked fused kernel. BertModel would build one: under
+        torch.compile, transformers 5.17 cannot tell while tracing that no mask means no padding and hands
+        attention an all-true 4-D mask, for which sdpa falls back to its unfused math kernels (measured in
+        docs/benchmarks.md, attention section)."""
+        if attention_mask is not None or self.config.is_decoder:
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                             **kwargs).last_hidden_state
+        embedded = self.bert.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        return self.bert.encoder(embedded, attention_mask=None, **kwargs).last_hidden_state
+
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
                 num_items_in_batch=None, **kwargs):
         if labels is None:
             return super().forward(input_ids=input_ids, attention_mask=attention_mask,
                                    token_type_ids=token_type_ids, **kwargs)
-        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
-                           **kwargs).last_hidden_state
+        hidden = self.encode(input_ids, attention_mask, token_type_ids, **kwargs)
         if self.training and self.static_mlm_probability is not None:
             flat = labels.reshape(-1)
             rows = static_prediction_rows(flat.numel(), self.static_mlm_probability)

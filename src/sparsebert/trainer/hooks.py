@@ -25,8 +25,7 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
     hooks: dict[str, Any] = {"ddp": ddp,
                              "compile_scope": cfg.train.torch_compile_scope if compiled else None,
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,
-                             "drop_last_batch": cfg.train.drop_last_batch,
-                             "attention_kernel": cfg.model.attention_kernel}
+                             "drop_last_batch": cfg.train.drop_last_batch}
     if cfg.sparsity is not None:
         try:
             hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,

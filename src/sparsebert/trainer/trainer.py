@@ -9,7 +9,6 @@ taking one keyword argument (None = off) and passing everything else on:
 - ``ddp=``           DDPTuningMixin (ddp.py): DDP settings TrainingArguments cannot carry (train.ddp)
 - ``compile_scope=``, ``compile_dynamic=`` CompileOptionsMixin (compile_options.py): torch.compile per layer
   instead of the whole model; symbolic shapes from the first compile
-- ``attention_kernel=`` AttentionKernelMixin (attention.py): the sdpa kernel every attention call runs
 - ``drop_last_batch=`` SparseBertTrainer itself: drop each epoch's short last training batch (train.drop_last_batch)
 - always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
 """
@@ -22,7 +21,6 @@ import time
 from transformers import Trainer, TrainerCallback
 
 from sparsebert.errors import SparseBertError
-from sparsebert.trainer.attention import AttentionKernelMixin
 from sparsebert.trainer.compile_options import CompileOptionsMixin
 from sparsebert.trainer.ddp import DDPTuningMixin
 from sparsebert.trainer.distillation import DistillationMixin
@@ -106,7 +104,7 @@ class ThroughputLoggingMixin:
 
 
 class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, CompileOptionsMixin,
-                        AttentionKernelMixin, ThroughputLoggingMixin, Trainer):
+                        ThroughputLoggingMixin, Trainer):
     """The Trainer every sparsebert job runs."""
 
     def __init__(self, *args, drop_last_batch: bool = False, **kwargs):
