@@ -33,6 +33,17 @@ BACKENDS = {"torch's choice": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash"
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
 
 
+def ms_per_call(fn, calls: int) -> float:
+    """GPU milliseconds per call of ``fn`` over ``calls`` back-to-back calls (CUDA events; the GPU idle at start)."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
+
+
 def time_attention(batch: int, backend: SDPBackend | None, masked: bool, dropout: float, layers: int = 12,
                    blocks: int = 5, steps: int = 50) -> float | str:
     """Median ms of one step's attention (``layers`` x forward + backward), or why the backend refused."""
@@ -50,16 +61,7 @@ def time_attention(batch: int, backend: SDPBackend | None, masked: bool, dropout
         except RuntimeError as e:
             return f"refused: {str(e).splitlines()[0][:120]}"
         torch.cuda.synchronize()
-        times = []
-        for _ in range(blocks):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(steps):
-                step()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / steps)
-    return statistics.median(times)
+        return statistics.median(ms_per_call(step, steps) for _ in range(blocks))
 
 
 ATTENTION_KERNEL_MARKERS = ("sdpa", "fmha", "flash", "attention", "softmax", "cudnn")
@@ -92,12 +94,7 @@ def time_encoder(batch: int, compiled: bool, mask: str, steps: int = 20) -> dict
     for _ in range(3):  # compile, warm up
         step()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(steps):
-        step()
-    end.record()
-    torch.cuda.synchronize()
+    ms = ms_per_call(step, steps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         step()
         torch.cuda.synchronize()
@@ -106,7 +103,7 @@ def time_encoder(batch: int, compiled: bool, mask: str, steps: int = 20) -> dict
         if e.device_time_total > 0 and any(m in e.key.lower() for m in ATTENTION_KERNEL_MARKERS):
             kernels[e.key[:90]] = round(e.device_time_total / 1000, 3)
     torch._dynamo.reset()
-    return {"ms_per_step": start.elapsed_time(end) / steps,
+    return {"ms_per_step": ms,
             "attention_kernels_ms": dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:6])}
 
 
