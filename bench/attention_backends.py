@@ -109,7 +109,8 @@ def time_encoder(batch: int, compiled: bool, mask: str, steps: int = 20) -> dict
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", default="128,256")
+    p.add_argument("--batch", default="128,256", help="batches of the kernel table")
+    p.add_argument("--encoder-batch", type=int, default=128, help="batch of the encoder section")
     p.add_argument("--encoder-only", action="store_true", help="only the BERT-base encoder section")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -127,8 +128,9 @@ def main() -> None:
                                  "backend": name, "ms_per_step_12_layers": ms})
                     print(json.dumps(rows[-1]), flush=True)
     card = torch.cuda.get_device_name(0)
-    print(f"\n{card}: attention forward + backward of 12 layers (ms)\n| batch | dropout | mask | "
-          + " | ".join(BACKENDS) + " |\n|---|---|---|" + "---|" * len(BACKENDS))
+    if rows:
+        print(f"\n{card}: attention forward + backward of 12 layers (ms)\n| batch | dropout | mask | "
+              + " | ".join(BACKENDS) + " |\n|---|---|---|" + "---|" * len(BACKENDS))
     for i in range(0, len(rows), len(BACKENDS)):
         group = rows[i:i + len(BACKENDS)]
         cells = [f"{r['ms_per_step_12_layers']:.2f}" if isinstance(r["ms_per_step_12_layers"], float) else "refused"
@@ -137,7 +139,8 @@ def main() -> None:
     encoder = []
     for compiled in (False, True):
         for mask in ("none", "all-ones", "direct"):
-            r = {"batch": 128, "compiled": compiled, "mask": mask, **time_encoder(128, compiled, mask)}
+            r = {"batch": args.encoder_batch, "compiled": compiled, "mask": mask,
+                 **time_encoder(args.encoder_batch, compiled, mask)}
             encoder.append(r)
             print(json.dumps(r), flush=True)
     if args.out:

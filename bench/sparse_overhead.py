@@ -85,8 +85,8 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
     model = build_mlm_model(cfg.model, tokenizer, cfg.data)
     hooks = build_hooks(cfg, model, cfg.train.max_steps, cfg.seed)
     timer = StepTimer(warmup)
-    # host-GPU synchronizations in the last 5 warm-up steps (compiled and recorded by then; untimed, as the
-    # sync debug mode's warnings cost host time)
+    # host-GPU synchronizations in warm-up steps warmup-5 .. warmup-1 (compiled and recorded by then; untimed,
+    # as the sync debug mode's warnings cost host time)
     syncs = HostSyncCounter(start=warmup - 6, steps=5)
     with tempfile.TemporaryDirectory() as tmp:
         trainer = SparseBertTrainer(

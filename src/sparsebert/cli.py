@@ -33,7 +33,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="delete an existing run directory and start over")
     p.add_argument("--profile", action="store_true",
                    help="write a torch.profiler trace of 3 training steps after 5 warm-up steps into the run dir "
-                        "(on a GPU also the host-GPU syncs of those steps: profile/host_syncs.json)")
+                        "(on a GPU also the host-GPU syncs of the steps before them: profile/host_syncs.json)")
     p.add_argument("--table", choices=["glue"], help="print a results table from the registry in the output root")
     p.add_argument("--experiments", dest="table_experiments", nargs="+", default=None, metavar="NAME",
                    help="with --table: only these experiments (rows); with --plot: the runs to plot")

@@ -55,7 +55,8 @@ def _syncs_per_step(async_copy: bool) -> dict:
     counter = HostSyncCounter(start=5, steps=8)
     with tempfile.TemporaryDirectory() as tmp:
         SparseBertTrainer(model=model, args=training_arguments(cfg.train, Path(tmp), cfg.seed, "syncs"),
-                          train_dataset=data, eval_dataset=data.select(range(8)), data_collator=MLMCollator.for_data(cfg.data, tokenizer),
+                          train_dataset=data, eval_dataset=data.select(range(8)),
+                          data_collator=MLMCollator.for_data(cfg.data, tokenizer),
                           processing_class=tokenizer, callbacks=[counter],
                           **build_hooks(cfg, model, cfg.train.max_steps, cfg.seed)).train()
     return counter.result

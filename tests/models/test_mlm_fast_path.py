@@ -43,6 +43,18 @@ def test_same_loss_and_gradients_as_bert_for_masked_lm():
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_same_loss_with_position_ids_token_types_and_input_embeddings():
+    """The unmasked path runs the embeddings and layers itself: every input BertForMaskedLM takes still counts."""
+    plain, fast = twins()
+    ids, labels = batch()
+    positions = torch.arange(15, -1, -1).expand(4, 16)
+    types = (torch.arange(16) >= 8).long().expand(4, 16)
+    for inputs in ({"input_ids": ids, "position_ids": positions}, {"input_ids": ids, "token_type_ids": types},
+                   {"inputs_embeds": plain.bert.embeddings.word_embeddings(ids)}):
+        torch.testing.assert_close(fast(**inputs, labels=labels).loss, plain(**inputs, labels=labels).loss,
+                                   rtol=1e-5, atol=1e-6, msg=str(list(inputs)))
+
+
 def test_num_items_in_batch_gives_the_token_weighted_loss():
     """Sum over this micro-batch divided by the step's masked-token count (the Trainer's DDP convention)."""
     _, fast = twins()

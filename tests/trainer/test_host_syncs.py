@@ -90,6 +90,7 @@ def test_host_sync_counter_counts_the_window_and_names_the_site(monkeypatch):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        before = (warnings.showwarning, list(warnings.filters))
         step(1, 4)
         step(2, 4)  # steps up to `start` are before the window
         assert modes == ["warn"]
@@ -98,9 +99,32 @@ def test_host_sync_counter_counts_the_window_and_names_the_site(monkeypatch):
         with pytest.warns(UserWarning, match="other"):  # other warnings pass through while counting
             warnings.warn("other", UserWarning, stacklevel=1)
         step(5, 2)
+        assert (warnings.showwarning, list(warnings.filters)) == before  # the window closed: all as it was
         step(6, 9)  # after the window
     assert modes == ["warn", 0]
     assert counter.result["steps"] == 3 and counter.result["syncs"] == 6 and counter.result["per_step"] == 2
     (site,) = counter.result["sites"]
     assert site["site"].endswith(f"test_host_syncs.py:{step.__code__.co_firstlineno + 2}")
     assert site["count"] == 6 and any("in step" in frame or " step" in frame for frame in site["stack"])
+
+
+def test_a_window_left_open_by_a_crashed_run_is_closed_before_the_next(monkeypatch):
+    modes = []
+    monkeypatch.setattr(profiling.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(profiling.torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(profiling.torch.cuda, "set_sync_debug_mode", modes.append)
+    with warnings.catch_warnings():
+        before = (warnings.showwarning, list(warnings.filters))
+        crashed = HostSyncCounter(start=1, steps=3)
+        crashed.on_step_end(None, SimpleNamespace(global_step=1), None)  # the run raises after this step
+        assert modes == ["warn"] and warnings.showwarning is not before[0]
+        crashed.on_train_begin(None, None, None)  # the same callback in the next run
+        assert modes == ["warn", 0] and (warnings.showwarning, list(warnings.filters)) == before
+        other = HostSyncCounter(start=1, steps=1)
+        crashed.on_step_end(None, SimpleNamespace(global_step=1), None)  # open again, then crashes
+        other.on_step_end(None, SimpleNamespace(global_step=1), None)  # another counter starts
+        other.on_step_end(None, SimpleNamespace(global_step=2), None)
+        assert modes == ["warn", 0, "warn", 0, "warn", 0] and other.result["syncs"] == 0
+        assert (warnings.showwarning, list(warnings.filters)) == before
+    with pytest.raises(ValueError, match="start >= 1"):
+        HostSyncCounter(start=0)

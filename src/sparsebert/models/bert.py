@@ -38,10 +38,12 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
         torch.compile, transformers 5.17 cannot tell while tracing that no mask means no padding and hands
         attention an all-true 4-D mask, for which sdpa falls back to its unfused math kernels (measured in
         docs/benchmarks.md, attention section)."""
-        if attention_mask is not None or self.config.is_decoder:
+        if attention_mask is not None or self.config.is_decoder or input_ids is None \
+                or kwargs.get("inputs_embeds") is not None:
             return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                              **kwargs).last_hidden_state
-        embedded = self.bert.embeddings(input_ids=input_ids, token_type_ids=token_type_ids)
+        embedded = self.bert.embeddings(input_ids=input_ids, token_type_ids=token_type_ids,
+                                        position_ids=kwargs.get("position_ids"))
         return self.bert.encoder(embedded, attention_mask=None, **kwargs).last_hidden_state
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,

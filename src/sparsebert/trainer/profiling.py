@@ -24,15 +24,27 @@ class HostSyncCounter(TrainerCallback):
     """Counts the host-GPU synchronizations in optimizer steps start+1 .. start+steps and where they come from
     (torch's CUDA sync debug mode). A step whose host waits for the GPU cannot queue the next step ahead: the
     GPU then idles for the host's per-step work, and under DDP each rank's host delay reaches every rank.
-    ``result`` is None until the window has been counted; without CUDA nothing is counted."""
+    ``result`` is None until the window has been counted; without CUDA nothing is counted.
+
+    While counting, the sync debug mode and a warnings hook are process-wide. A run that raises inside the window
+    never reaches ``on_train_end``; the next counter to start (or this one at its next ``on_train_begin``) puts
+    them back first. Each counted sync costs some host time (a warning), so count outside timed steps."""
+
+    _open: HostSyncCounter | None = None  # the counter whose window is open in this process
 
     def __init__(self, start: int, steps: int = 5):
+        if start < 1 or steps < 1:
+            raise ValueError(f"HostSyncCounter counts after step start >= 1 for steps >= 1, got {start}, {steps}")
         self.start, self.steps = start, steps
         self.sites: Counter[str] = Counter()
         self.stacks: dict[str, list[str]] = {}
         self.result: dict | None = None
         self._catch: warnings.catch_warnings | None = None
         self._previous_mode = 0
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self._catch is not None:  # left open by an earlier run that raised inside the window
+            self._close()
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.start and self._catch is None and self.result is None:
@@ -47,6 +59,9 @@ class HostSyncCounter(TrainerCallback):
     def _begin(self) -> None:
         if not torch.cuda.is_available():
             return
+        if HostSyncCounter._open is not None:
+            log.warning("a host-sync count left open by an earlier run is closed")
+            HostSyncCounter._open._close()
         self._catch = warnings.catch_warnings()  # restores the filters and showwarning at the end
         self._catch.__enter__()
         warnings.filterwarnings("always", message=SYNC_WARNING)
@@ -57,18 +72,23 @@ class HostSyncCounter(TrainerCallback):
                 return original(message, category, filename, lineno, file, line)
             site = f"{filename}:{lineno}"
             self.sites[site] += 1
-            # the caller's frames, without this function and the warnings machinery
-            self.stacks.setdefault(site, [f"{f.filename}:{f.lineno} {f.name}"
-                                          for f in traceback.extract_stack()[-9:-2]])
+            if site not in self.stacks:  # the caller's frames, without this function and the warnings machinery
+                self.stacks[site] = [f"{f.filename}:{f.lineno} {f.name}"
+                                     for f in traceback.extract_stack(limit=9)[:-2]]
 
         warnings.showwarning = record
         self._previous_mode = torch.cuda.get_sync_debug_mode()
         torch.cuda.set_sync_debug_mode("warn")
+        HostSyncCounter._open = self
 
-    def _end(self, steps: int) -> None:
+    def _close(self) -> None:
         torch.cuda.set_sync_debug_mode(self._previous_mode)
         self._catch.__exit__(None, None, None)
         self._catch = None
+        HostSyncCounter._open = None
+
+    def _end(self, steps: int) -> None:
+        self._close()
         total = sum(self.sites.values())
         self.result = {"steps": steps, "syncs": total, "per_step": total / max(steps, 1),
                        "sites": [{"site": site, "count": n, "stack": self.stacks[site]}
@@ -80,15 +100,22 @@ class ProfilerCallback(TrainerCallback):
     """Profiles optimizer steps warmup+1 .. warmup+steps and writes ``trace.json`` (Chrome / Perfetto) and
     ``top_ops.txt`` (the most expensive operators) into ``out_dir`` (default: ``profile/`` in the run directory);
     on a GPU also ``gpu_time.json`` (:func:`gpu_time`: how much of the window the GPU computed, communicated,
-    both at once, or idled) and ``host_syncs.json`` (:class:`HostSyncCounter` over the same steps)."""
+    both at once, or idled) and ``host_syncs.json`` (:class:`HostSyncCounter` over as many steps just before the
+    profiled ones, so that its warnings stay out of the trace)."""
 
     def __init__(self, warmup: int = 5, steps: int = 3, out_dir: Path | None = None):
         self.warmup, self.steps, self.out_dir = warmup, steps, out_dir
         self.profiler: torch.profiler.profile | None = None
-        self.syncs = HostSyncCounter(warmup, steps)
+        counted = min(steps, warmup - 1)  # the window ends with step `warmup`, before the profiler starts
+        self.syncs = HostSyncCounter(warmup - counted, counted) if counted >= 1 else None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.syncs is not None:
+            self.syncs.on_train_begin(args, state, control, **kwargs)
 
     def on_step_end(self, args, state, control, **kwargs):
-        self.syncs.on_step_end(args, state, control, **kwargs)
+        if self.syncs is not None:
+            self.syncs.on_step_end(args, state, control, **kwargs)
         if state.global_step == self.warmup and self.profiler is None:
             activities = [torch.profiler.ProfilerActivity.CPU]
             if torch.cuda.is_available():
@@ -99,7 +126,8 @@ class ProfilerCallback(TrainerCallback):
             self._finish(Path(args.output_dir))
 
     def on_train_end(self, args, state, control, **kwargs):
-        self.syncs.on_train_end(args, state, control, **kwargs)
+        if self.syncs is not None:
+            self.syncs.on_train_end(args, state, control, **kwargs)
         if self.profiler is not None:  # training ended inside the window
             self._finish(Path(args.output_dir))
 
@@ -115,7 +143,7 @@ class ProfilerCallback(TrainerCallback):
             summary = gpu_time(json.loads((out / "trace.json").read_text()))
             atomic_write_text(out / "gpu_time.json", json.dumps(summary, indent=2) + "\n")
             log.info("GPU time in the profiled steps: %s", summary)
-        if self.syncs.result is not None:
+        if self.syncs is not None and self.syncs.result is not None:
             atomic_write_text(out / "host_syncs.json", json.dumps(self.syncs.result, indent=2) + "\n")
         log.info("profile of %d steps written to %s", self.steps, out)
         self.warmup = -1  # once per run
