@@ -30,6 +30,9 @@ class ModelConfig:
     tokenizer: str = "minilm"  # "minilm" (its uncased WordPiece vocab), a local path, or a hub name
     attn_implementation: str = "sdpa"  # "sdpa" uses FlashAttention / memory-efficient kernels on GPU
     max_position_embeddings: int = 512
+    # LayerNorm outputs (the residual stream) in the autocast dtype instead of fp32 under bf16 / fp16; weights and
+    # optimizer state stay fp32 (trainer/residual_precision.py)
+    half_precision_residual: bool = False
     # None: the checkpoint's own value with init_from, else BERT's 0.1
     hidden_dropout: float | None = None
     attention_dropout: float | None = None

@@ -25,7 +25,8 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
     hooks: dict[str, Any] = {"ddp": ddp,
                              "compile_scope": cfg.train.torch_compile_scope if compiled else None,
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,
-                             "drop_last_batch": cfg.train.drop_last_batch}
+                             "drop_last_batch": cfg.train.drop_last_batch,
+                             "half_precision_residual": cfg.model.half_precision_residual}
     if cfg.sparsity is not None:
         try:
             hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,

@@ -9,6 +9,8 @@ taking one keyword argument (None = off) and passing everything else on:
 - ``ddp=``           DDPTuningMixin (ddp.py): DDP settings TrainingArguments cannot carry (train.ddp)
 - ``compile_scope=``, ``compile_dynamic=`` CompileOptionsMixin (compile_options.py): torch.compile per layer
   instead of the whole model; symbolic shapes from the first compile
+- ``half_precision_residual=`` ResidualPrecisionMixin (residual_precision.py): LayerNorm outputs in the
+  autocast dtype
 - ``drop_last_batch=`` SparseBertTrainer itself: drop each epoch's short last training batch (train.drop_last_batch)
 - always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
 """
@@ -25,6 +27,7 @@ from sparsebert.trainer.compile_options import CompileOptionsMixin
 from sparsebert.trainer.ddp import DDPTuningMixin
 from sparsebert.trainer.distillation import DistillationMixin
 from sparsebert.trainer.onecycle import OneCycleMixin
+from sparsebert.trainer.residual_precision import ResidualPrecisionMixin
 from sparsebert.trainer.sparse_training import SparseTrainingMixin
 
 
@@ -104,7 +107,7 @@ class ThroughputLoggingMixin:
 
 
 class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, CompileOptionsMixin,
-                        ThroughputLoggingMixin, Trainer):
+                        ResidualPrecisionMixin, ThroughputLoggingMixin, Trainer):
     """The Trainer every sparsebert job runs."""
 
     def __init__(self, *args, drop_last_batch: bool = False, **kwargs):

@@ -1,0 +1,44 @@
+"""ResidualPrecisionMixin: the residual stream in the autocast dtype (``model.half_precision_residual``).
+
+Under bf16 / fp16 autocast, matrix products run in half precision but LayerNorm runs in fp32 and returns fp32,
+so every layer's residual stream (LayerNorm output, residual add, dropout) is stored and read in fp32, and each
+matrix product first casts its input down. With this option every LayerNorm of the trained model still computes
+in fp32 but returns the autocast dtype: the residual stream is half precision, as in Megatron-style mixed
+precision, while weights, gradients and optimizer state stay fp32 (the Trainer's master weights). That halves
+the bytes of the memory-bound elementwise kernels around each LayerNorm; it also rounds each residual sum to
+8 mantissa bits, so it is an opt-in numerics change. Without autocast (fp32, CPU) it changes nothing. Teachers
+(distillation) keep their LayerNorms. Checkpoints are unchanged: the modules keep their class's parameters.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class AutocastDtypeLayerNorm(nn.LayerNorm):
+    """nn.LayerNorm whose output takes the autocast dtype (computed in fp32 as autocast does)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            return out.to(torch.get_autocast_dtype(device))
+        return out
+
+
+def use_half_precision_residual(model: nn.Module) -> int:
+    """Make every nn.LayerNorm of ``model`` an AutocastDtypeLayerNorm in place; returns how many."""
+    swapped = 0
+    for module in model.modules():
+        if type(module) is nn.LayerNorm:
+            module.__class__ = AutocastDtypeLayerNorm  # same parameters and state_dict keys
+            swapped += 1
+    return swapped
+
+
+class ResidualPrecisionMixin:
+    def __init__(self, *args, half_precision_residual: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        if half_precision_residual:
+            use_half_precision_residual(self.model)
