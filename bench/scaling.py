@@ -216,6 +216,7 @@ def worker(args: argparse.Namespace) -> None:
                     result = time_variant(registry, experiment, items, tokenizer, data, args.warmup)
             window = result.pop("window")
             result.update(clocks.summary(window) if clocks else {})
+            result.update(per_rank(result))
             result.update({"variant": variant, "gpus": world, "per_gpu_batch": args.batch, "repeat": repeat,
                            "compiled": variant != PLAIN_DDP
                            and "train.torch_compile=true" in overrides_of(variant)[1]})
@@ -233,6 +234,20 @@ def worker(args: argparse.Namespace) -> None:
             out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}-rank{rank}"
             time_variant(registry, experiment, items, tokenizer, data, args.warmup,
                          callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
+
+
+def per_rank(result: dict) -> dict:
+    """Every rank's own timed-window step time and host syncs per step (rank 0's alone time the run): a rank whose
+    window differs, or that syncs where others do not, is the one the others wait for."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return {}
+    mine = {"step_ms": round(result["step_ms"], 3), "host_syncs_per_step": result.get("host_syncs_per_step")}
+    ranks: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, mine)
+    return {"step_ms_per_rank": [r["step_ms"] for r in ranks],
+            "host_syncs_per_step_per_rank": [r["host_syncs_per_step"] for r in ranks]}
 
 
 def launch_variants(variants: list[str], gpus: int) -> list[str]:
