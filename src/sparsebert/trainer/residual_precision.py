@@ -1,13 +1,14 @@
 """ResidualPrecisionMixin: the residual stream in the autocast dtype (``model.half_precision_residual``).
 
-Under bf16 / fp16 autocast, matrix products run in half precision but LayerNorm runs in fp32 and returns fp32,
-so every layer's residual stream (LayerNorm output, residual add, dropout) is stored and read in fp32, and each
-matrix product first casts its input down. With this option every LayerNorm of the trained model still computes
-in fp32 but returns the autocast dtype: the residual stream is half precision, as in Megatron-style mixed
-precision, while weights, gradients and optimizer state stay fp32 (the Trainer's master weights). That halves
-the bytes of the memory-bound elementwise kernels around each LayerNorm; it also rounds each residual sum to
-8 mantissa bits, so it is an opt-in numerics change. Without autocast (fp32, CPU) it changes nothing. Teachers
-(distillation) keep their LayerNorms. Checkpoints are unchanged: the modules keep their class's parameters.
+Under bf16 / fp16 autocast on CUDA, matrix products run in half precision but LayerNorm runs in fp32 and returns
+fp32, so every layer's residual stream (LayerNorm output, residual add, dropout) is stored and read in fp32, and
+each matrix product first casts its input down. With this option every LayerNorm of the trained model computes
+as autocast has it (fp32 on CUDA) but returns the autocast dtype: the residual stream is half precision, as in
+Megatron-style mixed precision, while weights, gradients and optimizer state stay fp32 (the Trainer's master
+weights). That halves the bytes of the memory-bound elementwise kernels around each LayerNorm; it also rounds
+each residual sum to 8 mantissa bits (bf16; fp16 keeps 11 but its range can overflow where bf16 cannot), so it
+is an opt-in numerics change. Without autocast (fp32, CPU) it changes nothing. Teachers (distillation) keep
+their LayerNorms. Checkpoints are unchanged: the modules keep their class's parameters.
 """
 
 from __future__ import annotations
