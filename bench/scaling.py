@@ -96,6 +96,8 @@ def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
     world, cuda = int(os.environ.get("WORLD_SIZE", "1")), torch.cuda.is_available()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)  # collectives and synchronize() on this rank's GPU, not GPU 0
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     torch.manual_seed(cfg.seed)
@@ -216,7 +218,7 @@ def worker(args: argparse.Namespace) -> None:
                     result = time_variant(registry, experiment, items, tokenizer, data, args.warmup)
             window = result.pop("window")
             result.update(clocks.summary(window) if clocks else {})
-            result.update(per_rank(result))
+            result.update(per_rank(result, window))
             result.update({"variant": variant, "gpus": world, "per_gpu_batch": args.batch, "repeat": repeat,
                            "compiled": variant != PLAIN_DDP
                            and "train.torch_compile=true" in overrides_of(variant)[1]})
@@ -236,17 +238,23 @@ def worker(args: argparse.Namespace) -> None:
                          callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
 
 
-def per_rank(result: dict) -> dict:
-    """Every rank's own timed-window step time and host syncs per step (rank 0's alone time the run): a rank whose
-    window differs, or that syncs where others do not, is the one the others wait for."""
+def per_rank(result: dict, window: tuple[float, float]) -> dict:
+    """Every rank's timed-window step time, where its window started and ended relative to rank 0's (ms; the
+    ranks' perf_counter clocks are the host's monotonic clock, so they compare on one machine), and its host syncs
+    per step. The windows end after collectives, so their lengths agree closely; a rank that enters its window
+    late, or syncs where the others do not, is the one to look at."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return {}
-    mine = {"step_ms": round(result["step_ms"], 3), "host_syncs_per_step": result.get("host_syncs_per_step")}
+    mine = {"step_ms": round(result["step_ms"], 3), "window": window,
+            "host_syncs_per_step": result.get("host_syncs_per_step")}
     ranks: list[dict | None] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
+    start0, end0 = ranks[0]["window"]
     return {"step_ms_per_rank": [r["step_ms"] for r in ranks],
+            "window_start_offset_ms_per_rank": [round(1000 * (r["window"][0] - start0), 3) for r in ranks],
+            "window_end_offset_ms_per_rank": [round(1000 * (r["window"][1] - end0), 3) for r in ranks],
             "host_syncs_per_step_per_rank": [r["host_syncs_per_step"] for r in ranks]}
 
 

@@ -13,8 +13,12 @@ their LayerNorms. Checkpoints are unchanged: the modules keep their class's para
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 class AutocastDtypeLayerNorm(nn.LayerNorm):
@@ -42,4 +46,10 @@ class ResidualPrecisionMixin:
     def __init__(self, *args, half_precision_residual: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         if half_precision_residual:
-            use_half_precision_residual(self.model)
+            swapped = use_half_precision_residual(self.model)
+            if swapped == 0:
+                log.warning("model.half_precision_residual: this model has no nn.LayerNorm; nothing changes")
+            elif not (self.args.bf16 or self.args.fp16):
+                log.info("model.half_precision_residual has no effect without bf16 / fp16 (precision is fp32)")
+            else:
+                log.info("model.half_precision_residual: %d LayerNorms return the autocast dtype", swapped)
