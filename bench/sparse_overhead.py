@@ -87,7 +87,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
     timer = StepTimer(warmup)
     # host-GPU synchronizations in warm-up steps warmup-5 .. warmup-1 (compiled and recorded by then; untimed,
     # as the sync debug mode's warnings cost host time)
-    syncs = HostSyncCounter(start=warmup - 6, steps=5)
+    syncs = HostSyncCounter(start=warmup - 6, steps=5) if warmup >= 7 else None
     with tempfile.TemporaryDirectory() as tmp:
         trainer = SparseBertTrainer(
             model=model,
@@ -97,7 +97,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
             data_collator=MLMCollator.for_data(cfg.data, tokenizer),
             processing_class=tokenizer,
             preprocess_logits_for_metrics=scatter_masked_predictions,
-            callbacks=[timer, *([syncs] if warmup >= 7 else []), *(callbacks or [])],
+            callbacks=[timer, *([syncs] if syncs else []), *(callbacks or [])],
             tokens_per_sample=cfg.data.max_seq_length,
             **hooks,
         )
@@ -113,7 +113,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "window": (timer.start, timer.end),  # perf_counter ends of the timed steps (for samplers in this process)
     }
-    if syncs.result is not None:
+    if syncs is not None and syncs.result is not None:
         out["host_syncs_per_step"] = syncs.result["per_step"]
         out["host_sync_sites"] = syncs.result["sites"][:3]
     if "sparsity" in hooks:
