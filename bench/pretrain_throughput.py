@@ -58,6 +58,9 @@ OURS = [
     # measured yet
     ("ours-static-half-residual", "bert_100k", True, (*STATIC, "model.half_precision_residual=true"),
      " + static mask count + bf16 residual stream"),
+    ("ours-sparse-static-half-residual", "sparse_80_rigl", True,
+     (*STATIC, "train.torch_compile_mode=reduce-overhead", "model.half_precision_residual=true"),
+     " + static mask count + CUDA graphs + bf16 residual stream"),
 ]
 
 

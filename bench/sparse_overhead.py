@@ -6,6 +6,11 @@ seq 128, global batch 256, bf16 on GPU, the MLM collator on random full-length s
 ratio is averaged over update and non-update steps. Variants alternate over repeats to spread clock drift.
 
     python bench/sparse_overhead.py --tokenizer minilm --out docs/sparse_overhead.json
+
+``--upkeep`` times the controller's own work outside the Trainer instead, each part synchronized at both ends:
+masking the gradients before a step, re-applying the masks after it, and one whole RigL update step (dense
+gradient kept, masks moved, optimizer state reset). Amortized over ``rigl.update_freq`` steps, that is what the
+sparse step pays on top of the dense one.
 """
 
 from __future__ import annotations
@@ -124,6 +129,55 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
     return out
 
 
+def time_upkeep(registry: Registry, tokenizer, size: str, repeats: int = 5) -> dict:
+    """ms of each part of the mask upkeep of ``sparse_80_rigl`` on BERT-``size`` (median of ``repeats``)."""
+    cfg = registry.build("sparse_80_rigl", [f"model.size={size}", "train.max_steps=100000"])
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(cfg.seed)
+    model = build_mlm_model(cfg.model, tokenizer, cfg.data).to(device)
+    controller = build_hooks(cfg, model, cfg.train.max_steps, cfg.seed)["sparsity"]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    controller.attach_optimizer(opt)
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def fill_grads() -> None:
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, device=device, generator=g)
+
+    fill_grads()
+    opt.step()  # creates the AdamW state that a RigL update resets
+
+    def timed(fn) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return 1000 * (time.perf_counter() - start)
+
+    def rigl_step() -> None:
+        controller.step = cfg.rigl.update_freq * (controller.step // cfg.rigl.update_freq + 1) - 1  # next is due
+        controller.before_optimizer_step()
+        controller.on_optimizer_step()
+
+    runs: dict[str, list[float]] = {"grad_masking_ms": [], "mask_reapply_ms": [], "rigl_update_step_ms": []}
+    for _ in range(repeats):
+        fill_grads()
+        controller.step = 1  # not an update step
+        runs["grad_masking_ms"].append(timed(controller.before_optimizer_step))
+        runs["mask_reapply_ms"].append(timed(controller.apply_masks))
+        fill_grads()
+        runs["rigl_update_step_ms"].append(timed(rigl_step))
+    out: dict = {k: statistics.median(v) for k, v in runs.items()}
+    out["rigl_update_every"] = cfg.rigl.update_freq
+    out["per_step_amortized_ms"] = (out["grad_masking_ms"] + out["mask_reapply_ms"]
+                                    + out["rigl_update_step_ms"] / cfg.rigl.update_freq)
+    out["sparse_params"] = sum(p.numel() for p in controller.params.values())
+    out["runs"] = runs
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokenizer", default="minilm")
@@ -132,11 +186,21 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--size", default="base", help="model size (tiny for a CPU smoke run)")
+    p.add_argument("--upkeep", action="store_true", help="time the mask upkeep parts alone (see above)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
 
     registry = Registry.from_directory(ROOT / "experiments")
     tokenizer = load_tokenizer(args.tokenizer)
+    if args.upkeep:
+        r = time_upkeep(registry, tokenizer, args.size)
+        r.update({"card": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                  "date": date.today().isoformat(), "commit": git_commit(ROOT), "torch": torch.__version__})
+        print(json.dumps(r, indent=1))
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(r, indent=2) + "\n")
+        return
     overrides = timing_overrides(args.steps, args.batch, args.tokenizer, args.size)
     data = random_blocks(args.steps * args.batch, 128, len(tokenizer), tokenizer, seed=0)
     results = []
