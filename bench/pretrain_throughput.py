@@ -58,6 +58,9 @@ OURS = [
     # measured yet
     ("ours-static-half-residual", "bert_100k", True, (*STATIC, "model.half_precision_residual=true"),
      " + static mask count + bf16 residual stream"),
+    ("ours-static-half-residual-autotune", "bert_100k", True,
+     (*STATIC, "model.half_precision_residual=true", "train.torch_compile_mode=max-autotune-no-cudagraphs"),
+     " + static mask count + bf16 residual stream + max-autotune-no-cudagraphs"),
     ("ours-sparse-static-half-residual", "sparse_80_rigl", True,
      (*STATIC, "train.torch_compile_mode=reduce-overhead", "model.half_precision_residual=true"),
      " + static mask count + CUDA graphs + bf16 residual stream"),
