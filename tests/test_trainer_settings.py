@@ -137,3 +137,23 @@ def test_cached_flop_count_equals_the_trainers(registry, tmp_path):
     inputs = batch()
     expected = Trainer.floating_point_ops(ours, inputs)
     assert expected > 0 and ours.floating_point_ops(inputs) == ours.floating_point_ops(inputs) == expected
+
+
+@pytest.fixture
+def restore_matmul_precision():
+    generic, legacy = torch.backends.fp32_precision, torch.get_float32_matmul_precision()
+    yield
+    torch.backends.fp32_precision = generic
+    torch.set_float32_matmul_precision(legacy)
+
+
+def test_compiled_run_leaves_matmul_precision_readable(registry, tmp_path, restore_matmul_precision):
+    # what transformers does for a compiled bf16 run on a GPU (enable_tf32 through the new API); Inductor's
+    # matmul autotuning then reads the precision through the legacy getter, which raised and failed the compile
+    torch.backends.fp32_precision = "tf32"
+    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
+        torch.get_float32_matmul_precision()
+    cfg = registry.build("bert_tiny_quick", ["train.torch_compile=true"])
+    training_arguments(cfg.train, tmp_path, cfg.seed, "x")
+    assert torch.get_float32_matmul_precision() == "high"  # TF32 stays on
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"

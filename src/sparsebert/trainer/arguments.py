@@ -54,7 +54,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
              cfg.global_batch_size, per_device, world, accumulation, precision)
     if "wandb" in cfg.report_to and not os.environ.get("WANDB_API_KEY"):
         os.environ.setdefault("WANDB_MODE", "offline")  # never block a run on a login prompt
-    return TrainingArguments(
+    args = TrainingArguments(
         output_dir=str(run_dir),
         run_name=run_name,
         seed=seed,
@@ -98,3 +98,21 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=not os.isatty(2),
     )
+    if cfg.torch_compile:
+        settle_matmul_precision()
+    return args
+
+
+def settle_matmul_precision() -> None:
+    """Leave torch's fp32 matmul precision readable through its legacy getter.
+
+    For compiled bf16 runs transformers turns TF32 on through torch's new API (``torch.backends.fp32_precision =
+    "tf32"``). On torch 2.9+ ``torch.get_float32_matmul_precision()`` then raises ("mix of the legacy and new
+    APIs"), and Inductor calls it when it autotunes matmuls (``max-autotune*`` modes): the compile fails. The
+    legacy setter brings both APIs to one state with the same meaning (TF32 on = "high").
+    """
+    try:
+        torch.get_float32_matmul_precision()
+    except RuntimeError:
+        tf32 = getattr(torch.backends, "fp32_precision", "ieee") == "tf32"
+        torch.set_float32_matmul_precision("high" if tf32 else "highest")
