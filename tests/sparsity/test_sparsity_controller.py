@@ -211,3 +211,59 @@ def test_a_frozen_layer_leaves_the_other_gradients_masked(mlp):
     mlp_loss(mlp, torch.Generator().manual_seed(0)).backward()
     with pytest.raises(ValueError, match=r"0.weight received no gradient \(frozen, or unused"):
         rigl.before_optimizer_step()
+
+
+def _trainer_order(model, controller, optimizer, steps, spy) -> list:
+    """The Trainer's order: backward, mask the gradients, step, controller; counts mask re-applications."""
+    calls, stats = [], []
+    reapply = controller.apply_masks
+
+    def counted():
+        calls.append(controller.step)
+        reapply()
+
+    controller.apply_masks = counted
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        bert_loss(model, generator).backward()
+        controller.before_optimizer_step()
+        optimizer.step()
+        stats.append(controller.on_optimizer_step())
+        spy(controller)
+        optimizer.zero_grad(set_to_none=True)
+    return calls, stats
+
+
+def test_adamw_after_masked_gradients_needs_no_reapplied_masks():
+    # the step itself keeps masked weights at 0 (zero gradient, zero moments, decay of 0): only steps that change
+    # masks re-apply them, and the weights still hold the invariant after every step, RigL moves included
+    model, controller, optimizer = _rigl_bert()
+    calls, stats = _trainer_order(model, controller, optimizer, 10, assert_masked_weights_zero)
+    updates = [i + 1 for i, s in enumerate(stats) if s is not None]
+    assert updates == [3, 6, 9]
+    assert calls == updates  # after each update, and never after a plain step
+    active = {n: p.detach()[controller.masks[n]] for n, p in controller.params.items()}
+    assert all(bool((a != 0).any()) for a in active.values())  # the active weights did train
+
+
+@pytest.mark.parametrize("build", [
+    lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9, weight_decay=0.1),
+    lambda params: torch.optim.Adagrad(params, lr=0.05),
+])
+def test_other_optimizers_get_the_masks_reapplied_after_every_step(build):
+    model = make_tiny_bert()
+    controller = SparsityController(model, SparsityConfig(sparsity=0.8))
+    optimizer = build(model.parameters())
+    controller.attach_optimizer(optimizer)
+    calls, _ = _trainer_order(model, controller, optimizer, 4, assert_masked_weights_zero)
+    assert calls == [1, 2, 3, 4]
+
+
+def test_masks_are_reapplied_when_the_gradients_were_not_masked():
+    # a loop that skips before_optimizer_step lets AdamW move masked weights: the masks must put them back
+    model, controller, optimizer = _rigl_bert()
+    calls = []
+    reapply = controller.apply_masks
+    controller.apply_masks = lambda: (calls.append(controller.step), reapply())
+    train(model, controller, optimizer, 2, bert_loss, lambda _: assert_masked_weights_zero(controller))
+    assert calls == [1, 2]

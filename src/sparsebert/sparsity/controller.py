@@ -1,7 +1,8 @@
 """``SparsityController``: the one object the Trainer talks to.
 
 It owns the masks of the selected weights and keeps the invariant "a masked weight is exactly 0 after every
-optimizer step", and updates the masks on the RigL or GMP schedule. The Trainer calls ``on_optimizer_step()``
+optimizer step" (by re-applying the masks, or, for Adam / AdamW after masked gradients, by the step itself), and
+updates the masks on the RigL or GMP schedule. The Trainer calls ``on_optimizer_step()``
 once after every ``optimizer.step()``, with the (unscaled, all-reduced) gradients still in ``p.grad``.
 """
 
@@ -68,6 +69,7 @@ class SparsityController:
         self.step = 0
         self.optimizer: torch.optim.Optimizer | None = None
         self._growth_grads: dict[str, torch.Tensor] | None = None
+        self._grads_masked = False  # before_optimizer_step ran since the last optimizer step
 
         self.params = select_parameters(model, sparsity)
         if sparsity.pattern == "2:4":
@@ -117,6 +119,7 @@ class SparsityController:
             self._growth_grads = {n: p.grad.detach().clone() for n, p in self.params.items()}
         # a layer without a gradient (frozen) is skipped; every other one is masked
         apply_masks_([self.params[name].grad for name in with_grad], [self.masks[name] for name in with_grad])
+        self._grads_masked = True
 
     def on_optimizer_step(self, skipped: bool = False) -> dict[str, float] | None:
         """Call once after every ``optimizer.step()``; returns log stats when the masks changed, else None.
@@ -124,12 +127,14 @@ class SparsityController:
         ``skipped``: the fp16 grad scaler skipped the step (inf/nan gradients). It does not count as a step and
         never updates masks, but masks are still re-applied in case anything touched the weights.
         """
+        grads_masked, self._grads_masked = self._grads_masked, False
         if skipped:
             self._growth_grads = None  # inf/nan gradients: the update waits for the next real step
             self.apply_masks()
             return None
         self.step += 1
-        self.apply_masks()
+        if not (grads_masked and self._optimizer_keeps_zeros()):
+            self.apply_masks()
         if self.rigl is not None and rigl_update_due(self.step, self.rigl, self.rigl_end_step):
             stats = self._rigl_update()
         elif self.gmp is not None and gmp_update_due(self.step, self.gmp, self.gmp_end_step):
@@ -140,6 +145,17 @@ class SparsityController:
         self._growth_grads = None
         self.apply_masks()
         return stats
+
+    def _optimizer_keeps_zeros(self) -> bool:
+        """Whether the step just taken left every masked weight at exactly 0 by itself, so re-applying the masks
+        would rewrite 85 M weights (BERT-base) with what they already hold.
+
+        True for torch's Adam and AdamW when the gradients were masked before the step: at a masked position the
+        weight, its gradient and its moments are all 0 (the state starts at 0, and ``_commit`` zeroes it wherever
+        a mask changes), so the update is 0 / (0 + eps) = 0 and weight decay multiplies 0. Any other optimizer
+        gets the masks re-applied after every step; so does every step that changes masks.
+        """
+        return type(self.optimizer) in (torch.optim.Adam, torch.optim.AdamW)
 
     def state_dict(self) -> dict[str, Any]:
         return {
