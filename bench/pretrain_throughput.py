@@ -61,10 +61,20 @@ OURS = [
     ("ours-static-half-residual-autotune", "bert_100k", True,
      (*STATIC, "model.half_precision_residual=true", "train.torch_compile_mode=max-autotune-no-cudagraphs"),
      " + static mask count + bf16 residual stream + max-autotune-no-cudagraphs"),
+    ("ours-static-half-residual-cudagraphs", "bert_100k", True,
+     (*STATIC, "model.half_precision_residual=true", "train.torch_compile_mode=reduce-overhead"),
+     " + static mask count + bf16 residual stream + CUDA graphs"),
+    # Inductor's combo kernels (horizontal fusion of independent small kernels, e.g. the ~200 per-weight bf16
+    # casts of a step) set for this run only; a trial, not yet a train option
+    ("ours-static-half-residual-combo", "bert_100k", True, (*STATIC, "model.half_precision_residual=true"),
+     " + static mask count + bf16 residual stream + Inductor combo kernels"),
     ("ours-sparse-static-half-residual", "sparse_80_rigl", True,
      (*STATIC, "train.torch_compile_mode=reduce-overhead", "model.half_precision_residual=true"),
      " + static mask count + CUDA graphs + bf16 residual stream"),
 ]
+
+
+INDUCTOR_PATCHES = {"ours-static-half-residual-combo": {"combo_kernels": True}}
 
 
 def flops_per_token(cfg) -> float:
@@ -106,7 +116,7 @@ def baseline(vocab: int, batch: int, steps: int, warmup: int, attn: str, compile
 
 
 def ours(callbacks: list, experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: int,
-         compiled: bool, extra: tuple[str, ...] = (), label: str = "") -> dict:
+         compiled: bool, extra: tuple[str, ...] = (), label: str = "", inductor: dict | None = None) -> dict:
     from sparse_overhead import random_blocks, time_variant, timing_overrides
 
     from sparsebert.config import Registry
@@ -116,8 +126,11 @@ def ours(callbacks: list, experiment: str, tokenizer_path: str, batch: int, step
     overrides = [*timing_overrides(steps, batch, tokenizer_path), f"train.torch_compile={str(compiled).lower()}",
                  *extra]
     data = random_blocks(steps * batch, SEQ, len(tokenizer), tokenizer, seed=0)
-    r = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, overrides, tokenizer, data, warmup,
-                     callbacks)
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(inductor or {}):
+        r = time_variant(Registry.from_directory(ROOT / "experiments"), experiment, overrides, tokenizer, data,
+                         warmup, callbacks)
     r.pop("window")
     r["variant"] = f"sparsebert {experiment}" + (" + torch.compile" if compiled else "") + label
     return r
@@ -150,7 +163,8 @@ def main() -> None:
     plan = [(key, lambda cb, attn=attn, compiled=compiled: baseline(vocab, args.batch, args.steps, args.warmup,
                                                                      attn, compiled))
             for key, attn, compiled in BASELINES]
-    plan += [(key, lambda cb, v=v: ours(cb, v[0], args.tokenizer, args.batch, args.ours_steps, args.warmup, *v[1:]))
+    plan += [(key, lambda cb, key=key, v=v: ours(cb, v[0], args.tokenizer, args.batch, args.ours_steps,
+                                                  args.warmup, *v[1:], inductor=INDUCTOR_PATCHES.get(key, {})))
              for key, *v in OURS]
     profile = {key.strip() for key in args.profile.split(",")} - {""}
     for flag, keys, known in (("--skip", skip, [k for k, _ in plan]), ("--profile", profile, [k for k, *_ in OURS])):

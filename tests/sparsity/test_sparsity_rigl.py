@@ -17,7 +17,7 @@ from sparsebert.sparsity import (
     rigl_layer_change,
     rigl_update_due,
 )
-from sparsebert.sparsity.masks import make_generator
+from sparsebert.sparsity.masks import make_generator, top_k_indices
 
 
 def test_cosine_drop_fraction_schedule():
@@ -197,3 +197,27 @@ def test_rigl_needs_gradients_and_the_optimizer():
     controller.attach_optimizer(optimizer)
     mlp_loss(model, torch.Generator().manual_seed(0)).backward()
     assert controller.on_optimizer_step()["rigl/moved_total"] > 0
+
+
+def test_top_k_breaks_exact_ties_uniformly():
+    # 5 of 20 tied entries over 2000 seeded draws: each entry is picked ~500 times (binomial sd ~19)
+    scores = torch.zeros(20)
+    eligible = torch.ones(20, dtype=torch.bool)
+    counts = torch.zeros(20)
+    for seed in range(2000):
+        counts[top_k_indices(scores, eligible, 5, make_generator(seed, 1, scores.device))] += 1
+    assert counts.sum() == 5 * 2000
+    assert counts.min() > 420 and counts.max() < 580, counts.tolist()
+
+
+def test_top_k_keeps_the_order_of_unequal_scores():
+    scores = torch.tensor([-3.0, -0.0, 0.0, 2.5, -1e-30, float("-inf"), 1e-30, -2.0, float("nan"), 7.0])
+    eligible = torch.tensor([True, True, True, True, True, True, True, True, True, False])
+    generator = make_generator(0, 1, scores.device)
+    picked = top_k_indices(scores, eligible, 6, generator)
+    # NaN first (as a descending sort puts it), then 2.5, 1e-30, the two zeros (a tie), -1e-30; never index 9
+    assert sorted(picked.tolist()) == [1, 2, 3, 4, 6, 8]
+    everything = top_k_indices(scores, eligible, 9, generator)
+    assert sorted(everything.tolist()) == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # -inf included, the ineligible 7.0 not
+    with pytest.raises(ValueError, match="cannot pick 10 of 9"):
+        top_k_indices(scores, eligible, 10, generator)

@@ -284,17 +284,21 @@ class SparsityController:
         if self.rigl.global_ranking:
             changes = rigl_global_change(self.params, grads, self.masks, drop_fraction, generator)
         else:
+            # every layer's active count in one device-to-host read, not one per layer
+            active = _counts([self.masks[name] for name in self.params])
             changes = {
-                name: rigl_layer_change(param, grads[name], self.masks[name], drop_fraction, generator)
-                for name, param in self.params.items()
+                name: rigl_layer_change(param, grads[name], self.masks[name], drop_fraction, generator, n_active=n)
+                for (name, param), n in zip(self.params.items(), active)
             }
-        stats = {"rigl/drop_fraction": drop_fraction}
         for name, change in changes.items():
             self._commit(name, change)
-            stats[f"rigl/moved/{name}"] = float(change.grown.sum())
-        stats["rigl/moved_total"] = float(sum(stats[f"rigl/moved/{name}"] for name in changes))
-        initially_active = sum(int(m.sum()) for m in self.initial_masks.values())
-        gone = sum(int((self.initial_masks[n] & ~self.masks[n]).sum()) for n in self.masks)
+        names = list(changes)
+        moved = _counts([changes[name].grown for name in names])
+        stats = {"rigl/drop_fraction": drop_fraction,
+                 **{f"rigl/moved/{name}": float(n) for name, n in zip(names, moved)}}
+        stats["rigl/moved_total"] = float(sum(moved))
+        initially_active = sum(_counts(list(self.initial_masks.values())))
+        gone = sum(_counts([self.initial_masks[n] & ~self.masks[n] for n in self.masks]))
         stats["rigl/mask_changed_since_start"] = gone / initially_active if initially_active else 0.0
         return stats
 
@@ -323,3 +327,10 @@ class SparsityController:
         active = sum(int(m.sum()) for m in self.masks.values())
         total = sum(m.numel() for m in self.masks.values())
         return {"gmp/sparsity": 1.0 - active / total}
+
+
+def _counts(masks: list[torch.Tensor]) -> list[int]:
+    """The number of True entries of each mask, read back from the device once for all of them."""
+    if not masks:
+        return []
+    return torch.stack([m.sum() for m in masks]).tolist()

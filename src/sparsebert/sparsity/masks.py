@@ -18,21 +18,32 @@ def make_generator(seed: int, step: int, device: torch.device) -> torch.Generato
 
 
 def top_k_indices(
-    scores: torch.Tensor, eligible: torch.Tensor, k: int, generator: torch.Generator
+    scores: torch.Tensor, eligible: torch.Tensor, k: int, generator: torch.Generator,
+    n_eligible: int | None = None,
 ) -> torch.Tensor:
     """Flat indices of the ``k`` eligible entries with the largest scores; ties broken at random.
 
     Ties are common (a gradient is exactly 0 for every embedding row not in the batch), and a deterministic
-    tie-break would always favour low indices. Sorting a random permutation of the candidates with a *stable*
-    sort breaks exact ties uniformly at random without perturbing the order of unequal scores, as additive
-    noise would.
+    tie-break would always favour low indices. Each entry gets one 64-bit key: its score, mapped to an integer
+    of the same order, in the high 32 bits and 32 random bits from ``generator`` in the low ones. Unequal
+    scores keep their order (additive noise would perturb it); exactly tied scores are ordered by the random
+    bits, i.e. uniformly at random. One ``topk`` over the keys replaces a permutation plus a full stable sort
+    (a RigL update ranks every weight of the model twice). NaN scores rank first, as in a descending sort.
+    ``n_eligible`` (the number of True entries of ``eligible``), when the caller already knows it, saves a
+    device-to-host read.
     """
-    candidates = eligible.reshape(-1).nonzero().squeeze(1)
-    if k > candidates.numel():
-        raise ValueError(f"cannot pick {k} of {candidates.numel()} eligible entries")
-    perm = candidates[torch.randperm(candidates.numel(), generator=generator, device=candidates.device)]
-    order = torch.sort(scores.reshape(-1)[perm], descending=True, stable=True).indices
-    return perm[order[:k]]
+    flat = scores.detach().reshape(-1).float()
+    flat = torch.where(torch.isnan(flat), torch.inf, flat) + 0.0  # NaN first; + 0.0 turns -0.0 into 0.0
+    bits = flat.view(torch.int32)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # integer order == float order (negatives' magnitude bits flipped)
+    noise = torch.randint(0, 2**32, flat.shape, generator=generator, dtype=torch.int64, device=flat.device)
+    keys = (ordered.to(torch.int64) << 32) | noise
+    # -inf maps above int32's minimum, so an ineligible key sorts below every eligible one
+    keys = keys.masked_fill(~eligible.reshape(-1), torch.iinfo(torch.int64).min)
+    available = int(eligible.sum()) if n_eligible is None else n_eligible
+    if k > available:
+        raise ValueError(f"cannot pick {k} of {available} eligible entries")
+    return torch.topk(keys, k, sorted=False).indices
 
 
 def mask_from_indices(indices: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

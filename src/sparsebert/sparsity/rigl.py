@@ -45,16 +45,19 @@ def rigl_layer_change(
     mask: torch.Tensor,
     drop_fraction: float,
     generator: torch.Generator,
+    n_active: int | None = None,
 ) -> MaskChange:
     """Move ``round(drop_fraction · active)`` weights of one layer, keeping its density exactly constant.
 
     Growth only considers positions inactive *before* this update, so a weight just dropped cannot be regrown
-    in the same update (which would make the move a no-op and inflate the reported count).
+    in the same update (which would make the move a no-op and inflate the reported count). ``n_active``: the
+    mask's number of active weights, when the caller has it (saves a device-to-host read per layer).
     """
-    n_active = int(mask.sum())
-    n_move = min(round(drop_fraction * n_active), mask.numel() - n_active)
-    dropped = top_k_indices(-weight.detach().abs(), mask, n_move, generator)
-    grown = top_k_indices(grad.abs(), ~mask, n_move, generator)
+    n_active = int(mask.sum()) if n_active is None else n_active
+    n_inactive = mask.numel() - n_active
+    n_move = min(round(drop_fraction * n_active), n_inactive)
+    dropped = top_k_indices(-weight.detach().abs(), mask, n_move, generator, n_eligible=n_active)
+    grown = top_k_indices(grad.abs(), ~mask, n_move, generator, n_eligible=n_inactive)
     return MaskChange(dropped=mask_from_indices(dropped, mask), grown=mask_from_indices(grown, mask))
 
 
@@ -72,9 +75,10 @@ def rigl_global_change(
     magnitude = torch.cat([weights[n].detach().abs().reshape(-1) for n in names])
     grad = torch.cat([grads[n].abs().reshape(-1).to(magnitude.dtype) for n in names])
     n_active = int(mask.sum())
-    n_move = min(round(drop_fraction * n_active), mask.numel() - n_active)
-    dropped = mask_from_indices(top_k_indices(-magnitude, mask, n_move, generator), mask)
-    grown = mask_from_indices(top_k_indices(grad, ~mask, n_move, generator), mask)
+    n_inactive = mask.numel() - n_active
+    n_move = min(round(drop_fraction * n_active), n_inactive)
+    dropped = mask_from_indices(top_k_indices(-magnitude, mask, n_move, generator, n_eligible=n_active), mask)
+    grown = mask_from_indices(top_k_indices(grad, ~mask, n_move, generator, n_eligible=n_inactive), mask)
     sizes = [masks[n].numel() for n in names]
     return {
         name: MaskChange(dropped=d.view(masks[name].shape), grown=g.view(masks[name].shape))
