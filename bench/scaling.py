@@ -72,12 +72,40 @@ DDP_LEVERS = {
     # 4 NVLink GPUs (355 GB/s bus bandwidth), less than the ~5 ms per step the 4-GPU step loses now
     "static_cudagraphs_one_bucket": ("bert_100k_static_cudagraphs", ["train.ddp.bucket_cap_mb=1024"]),
 }
+# A diagnostic, not a setting: DDP with a communication hook that returns every bucket as it is, so the step
+# does all of DDP's work (graph split, bucket copies, hooks) except the all-reduce itself; the gradients are then
+# not averaged, so only its time means anything. With the 1-GPU run it splits the multi-GPU loss into the
+# all-reduce's share and the rest.
+NO_ALLREDUCE = "static_cudagraphs_no_allreduce"
+DDP_LEVERS[NO_ALLREDUCE] = ("bert_100k_static_cudagraphs", [])
 for _name, (_reference, _ddp) in DDP_LEVERS.items():
     VARIANTS[_name] = (VARIANTS[_reference][0], [*VARIANTS[_reference][1], *_ddp])
 DDP_ONLY = {name: reference for name, (reference, _) in DDP_LEVERS.items()}
 # "plain_ddp" is not a registry variant: the same model, collator, optimizer and DDP settings as bert_100k in a
 # hand-written torch DDP loop, without the Trainer and Accelerate (what they add on top of DDP is the difference).
 PLAIN_DDP = "plain_ddp"
+
+
+@contextlib.contextmanager
+def without_allreduce(active: bool):
+    """While ``active``: Accelerate registers a DDP communication hook that skips the all-reduce (NO_ALLREDUCE)."""
+    if not active:
+        yield
+        return
+    import torch
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    def keep_bucket(state, bucket):
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    original = DistributedDataParallelKwargs.register_comm_hook
+    DistributedDataParallelKwargs.register_comm_hook = lambda self, model: model.register_comm_hook(None, keep_bucket)
+    try:
+        yield
+    finally:
+        DistributedDataParallelKwargs.register_comm_hook = original
 
 
 def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
@@ -215,7 +243,8 @@ def worker(args: argparse.Namespace) -> None:
                     result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
                 else:
                     experiment, items = overrides_of(variant)
-                    result = time_variant(registry, experiment, items, tokenizer, data, args.warmup)
+                    with without_allreduce(variant == NO_ALLREDUCE):
+                        result = time_variant(registry, experiment, items, tokenizer, data, args.warmup)
             window = result.pop("window")
             result.update(clocks.summary(window) if clocks else {})
             result.update(per_rank(result, window))
@@ -234,8 +263,9 @@ def worker(args: argparse.Namespace) -> None:
             torch._dynamo.reset()  # compiled afresh, as in the timed runs
             experiment, items = overrides_of(variant)
             out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}-rank{rank}"
-            time_variant(registry, experiment, items, tokenizer, data, args.warmup,
-                         callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
+            with without_allreduce(variant == NO_ALLREDUCE):
+                time_variant(registry, experiment, items, tokenizer, data, args.warmup,
+                             callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
 
 
 def per_rank(result: dict, window: tuple[float, float]) -> dict:

@@ -221,3 +221,12 @@ def test_top_k_keeps_the_order_of_unequal_scores():
     assert sorted(everything.tolist()) == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # -inf included, the ineligible 7.0 not
     with pytest.raises(ValueError, match="cannot pick 10 of 9"):
         top_k_indices(scores, eligible, 10, generator)
+
+
+def test_the_sort_and_the_topk_path_pick_the_same_entries():
+    from sparsebert.sparsity.masks import _largest
+
+    keys = torch.randperm(5000, generator=torch.Generator().manual_seed(0)).to(torch.int64) * 7919 - 10**6
+    by_topk = _largest(keys, 300)
+    by_sort = torch.sort(keys, descending=True).indices[:300]  # what _largest runs on CUDA
+    assert sorted(by_topk.tolist()) == sorted(by_sort.tolist())
