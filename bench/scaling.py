@@ -71,6 +71,14 @@ DDP_LEVERS = {
     # whether overlap costs more than it hides: one fp32 all-reduce of BERT-base's 440 MB should take ~2 ms on
     # 4 NVLink GPUs (355 GB/s bus bandwidth), less than the ~5 ms per step the 4-GPU step loses now
     "static_cudagraphs_one_bucket": ("bert_100k_static_cudagraphs", ["train.ddp.bucket_cap_mb=1024"]),
+    # one compiled graph under DDP (no DDPOptimizer split at the buckets): the profile of the split step showed
+    # ~1.1 ms per step of extra kernels at the graph boundaries and its matrix products slowed by the all-reduce
+    # running beside them; unsplit, every gradient is ready at the end of the backward and the all-reduce runs
+    # after it, alone
+    "static_cudagraphs_nosplit": ("bert_100k_static_cudagraphs", ["train.ddp.split_compiled_graphs=false"]),
+    # the same with half the bytes on the wire (bf16 all-reduce)
+    "static_cudagraphs_nosplit_bf16": ("bert_100k_static_cudagraphs", ["train.ddp.split_compiled_graphs=false",
+                                                                      "train.ddp.comm_hook=bf16"]),
 }
 # A diagnostic, not a setting: DDP with a communication hook that returns every bucket as it is, so the step
 # does all of DDP's work (graph split, bucket copies, hooks) except the all-reduce itself; the gradients are then
