@@ -177,8 +177,10 @@ def main() -> None:
         try:
             r = fn([])
         except Exception as e:  # one variant that fails to compile must not cost the rest of the call
-            print(f"{key} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}", file=sys.stderr, flush=True)
+            first_line = (str(e).splitlines() or [""])[0]
+            print(f"{key} FAILED: {type(e).__name__}: {first_line[:300]}", file=sys.stderr, flush=True)
             torch._dynamo.reset()
+            torch.cuda.empty_cache()
             continue
         r.pop("flops_config", None)
         r["key"] = key

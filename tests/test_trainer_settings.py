@@ -141,10 +141,13 @@ def test_cached_flop_count_equals_the_trainers(registry, tmp_path):
 
 @pytest.fixture
 def restore_matmul_precision():
-    generic, legacy = torch.backends.fp32_precision, torch.get_float32_matmul_precision()
+    # the generic setting and each backend's own ("none" = inherit the generic one), as they were
+    backends = [torch.backends.cuda.matmul, torch.backends.mkldnn.matmul]
+    generic, own = torch.backends.fp32_precision, [b.fp32_precision for b in backends]
     yield
     torch.backends.fp32_precision = generic
-    torch.set_float32_matmul_precision(legacy)
+    for backend, value in zip(backends, own):
+        backend.fp32_precision = value
 
 
 def test_compiled_run_leaves_matmul_precision_readable(registry, tmp_path, restore_matmul_precision):

@@ -241,7 +241,7 @@ def test_adamw_after_masked_gradients_needs_no_reapplied_masks():
     calls, stats = _trainer_order(model, controller, optimizer, 10, assert_masked_weights_zero)
     updates = [i + 1 for i, s in enumerate(stats) if s is not None]
     assert updates == [3, 6, 9]
-    assert calls == updates  # after each update, and never after a plain step
+    assert calls == [1, *updates]  # once to clear the state at masked positions, then only after updates
     active = {n: p.detach()[controller.masks[n]] for n, p in controller.params.items()}
     assert all(bool((a != 0).any()) for a in active.values())  # the active weights did train
 
@@ -267,3 +267,29 @@ def test_masks_are_reapplied_when_the_gradients_were_not_masked():
     controller.apply_masks = lambda: (calls.append(controller.step), reapply())
     train(model, controller, optimizer, 2, bert_loss, lambda _: assert_masked_weights_zero(controller))
     assert calls == [1, 2]
+
+
+def test_moments_from_unmasked_gradients_cannot_move_masked_weights_later():
+    # a step without masked gradients leaves AdamW moments at masked positions; skipping the re-application on
+    # the next masked-gradient steps would let them move masked weights, so the state is cleared first
+    model, controller, optimizer = _rigl_bert()
+    train(model, controller, optimizer, 1, bert_loss)  # no before_optimizer_step: moments everywhere
+    moments = optimizer.state[next(iter(controller.params.values()))]["exp_avg"]
+    assert bool((moments[~next(iter(controller.masks.values()))] != 0).any())
+    _trainer_order(model, controller, optimizer, 2, assert_masked_weights_zero)
+    for name, param in controller.params.items():
+        for value in optimizer.state[param].values():
+            if value.shape == param.shape:
+                assert not bool((value[~controller.masks[name]] != 0).any()), name
+
+
+def test_state_loaded_before_attaching_is_cleared_at_masked_positions():
+    # e.g. optimizer state from a dense run: attaching marks it as not built under these masks
+    model = make_tiny_bert()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    bert_loss(model, torch.Generator().manual_seed(1)).backward()
+    optimizer.step()  # dense moments everywhere
+    optimizer.zero_grad(set_to_none=True)
+    controller = SparsityController(model, SparsityConfig(sparsity=0.8))
+    controller.attach_optimizer(optimizer)
+    _trainer_order(model, controller, optimizer, 3, assert_masked_weights_zero)

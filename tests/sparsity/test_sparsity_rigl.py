@@ -211,11 +211,12 @@ def test_top_k_breaks_exact_ties_uniformly():
 
 
 def test_top_k_keeps_the_order_of_unequal_scores():
-    scores = torch.tensor([-3.0, -0.0, 0.0, 2.5, -1e-30, float("-inf"), 1e-30, -2.0, float("nan"), 7.0])
+    negative_nan = -torch.tensor(float("nan")).abs()  # -|w| of a NaN weight: the sign bit set
+    scores = torch.tensor([-3.0, -0.0, 0.0, 2.5, -1e-30, float("-inf"), 1e-30, -2.0, negative_nan, 7.0])
     eligible = torch.tensor([True, True, True, True, True, True, True, True, True, False])
     generator = make_generator(0, 1, scores.device)
     picked = top_k_indices(scores, eligible, 6, generator)
-    # NaN first (as a descending sort puts it), then 2.5, 1e-30, the two zeros (a tie), -1e-30; never index 9
+    # NaN first (ranked as +inf, whatever its sign bit), then 2.5, 1e-30, the two zeros (a tie), -1e-30; never 9
     assert sorted(picked.tolist()) == [1, 2, 3, 4, 6, 8]
     everything = top_k_indices(scores, eligible, 9, generator)
     assert sorted(everything.tolist()) == [0, 1, 2, 3, 4, 5, 6, 7, 8]  # -inf included, the ineligible 7.0 not
@@ -230,3 +231,12 @@ def test_the_sort_and_the_topk_path_pick_the_same_entries():
     by_topk = _largest(keys, 300)
     by_sort = torch.sort(keys, descending=True).indices[:300]  # what _largest runs on CUDA
     assert sorted(by_topk.tolist()) == sorted(by_sort.tolist())
+
+
+def test_minus_zero_and_zero_are_one_tie():
+    # -|w| of a just-regrown weight is -0.0; it must tie with +0.0 rather than rank below it
+    scores = torch.tensor([-0.0, 0.0, -1.0, -2.0])
+    eligible = torch.ones(4, dtype=torch.bool)
+    picks = [top_k_indices(scores, eligible, 1, make_generator(seed, 1, scores.device)).item() for seed in range(400)]
+    assert set(picks) == {0, 1}
+    assert 150 < picks.count(0) < 250

@@ -70,6 +70,8 @@ class SparsityController:
         self.optimizer: torch.optim.Optimizer | None = None
         self._growth_grads: dict[str, torch.Tensor] | None = None
         self._grads_masked = False  # before_optimizer_step ran since the last optimizer step
+        # the optimizer's moments are 0 at every masked position (see _optimizer_keeps_zeros)
+        self._masked_state_clean = False
 
         self.params = select_parameters(model, sparsity)
         if sparsity.pattern == "2:4":
@@ -95,8 +97,14 @@ class SparsityController:
                 self.initial_masks[name] = self.initial_masks[name].to(param.device)
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        """Needed before a RigL update: regrown weights must not inherit the stale state of their position."""
+        """Needed before a RigL update: regrown weights must not inherit the stale state of their position.
+
+        Attach again after loading optimizer state by hand: whatever state the optimizer holds was not built under
+        these masks, so its masked positions are cleared at the next step (the Trainer loads a checkpoint's state
+        before ``on_train_begin`` attaches it).
+        """
         self.optimizer = optimizer
+        self._masked_state_clean = False
 
     def apply_masks(self) -> None:
         apply_masks_(list(self.params.values()), [self.masks[name] for name in self.params])
@@ -133,8 +141,16 @@ class SparsityController:
             self.apply_masks()
             return None
         self.step += 1
-        if not (grads_masked and self._optimizer_keeps_zeros()):
+        if grads_masked and self._optimizer_keeps_zeros():
+            if not self._masked_state_clean:
+                # once after attaching (or after a step with unmasked gradients): moments left at masked positions
+                # would move masked weights on every later step
+                self._clear_masked_optimizer_state()
+                self.apply_masks()
+                self._masked_state_clean = True
+        else:
             self.apply_masks()
+            self._masked_state_clean = False  # unmasked gradients may have reached the moments
         if self.rigl is not None and rigl_update_due(self.step, self.rigl, self.rigl_end_step):
             stats = self._rigl_update()
         elif self.gmp is not None and gmp_update_due(self.step, self.gmp, self.gmp_end_step):
@@ -147,15 +163,20 @@ class SparsityController:
         return stats
 
     def _optimizer_keeps_zeros(self) -> bool:
-        """Whether the step just taken left every masked weight at exactly 0 by itself, so re-applying the masks
-        would rewrite 85 M weights (BERT-base) with what they already hold.
+        """Whether a step after masked gradients leaves every masked weight at exactly 0 by itself, so re-applying
+        the masks would rewrite 85 M weights (BERT-base) with what they already hold.
 
-        True for torch's Adam and AdamW when the gradients were masked before the step: at a masked position the
-        weight, its gradient and its moments are all 0 (the state starts at 0, and ``_commit`` zeroes it wherever
-        a mask changes), so the update is 0 / (0 + eps) = 0 and weight decay multiplies 0. Any other optimizer
-        gets the masks re-applied after every step; so does every step that changes masks.
+        True for torch's Adam and AdamW once their moments are 0 at the masked positions (``_masked_state_clean``:
+        cleared once after attaching the optimizer or after any step with unmasked gradients, and kept so by
+        ``_commit``, which zeroes the state wherever a mask changes): weight, gradient and moments are then all 0,
+        so the update is 0 / (0 + eps) = 0 and weight decay multiplies 0. Any other optimizer gets the masks
+        re-applied after every step; so does every step that changes masks.
         """
         return type(self.optimizer) in (torch.optim.Adam, torch.optim.AdamW)
+
+    def _clear_masked_optimizer_state(self) -> None:
+        for name, param in self.params.items():
+            reset_optimizer_state(self.optimizer, param, ~self.masks[name])
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -177,6 +198,7 @@ class SparsityController:
         self.masks = self._given_masks(state["masks"])
         self.initial_masks = self._given_masks(state["initial_masks"])
         self.step = int(state["step"])
+        self._masked_state_clean = False  # the optimizer's state was built under the masks it had before
         self.apply_masks()
 
     def save(self, directory: str | os.PathLike) -> None:

@@ -27,13 +27,15 @@ def top_k_indices(
     tie-break would always favour low indices. Each entry gets one 64-bit key: its score, mapped to an integer
     of the same order, in the high 32 bits and 32 random bits from ``generator`` in the low ones. Unequal
     scores keep their order (additive noise would perturb it); exactly tied scores are ordered by the random
-    bits, i.e. uniformly at random. One ``topk`` over the keys replaces a permutation plus a full stable sort
-    (a RigL update ranks every weight of the model twice). NaN scores rank first, as in a descending sort.
+    bits, i.e. uniformly at random (two tied entries draw the same 32 bits with probability 2^-32; such a pair is
+    ordered by index). One selection over the keys replaces a permutation plus a full stable sort (a RigL update
+    ranks every weight of the model twice). Scores are compared in float32 (weights and gradients here are fp32 or
+    bf16); NaN ranks as +inf, ahead of every finite score.
     ``n_eligible`` (the number of True entries of ``eligible``), when the caller already knows it, saves a
     device-to-host read.
     """
     flat = scores.detach().reshape(-1).float()
-    flat = torch.where(torch.isnan(flat), torch.inf, flat) + 0.0  # NaN first; + 0.0 turns -0.0 into 0.0
+    flat = torch.where(torch.isnan(flat), torch.inf, flat) + 0.0  # NaN as +inf; + 0.0 turns -0.0 into 0.0
     bits = flat.view(torch.int32)
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # integer order == float order (negatives' magnitude bits flipped)
     noise = torch.randint(0, 2**32, flat.shape, generator=generator, dtype=torch.int64, device=flat.device)
@@ -47,13 +49,15 @@ def top_k_indices(
 
 
 def _largest(keys: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the ``k`` largest of distinct int64 ``keys`` (in no particular order).
+    """Indices of the ``k`` largest int64 ``keys`` (in no particular order).
 
     On CUDA a full radix sort is faster than ``topk``: CUB's sort takes 8 bits per pass over the 64-bit keys,
     torch's top-k radix select 2. One RigL update step of ``sparse_80_rigl`` (BERT-base) on an H200 took 69 ms
     this way, 100 ms with ``topk`` and 78 ms with the permutation plus stable sort used before (median of 5,
     ``bench/sparse_overhead.py --upkeep``, three machines of the same kind). On CPU ``topk`` is the faster one
-    (tiny BERT: 13 ms against 32 ms for the old way). The keys are distinct, so both return the same set.
+    (tiny BERT: 13 ms against 32 ms for the old way). Both return the same set unless equal keys straddle the k-th
+    place (ineligible keys never do, as k never exceeds the eligible count; tied scores with equal random bits
+    almost never).
     """
     if keys.is_cuda:
         return torch.sort(keys, descending=True).indices[:k]

@@ -1,6 +1,7 @@
 """Clearing optimizer state at weights whose mask changed.
 
-A masked weight still receives gradients, so AdamW keeps accumulating exp_avg / exp_avg_sq for it. If that
+A masked weight still receives a gradient from the backward pass; the controller zeroes it before each step, but
+state built before the masks (or by a step with unmasked gradients) can hold exp_avg / exp_avg_sq there. If that
 stale momentum survived regrowth, the weight would jump away from its intended start at 0 on the next step.
 """
 

@@ -106,13 +106,16 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
 def settle_matmul_precision() -> None:
     """Leave torch's fp32 matmul precision readable through its legacy getter.
 
-    For compiled bf16 runs transformers turns TF32 on through torch's new API (``torch.backends.fp32_precision =
-    "tf32"``). On torch 2.9+ ``torch.get_float32_matmul_precision()`` then raises ("mix of the legacy and new
-    APIs"), and Inductor calls it when it autotunes matmuls (``max-autotune*`` modes): the compile fails. The
-    legacy setter brings both APIs to one state with the same meaning (TF32 on = "high").
+    For compiled runs (bf16, or fp32 without ``tf32`` set) transformers turns TF32 on through torch's new API
+    (``torch.backends.fp32_precision = "tf32"``). On torch 2.9+ ``torch.get_float32_matmul_precision()`` then
+    raises ("mix of the legacy and new APIs"), and Inductor calls it when it autotunes matmuls (``max-autotune*``
+    modes): the compile fails. The legacy setter brings both APIs to one state with the same meaning for CUDA
+    matmuls (TF32 on = "high").
     """
     try:
         torch.get_float32_matmul_precision()
     except RuntimeError:
-        tf32 = getattr(torch.backends, "fp32_precision", "ieee") == "tf32"
-        torch.set_float32_matmul_precision("high" if tf32 else "highest")
+        matmul = getattr(torch.backends.cuda.matmul, "fp32_precision", "none")
+        if matmul == "none":  # inherits the generic setting
+            matmul = getattr(torch.backends, "fp32_precision", "ieee")
+        torch.set_float32_matmul_precision("high" if matmul == "tf32" else "highest")

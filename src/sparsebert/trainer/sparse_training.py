@@ -5,8 +5,9 @@ The order inside one optimizer step, and why:
 2. ``before_optimizer_step`` (from ``training_step`` of the last micro-batch): keep the dense gradient when a RigL
    update is due, then zero masked gradients, so clipping and AdamW see the sparse model only;
 3. clip, ``optimizer.step()``;
-4. ``on_optimizer_step`` (callback): re-apply masks, and on schedule update them (RigL from the gradient kept
-   in 2, of this step's own batch). Steps the fp16 scaler skipped do not count.
+4. ``on_optimizer_step`` (callback): keep masked weights at 0 (AdamW after masked gradients already does; other
+   optimizers get the masks re-applied), and on schedule update the masks (RigL from the gradient kept in 2, of
+   this step's own batch). Steps the fp16 scaler skipped do not count.
 Gradient accumulation therefore gives exactly one update per optimizer step, never one per micro-batch.
 """
 
