@@ -28,20 +28,12 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cuda_timing import ms_per_call  # noqa: E402
 
 BACKENDS = {"torch's choice": None, "cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
             "efficient": SDPBackend.EFFICIENT_ATTENTION}
-
-
-def ms_per_call(fn, calls: int) -> float:
-    """GPU milliseconds per call of ``fn`` over ``calls`` back-to-back calls (CUDA events; the GPU idle at start)."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls
 
 
 def time_attention(batch: int, backend: SDPBackend | None, masked: bool, dropout: float, layers: int = 12,

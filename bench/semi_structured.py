@@ -37,6 +37,9 @@ from transformers import AutoModelForSequenceClassification, BertConfig, BertFor
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cuda_timing import capture, ms_per_call  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
@@ -80,22 +83,6 @@ def check_logits(dense: nn.Module, sparse: nn.Module, batch: dict[str, torch.Ten
             "within_tolerance": diff <= LOGIT_RTOL * scale}
 
 
-def graphed(model: nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], object]:
-    """The forward pass captured in a CUDA graph: a replay launches the recorded kernels and nothing else, so
-    host-side work between kernels (Python, dispatch, cuSPARSELt's per-call plan set-up) drops out of the time.
-    The graph reads ``batch``'s tensors in place."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.inference_mode(), torch.cuda.stream(side):
-        for _ in range(3):  # warm-up outside capture: lazy initialisation must not be recorded
-            model(**batch)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.inference_mode(), torch.cuda.graph(graph):
-        model(**batch)
-    return graph.replay
-
-
 def eager(model: nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], object]:
     def step() -> object:
         with torch.inference_mode():
@@ -103,16 +90,16 @@ def eager(model: nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], obje
     return step
 
 
+def graphed(model: nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], object]:
+    """The forward pass captured in a CUDA graph: host-side work between kernels (Python, dispatch,
+    cuSPARSELt's per-call plan set-up) drops out of the time. The graph reads ``batch``'s tensors in place."""
+    return capture(eager(model, batch))
+
+
 def seqs_per_second(step: Callable[[], object], batch_size: int, warmup: int, iters: int) -> float:
     for _ in range(warmup):
         step()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        step()
-    end.record()
-    torch.cuda.synchronize()
-    return batch_size * iters / (start.elapsed_time(end) / 1000)
+    return batch_size / (ms_per_call(step, iters) / 1000)
 
 
 def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namespace) -> dict:
@@ -169,24 +156,14 @@ CALLS_PER_GRAPH = 20
 
 def graph_ms(fn: Callable[[], object], replays: int = 10) -> float:
     """ms per call of ``fn``: CALLS_PER_GRAPH calls captured in one CUDA graph, replayed ``replays`` times."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+
+    def calls() -> None:
         for _ in range(CALLS_PER_GRAPH):
             fn()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / (replays * CALLS_PER_GRAPH)
+
+    replay = capture(calls)
+    replay()  # the first replay uploads the graph
+    return ms_per_call(replay, replays) / CALLS_PER_GRAPH
 
 
 @torch.inference_mode()
