@@ -179,56 +179,12 @@ def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
             "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
 
 
-class ClockSampler:
-    """SM clock and power of every GPU of the node (NVML order), sampled every 0.2 s while a run lasts (rank 0
-    only), summarized over the run's timed steps: shows whether N busy GPUs run at lower clocks than one (power
-    or thermal limits), which no software lever can win back. Records nothing where NVML is missing."""
-
-    def __init__(self):
-        import threading
-
-        self.samples: list[tuple[float, list[tuple[int, float]]]] = []  # (perf_counter, per GPU)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-        except Exception:
-            return
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        while not self._stop.wait(0.2):
-            self.samples.append((time.perf_counter(),
-                                 [(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                                   pynvml.nvmlDeviceGetPowerUsage(h) / 1000) for h in handles]))
-        pynvml.nvmlShutdown()
-
-    def __enter__(self) -> ClockSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def summary(self, window: tuple[float, float]) -> dict:
-        """Per GPU of the node: median SM clock (MHz) and median power (W) over the timed steps (``window``: their
-        perf_counter ends); set-up, compilation and warm-up would mix idle clocks in."""
-        timed = [values for at, values in self.samples if window[0] <= at <= window[1]]
-        if not timed:
-            return {}
-        gpus = range(len(timed[0]))
-        return {"sm_clock_mhz": [statistics.median(s[g][0] for s in timed) for g in gpus],
-                "power_w": [round(statistics.median(s[g][1] for s in timed)) for g in gpus]}
-
-
 def worker(args: argparse.Namespace) -> None:
     """One world size and batch, inside torchrun: time each variant ``--repeats`` times (variants alternate, so
     drift spreads over all of them); rank 0 writes the results. One launch per world size saves the start-up
     (imports, process group) of every further run."""
     import torch._dynamo
+    from gpu_clocks import ClockSampler
     from sparse_overhead import random_blocks, time_variant, timing_overrides
 
     from sparsebert.config import Registry
