@@ -80,6 +80,12 @@ DDP_LEVERS = {
     # unsplit, with all gradients in one bucket: one large all-reduce after the backward instead of 14 of ~28 MB
     "static_cudagraphs_nosplit_one_bucket": ("bert_100k_static_cudagraphs", ["train.ddp.split_compiled_graphs=false",
                                                                             "train.ddp.bucket_cap_mb=1024"]),
+    # unsplit, 100 MB buckets (5 all-reduces instead of 14): NCCL moved the 28 MB buckets at ~220-245 GB/s in
+    # the unsplit profile, against 355 GB/s for 1 GiB, while one bucket for everything waits for all of the
+    # per-parameter copies into it before anything is sent
+    "static_cudagraphs_nosplit_bucket_100mb": ("bert_100k_static_cudagraphs",
+                                               ["train.ddp.split_compiled_graphs=false",
+                                                "train.ddp.bucket_cap_mb=100"]),
     # the same with half the bytes on the wire (bf16 all-reduce)
     "static_cudagraphs_nosplit_bf16": ("bert_100k_static_cudagraphs", ["train.ddp.split_compiled_graphs=false",
                                                                       "train.ddp.comm_hook=bf16"]),
@@ -203,6 +209,12 @@ def worker(args: argparse.Namespace) -> None:
         return experiment, [*overrides, *extra, *(["train.torch_compile=true"] if args.compile else [])]
 
     rank = int(os.environ.get("RANK", "0"))
+    if args.untimed_first:
+        # a freshly started machine's first training run is slow for reasons outside the step (its GPU drew
+        # ~500 W against ~690 W in every later run; the host's memory grows on first use there): one run
+        # of the first variant, thrown away, so no timed run is that one
+        experiment, items = overrides_of(args.variant.split(",")[0])
+        time_variant(registry, experiment, items, tokenizer, data, args.warmup)
     for repeat in range(args.repeats):
         for variant in args.variant.split(","):
             torch._dynamo.reset()  # each run compiles afresh (no recompile limit; the last run's CUDA graphs freed)
@@ -324,6 +336,8 @@ def main() -> None:
                         "DIR/VARIANT-NGPU-bB-rankR/")
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="set in every launch's environment (e.g. NCCL_PROTO=Simple); repeatable; kept in the JSON")
+    p.add_argument("--no-untimed-first", dest="untimed_first", action="store_false",
+                   help="skip the untimed run that the first launch makes before its timed ones")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="bert_100k", help=argparse.SUPPRESS)
@@ -342,6 +356,7 @@ def main() -> None:
     env = {**os.environ, **dict(item.split("=", 1) for item in args.env)}
 
     runs: list[dict] = []
+    untimed_first = args.untimed_first  # first launch of this call only
     with tempfile.TemporaryDirectory() as tmp:
         for batch in map(int, args.per_gpu_batch.split(",")):
             for n in map(int, args.gpus.split(",")):
@@ -353,8 +368,10 @@ def main() -> None:
                        "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
                        "--repeats", str(args.repeats), "--tokenizer", args.tokenizer, "--size", args.size,
                        "--result", str(out), *(["--compile"] if args.compile else []),
+                       *([] if untimed_first else ["--no-untimed-first"]),
                        *(["--profile", str(Path(args.profile).resolve())] if profile_here else [])]
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env)
+                untimed_first = False
                 if done.returncode != 0 or not out.is_file():
                     print(done.stderr[-2000:], file=sys.stderr)
                     raise SystemExit(f"{variants} on {n} GPU(s), batch {batch} failed")
