@@ -9,11 +9,12 @@ import time
 
 
 class ClockSampler:
-    """SM clock and power of every GPU of the node (NVML order), sampled every 0.2 s while a run lasts,
+    """SM clock and power of every GPU of the node (NVML order), sampled every ``interval`` s while a run lasts,
     summarized over the run's timed steps (the scaling bench samples on rank 0 only: N busy GPUs against one).
     Records nothing where NVML is missing."""
 
-    def __init__(self):
+    def __init__(self, interval: float = 0.2):
+        self.interval = interval  # seconds between samples; each reads every GPU's clock and power (~1 ms)
         self.samples: list[tuple[float, list[tuple[int, float]]]] = []  # (perf_counter, per GPU)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -26,7 +27,7 @@ class ClockSampler:
         except Exception:
             return
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        while not self._stop.wait(0.2):
+        while not self._stop.wait(self.interval):
             self.samples.append((time.perf_counter(),
                                  [(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
                                    pynvml.nvmlDeviceGetPowerUsage(h) / 1000) for h in handles]))

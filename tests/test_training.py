@@ -279,8 +279,10 @@ def test_trackers_write_locally_and_wandb_never_blocks(registry, data_dir, tmp_p
 def test_profile_writes_a_trace_of_steps_after_warmup(registry, data_dir, tmp_path):
     from sparsebert.trainer.profiling import ProfilerCallback
 
-    run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=["train.max_steps=6"],
-        callbacks=[ProfilerCallback(warmup=2, steps=2)])
+    profiler = ProfilerCallback(warmup=2, steps=2)
+    run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=["train.max_steps=6"], callbacks=[profiler])
+    start, end = profiler.window  # the profiled steps' wall-clock span (benches sample GPU clocks over it)
+    assert 0 < end - start < 60
     profile = tmp_path / "bert_tiny_quick" / "profile"
     trace = json.loads((profile / "trace.json").read_text())
     names = {e.get("name", "") for e in trace["traceEvents"]}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import traceback
 import warnings
 from collections import Counter
@@ -106,6 +107,7 @@ class ProfilerCallback(TrainerCallback):
     def __init__(self, warmup: int = 5, steps: int = 3, out_dir: Path | None = None):
         self.warmup, self.steps, self.out_dir = warmup, steps, out_dir
         self.profiler: torch.profiler.profile | None = None
+        self.window: tuple[float, float] | None = None  # perf_counter at the profiled steps' start and end
         counted = min(steps, warmup - 1)  # the window ends with step `warmup`, before the profiler starts
         self.syncs = HostSyncCounter(warmup - counted, counted) if counted >= 1 else None
 
@@ -122,6 +124,7 @@ class ProfilerCallback(TrainerCallback):
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self.profiler = torch.profiler.profile(activities=activities, record_shapes=True)
             self.profiler.__enter__()
+            self.window = (time.perf_counter(), time.perf_counter())  # the end is set by _finish
         elif self.profiler is not None and state.global_step == self.warmup + self.steps:
             self._finish(Path(args.output_dir))
 
@@ -132,6 +135,7 @@ class ProfilerCallback(TrainerCallback):
             self._finish(Path(args.output_dir))
 
     def _finish(self, run_dir: Path) -> None:
+        self.window = (self.window[0], time.perf_counter())
         profiler, self.profiler = self.profiler, None
         profiler.__exit__(None, None, None)
         out = self.out_dir or run_dir / "profile"
