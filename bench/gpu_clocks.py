@@ -1,5 +1,5 @@
-"""SM clock and power of the node's GPUs while a benchmark run lasts (NVML), for the benches' JSON: whether a
-busy GPU ran below its top clock (power or thermal limits) is a fact no software lever can change."""
+"""SM clock and power of the node's GPUs while a benchmark run lasts (NVML), for the benches' JSON: a busy GPU
+below its top clock (power or thermal limit) is a limit of the card, not of the host-side step."""
 
 from __future__ import annotations
 
@@ -9,9 +9,13 @@ import time
 
 
 class ClockSampler:
-    """SM clock and power of every GPU of the node (NVML order), sampled every ``interval`` s while a run lasts,
-    summarized over the run's timed steps (the scaling bench samples on rank 0 only: N busy GPUs against one).
-    Records nothing where NVML is missing."""
+    """SM clock and power of every GPU of the node (NVML order, whatever CUDA_VISIBLE_DEVICES says), sampled
+    every ``interval`` s while a run lasts, summarized over the run's timed steps (the scaling bench samples on
+    rank 0 only: N busy GPUs against one). Records nothing where NVML is missing or a query fails.
+
+    The SM clock is read as it is at the sample; the power is what NVML reports, which on Ampere and newer
+    (except A100) is an average over the last second, so over a window shorter than a few seconds only the
+    clock means anything."""
 
     def __init__(self, interval: float = 0.2):
         self.interval = interval  # seconds between samples; each reads every GPU's clock and power (~1 ms)
@@ -26,12 +30,16 @@ class ClockSampler:
             pynvml.nvmlInit()
         except Exception:
             return
-        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        while not self._stop.wait(self.interval):
-            self.samples.append((time.perf_counter(),
-                                 [(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
-                                   pynvml.nvmlDeviceGetPowerUsage(h) / 1000) for h in handles]))
-        pynvml.nvmlShutdown()
+        try:
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            while not self._stop.wait(self.interval):
+                self.samples.append((time.perf_counter(),
+                                     [(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM),
+                                       pynvml.nvmlDeviceGetPowerUsage(h) / 1000) for h in handles]))
+        except pynvml.NVMLError:
+            self.samples.clear()  # a card that cannot report: no partial record
+        finally:
+            pynvml.nvmlShutdown()
 
     def __enter__(self) -> ClockSampler:
         self._thread.start()
@@ -48,5 +56,5 @@ class ClockSampler:
         if not timed:
             return {}
         gpus = range(len(timed[0]))
-        return {"sm_clock_mhz": [statistics.median(s[g][0] for s in timed) for g in gpus],
+        return {"sm_clock_mhz": [round(statistics.median(s[g][0] for s in timed)) for g in gpus],
                 "power_w": [round(statistics.median(s[g][1] for s in timed)) for g in gpus]}

@@ -7,8 +7,11 @@ batch 256, bf16 autocast, fused AdamW, random full-length sequences with 15 % of
 Ours: the registry's ``bert_100k`` (dense) and ``sparse_80_rigl`` through SparseBertTrainer (MLM collator with
 content-seeded masking, decoder only at masked positions, fused AdamW, bf16), eager and with
 ``train.torch_compile=true``; then with ``data.static_mask_count=true`` (a fixed number of decoder rows: one
-graph per step), also replayed as CUDA graphs (``reduce-overhead``). ``--profile KEYS`` profiles an extra,
-untimed run of each listed variant after the timings (``ProfilerCallback``: top_ops.txt, gpu_time.json, trace).
+graph per step), also replayed as CUDA graphs (``reduce-overhead``), and the levers tried on top. Every row also
+records the GPU's SM clock and power over its timed steps (NVML GPU 0; ``bench/gpu_clocks.py``) and its wall time,
+compilation included (``wall_s``). ``--profile KEYS`` profiles an extra, untimed run of each listed variant after
+the timings (``ProfilerCallback``: top_ops.txt, gpu_time.json, trace; clocks.json: the SM clock over the profiled
+steps).
 
 MFU counts the baseline's model FLOPs for every variant, 6 * (matmul params incl. the full decoder) + 12 * L * H * S
 per token, against the card's dense bf16 peak (--peak-tflops; 781 measured on H100 in the issue), so MFU is
@@ -51,11 +54,11 @@ OURS = [
     ("ours-sparse-static-cudagraphs", "sparse_80_rigl", True, (*STATIC, "train.torch_compile_mode=reduce-overhead"),
      " + static mask count + CUDA graphs"),
     # Inductor's autotuned matmul and kernel configurations, without CUDA graphs (max-autotune with them failed
-    # to compile at fdf7bbe); not measured yet
+    # to compile at fdf7bbe); not measured: its bf16-residual twin below first failed, then outlasted a call
     ("ours-static-autotune", "bert_100k", True, (*STATIC, "train.torch_compile_mode=max-autotune-no-cudagraphs"),
      " + static mask count + max-autotune-no-cudagraphs"),
-    # LayerNorm outputs (the residual stream) in bf16 instead of fp32 (model.half_precision_residual); not
-    # measured yet
+    # LayerNorm outputs (the residual stream) in bf16 instead of fp32 (model.half_precision_residual): the best
+    # dense row measured
     ("ours-static-half-residual", "bert_100k", True, (*STATIC, "model.half_precision_residual=true"),
      " + static mask count + bf16 residual stream"),
     ("ours-static-half-residual-autotune", "bert_100k", True,
@@ -154,7 +157,8 @@ def main() -> None:
                    + ", ".join(key for key, *_ in [*BASELINES, *OURS]))
     p.add_argument("--profile", default="", metavar="KEYS",
                    help="comma list of ours* keys to profile after the timed runs: one more, untimed run each, "
-                        "3 steps after the warm-up, into --profile-dir/KEY/ (top_ops.txt, gpu_time.json, trace)")
+                        "3 steps after the warm-up, into --profile-dir/KEY/ (top_ops.txt, gpu_time.json, trace, "
+                        "clocks.json)")
     p.add_argument("--profile-dir", type=Path, default=Path("profile"))
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -212,13 +216,16 @@ def main() -> None:
             # between kernels the host launches late, so it may clock higher than in the timed run
             with ClockSampler(interval=0.01) as clocks:
                 fn([profiler])
-            summary = clocks.summary(profiler.window) if profiler.window else {}
+            if profiler.window is None:  # the run ended before the profiled steps (--ours-steps <= --warmup)
+                continue
+            summary = clocks.summary(profiler.window)
             (args.profile_dir / key / "clocks.json").write_text(json.dumps(summary) + "\n")
             print(f"profile of {key}: {args.profile_dir / key}, clocks {summary}", flush=True)
 
 
 def clocks_text(r: dict) -> str:
-    """GPU 0's median SM clock and power over the timed steps ("-" without NVML)."""
+    """NVML GPU 0's median SM clock and power over the timed steps ("-" without NVML): the card that ran, on a
+    machine whose first GPU runs the bench."""
     if not r.get("sm_clock_mhz"):
         return "-"
     return f"{r['sm_clock_mhz'][0]:.0f}, {r['power_w'][0]}"

@@ -80,9 +80,9 @@ DDP_LEVERS = {
     # unsplit, with all gradients in one bucket: one large all-reduce after the backward instead of 14 of ~28 MB
     "static_cudagraphs_nosplit_one_bucket": ("bert_100k_static_cudagraphs", ["train.ddp.split_compiled_graphs=false",
                                                                             "train.ddp.bucket_cap_mb=1024"]),
-    # unsplit, 100 MB buckets (5 all-reduces instead of 14): NCCL moved the 28 MB buckets at ~220-245 GB/s in
-    # the unsplit profile, against 355 GB/s for 1 GiB, while one bucket for everything waits for all of the
-    # per-parameter copies into it before anything is sent
+    # unsplit, 100 MB buckets (5 all-reduces instead of 14): NCCL moved the 28 MB buckets at ~190-250 GB/s in
+    # the unsplit profile, against the 360 GB/s its own model gives Ring / Simple there, while one bucket for
+    # everything waits for all of the per-parameter copies into it before anything is sent
     "static_cudagraphs_nosplit_bucket_100mb": ("bert_100k_static_cudagraphs",
                                                ["train.ddp.split_compiled_graphs=false",
                                                 "train.ddp.bucket_cap_mb=100"]),
@@ -209,29 +209,34 @@ def worker(args: argparse.Namespace) -> None:
         return experiment, [*overrides, *extra, *(["train.torch_compile=true"] if args.compile else [])]
 
     rank = int(os.environ.get("RANK", "0"))
+
+    def run_once(variant: str, callbacks: list | None = None) -> dict:
+        """One training run of ``variant``, compiled afresh (no recompile limit; the last run's CUDA graphs
+        freed); its timing, with the GPUs' clocks over its timed steps."""
+        torch._dynamo.reset()
+        with ClockSampler() if rank == 0 else contextlib.nullcontext() as clocks:
+            if variant == PLAIN_DDP:
+                result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
+            else:
+                experiment, items = overrides_of(variant)
+                with without_allreduce(variant == NO_ALLREDUCE):
+                    result = time_variant(registry, experiment, items, tokenizer, data, args.warmup, callbacks)
+        window = result.pop("window")
+        result.update(clocks.summary(window) if clocks else {})
+        result.update(per_rank(result, window))
+        result.update({"variant": variant, "gpus": world, "per_gpu_batch": args.batch,
+                       "compiled": variant != PLAIN_DDP and "train.torch_compile=true" in overrides_of(variant)[1]})
+        return result
+
+    variants = args.variant.split(",")
     if args.untimed_first:
-        # a freshly started machine's first training run is slow for reasons outside the step (its GPU drew
-        # ~500 W against ~690 W in every later run; the host's memory grows on first use there): one run
-        # of the first variant, thrown away, so no timed run is that one
-        experiment, items = overrides_of(args.variant.split(",")[0])
-        time_variant(registry, experiment, items, tokenizer, data, args.warmup)
+        # a freshly started machine's first training run can be slow for reasons outside the step (call I in
+        # docs/benchmarks.md: 3 398 samples/s at 502 W, then 4 501 at 691 W; cause not found): one run of the
+        # first variant before the timed ones, kept in the JSON as "untimed" and left out of every median
+        results.append({**run_once(variants[0]), "repeat": -1, "untimed": True})
     for repeat in range(args.repeats):
-        for variant in args.variant.split(","):
-            torch._dynamo.reset()  # each run compiles afresh (no recompile limit; the last run's CUDA graphs freed)
-            with ClockSampler() if rank == 0 else contextlib.nullcontext() as clocks:
-                if variant == PLAIN_DDP:
-                    result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
-                else:
-                    experiment, items = overrides_of(variant)
-                    with without_allreduce(variant == NO_ALLREDUCE):
-                        result = time_variant(registry, experiment, items, tokenizer, data, args.warmup)
-            window = result.pop("window")
-            result.update(clocks.summary(window) if clocks else {})
-            result.update(per_rank(result, window))
-            result.update({"variant": variant, "gpus": world, "per_gpu_batch": args.batch, "repeat": repeat,
-                           "compiled": variant != PLAIN_DDP
-                           and "train.torch_compile=true" in overrides_of(variant)[1]})
-            results.append(result)
+        for variant in variants:
+            results.append({**run_once(variant), "repeat": repeat})
             if rank == 0:
                 Path(args.result).write_text(json.dumps(results))
     if args.profile:
@@ -239,14 +244,9 @@ def worker(args: argparse.Namespace) -> None:
         # with 3 steps after the warm-up profiled on every rank (all-reduce overlap and gaps show per rank)
         from sparsebert.trainer.profiling import ProfilerCallback
 
-        for variant in (v for v in args.variant.split(",") if v != PLAIN_DDP):
-            torch._dynamo.reset()  # compiled afresh, as in the timed runs
-            experiment, items = overrides_of(variant)
+        for variant in (v for v in variants if v != PLAIN_DDP):  # the plain loop takes no Trainer callbacks
             out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}-rank{rank}"
-            with without_allreduce(variant == NO_ALLREDUCE):
-                time_variant(registry, experiment, items, tokenizer, data, args.warmup,
-                             callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
-
+            run_once(variant, callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
 
 def per_rank(result: dict, window: tuple[float, float]) -> dict:
     """Every rank's timed-window step time, where its window started and ended relative to rank 0's (ms; the
@@ -291,7 +291,7 @@ def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
     from sparsebert.env_info import git_commit
 
     cells: dict[tuple[str, int, int], list[float]] = {}
-    for r in runs:
+    for r in (r for r in runs if not r.get("untimed")):
         cells.setdefault((r["variant"], r["gpus"], r["per_gpu_batch"]), []).append(r["samples_per_second"])
     medians = {k: statistics.median(v) for k, v in cells.items()}
     rows, summary_rows = [], []
@@ -375,8 +375,9 @@ def main() -> None:
                 if done.returncode != 0 or not out.is_file():
                     print(done.stderr[-2000:], file=sys.stderr)
                     raise SystemExit(f"{variants} on {n} GPU(s), batch {batch} failed")
-                runs.extend({**r, "env": args.env} for r in json.loads(out.read_text()))
-                for r in runs[-len(variants) * args.repeats:]:
+                launched = [{**r, "env": args.env} for r in json.loads(out.read_text())]
+                runs.extend(launched)
+                for r in launched:
                     print(json.dumps(r), flush=True)
                 report(runs, args.out, table=False)  # after every launch: a cut-off call keeps its numbers
 

@@ -124,7 +124,8 @@ class ProfilerCallback(TrainerCallback):
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
             self.profiler = torch.profiler.profile(activities=activities, record_shapes=True)
             self.profiler.__enter__()
-            self.window = (time.perf_counter(), time.perf_counter())  # the end is set by _finish
+            started = time.perf_counter()
+            self.window = (started, started)  # _finish sets the end
         elif self.profiler is not None and state.global_step == self.warmup + self.steps:
             self._finish(Path(args.output_dir))
 
