@@ -248,6 +248,7 @@ def worker(args: argparse.Namespace) -> None:
             out = Path(args.profile) / f"{variant}-{world}gpu-b{args.batch}-rank{rank}"
             run_once(variant, callbacks=[ProfilerCallback(warmup=args.warmup, steps=3, out_dir=out)])
 
+
 def per_rank(result: dict, window: tuple[float, float]) -> dict:
     """Every rank's timed-window step time, where its window started and ended relative to rank 0's (ms; the
     ranks' perf_counter clocks are the host's monotonic clock, so they compare on one machine), and its host syncs
