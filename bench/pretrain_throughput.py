@@ -39,6 +39,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 SEQ = 128
 BASELINES = [("eager", "eager", False), ("sdpa", "sdpa", False), ("compiled", "sdpa", True)]  # key, attention, compile
 STATIC = ("data.static_mask_count=true",)
+HALF = (*STATIC, "model.half_precision_residual=true")  # + LayerNorm outputs (the residual stream) in bf16
+GRAPHS = "train.torch_compile_mode=reduce-overhead"  # CUDA graphs
+AUTOTUNE = "train.torch_compile_mode=max-autotune-no-cudagraphs"
 # key, experiment, train.torch_compile, further overrides, label
 OURS = [
     ("ours-eager", "bert_100k", False, (), ""),
@@ -49,35 +52,27 @@ OURS = [
     ("ours-static", "bert_100k", True, STATIC, " + static mask count"),
     ("ours-static-blocking-copy", "bert_100k", True, (*STATIC, "train.async_batch_copy=false"),
      " + static mask count, blocking batch copy"),
-    ("ours-static-cudagraphs", "bert_100k", True, (*STATIC, "train.torch_compile_mode=reduce-overhead"),
-     " + static mask count + CUDA graphs"),
-    ("ours-sparse-static-cudagraphs", "sparse_80_rigl", True, (*STATIC, "train.torch_compile_mode=reduce-overhead"),
-     " + static mask count + CUDA graphs"),
+    ("ours-static-cudagraphs", "bert_100k", True, (*STATIC, GRAPHS), " + static mask count + CUDA graphs"),
+    ("ours-sparse-static-cudagraphs", "sparse_80_rigl", True, (*STATIC, GRAPHS), " + static mask count + CUDA graphs"),
     # Inductor's autotuned matmul and kernel configurations, without CUDA graphs (max-autotune with them failed
     # to compile at fdf7bbe); not measured: its bf16-residual twin below first failed, then outlasted a call
-    ("ours-static-autotune", "bert_100k", True, (*STATIC, "train.torch_compile_mode=max-autotune-no-cudagraphs"),
-     " + static mask count + max-autotune-no-cudagraphs"),
-    # LayerNorm outputs (the residual stream) in bf16 instead of fp32 (model.half_precision_residual): the best
-    # dense row measured
-    ("ours-static-half-residual", "bert_100k", True, (*STATIC, "model.half_precision_residual=true"),
-     " + static mask count + bf16 residual stream"),
-    ("ours-static-half-residual-autotune", "bert_100k", True,
-     (*STATIC, "model.half_precision_residual=true", "train.torch_compile_mode=max-autotune-no-cudagraphs"),
+    ("ours-static-autotune", "bert_100k", True, (*STATIC, AUTOTUNE), " + static mask count + max-autotune-no-cudagraphs"),
+    # the bf16 residual stream (model.half_precision_residual): the best dense row measured
+    ("ours-static-half-residual", "bert_100k", True, HALF, " + static mask count + bf16 residual stream"),
+    ("ours-static-half-residual-autotune", "bert_100k", True, (*HALF, AUTOTUNE),
      " + static mask count + bf16 residual stream + max-autotune-no-cudagraphs"),
-    # Inductor's autotuning of the matrix products only (Triton templates against cuBLAS, each product's
-    # pointwise epilogue such as GELU fused into a template where that measures faster); the pointwise and
-    # reduction kernels keep their default configurations, so it compiles sooner than max-autotune
-    ("ours-static-half-residual-autotune-gemm", "bert_100k", True, (*STATIC, "model.half_precision_residual=true"),
+    # Inductor's autotuning of the matrix products only (INDUCTOR_PATCHES; Triton templates against cuBLAS, each
+    # product's pointwise epilogue such as GELU fused into a template where that measures faster); the pointwise
+    # and reduction kernels keep their default configurations, so it compiles sooner than max-autotune
+    ("ours-static-half-residual-autotune-gemm", "bert_100k", True, HALF,
      " + static mask count + bf16 residual stream + Inductor GEMM autotuning"),
-    ("ours-static-half-residual-cudagraphs", "bert_100k", True,
-     (*STATIC, "model.half_precision_residual=true", "train.torch_compile_mode=reduce-overhead"),
+    ("ours-static-half-residual-cudagraphs", "bert_100k", True, (*HALF, GRAPHS),
      " + static mask count + bf16 residual stream + CUDA graphs"),
-    # Inductor's combo kernels (horizontal fusion of independent small kernels, e.g. the ~200 per-weight bf16
-    # casts of a step) set for this run only; a trial, not yet a train option
-    ("ours-static-half-residual-combo", "bert_100k", True, (*STATIC, "model.half_precision_residual=true"),
+    # Inductor's combo kernels (INDUCTOR_PATCHES: horizontal fusion of independent small kernels, e.g. the ~200
+    # per-weight bf16 casts of a step) set for this run only; a trial, not yet a train option
+    ("ours-static-half-residual-combo", "bert_100k", True, HALF,
      " + static mask count + bf16 residual stream + Inductor combo kernels"),
-    ("ours-sparse-static-half-residual", "sparse_80_rigl", True,
-     (*STATIC, "train.torch_compile_mode=reduce-overhead", "model.half_precision_residual=true"),
+    ("ours-sparse-static-half-residual", "sparse_80_rigl", True, (*HALF, GRAPHS),
      " + static mask count + CUDA graphs + bf16 residual stream"),
 ]
 

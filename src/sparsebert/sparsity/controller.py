@@ -346,7 +346,7 @@ class SparsityController:
             target = gmp_sparsity(step, initial, final, self.gmp.begin_step, self.gmp_end_step)
             dropped = gmp_prune(param, self.masks[name], kept_count(1.0 - target, param.numel()), generator)
             self._commit(name, MaskChange(dropped=dropped, grown=torch.zeros_like(dropped)))
-        active = sum(int(m.sum()) for m in self.masks.values())
+        active = sum(_counts(list(self.masks.values())))
         total = sum(m.numel() for m in self.masks.values())
         return {"gmp/sparsity": 1.0 - active / total}
 

@@ -34,6 +34,9 @@ def top_k_indices(
     ``n_eligible`` (the number of True entries of ``eligible``), when the caller already knows it, saves a
     device-to-host read.
     """
+    available = int(eligible.sum()) if n_eligible is None else n_eligible
+    if k > available:
+        raise ValueError(f"cannot pick {k} of {available} eligible entries")
     flat = scores.detach().reshape(-1).float()
     flat = torch.where(torch.isnan(flat), torch.inf, flat) + 0.0  # NaN as +inf; + 0.0 turns -0.0 into 0.0
     bits = flat.view(torch.int32)
@@ -42,9 +45,6 @@ def top_k_indices(
     keys = (ordered.to(torch.int64) << 32) | noise
     # -inf maps above int32's minimum, so an ineligible key sorts below every eligible one
     keys = keys.masked_fill(~eligible.reshape(-1), torch.iinfo(torch.int64).min)
-    available = int(eligible.sum()) if n_eligible is None else n_eligible
-    if k > available:
-        raise ValueError(f"cannot pick {k} of {available} eligible entries")
     return _largest(keys, k)
 
 
