@@ -42,6 +42,7 @@ STATIC = ("data.static_mask_count=true",)
 HALF = (*STATIC, "model.half_precision_residual=true")  # + LayerNorm outputs (the residual stream) in bf16
 GRAPHS = "train.torch_compile_mode=reduce-overhead"  # CUDA graphs
 AUTOTUNE = "train.torch_compile_mode=max-autotune-no-cudagraphs"
+TUNED = "train.torch_compile_tune_kernels=true"
 # key, experiment, train.torch_compile, further overrides, label
 OURS = [
     ("ours-eager", "bert_100k", False, (), ""),
@@ -74,20 +75,19 @@ OURS = [
      " + static mask count + bf16 residual stream + Inductor combo kernels"),
     ("ours-sparse-static-half-residual", "sparse_80_rigl", True, (*HALF, GRAPHS),
      " + static mask count + CUDA graphs + bf16 residual stream"),
-    # Inductor's coordinate-descent tuning of its own Triton kernels' block sizes and warps (INDUCTOR_PATCHES),
-    # without the matrix-product autotuning: the pointwise and normalization kernels (GELU, dropout + residual +
-    # LayerNorm) are a third of the step and moved 2.7-3.0 TB/s in call C's profile, against the card's 4.8
-    ("ours-static-half-residual-tuned", "bert_100k", True, HALF,
+    # Inductor's coordinate-descent tuning of its own Triton kernels' block sizes and warps
+    # (train.torch_compile_tune_kernels), without the matrix-product autotuning: the pointwise and normalization
+    # kernels (GELU, dropout + residual + LayerNorm) are a third of the step and moved 2.7-3.0 TB/s in call C's
+    # profile, against the card's 4.8
+    ("ours-static-half-residual-tuned", "bert_100k", True, (*HALF, TUNED),
      " + static mask count + bf16 residual stream + Inductor kernel tuning"),
-    ("ours-sparse-static-half-residual-tuned", "sparse_80_rigl", True, (*HALF, GRAPHS),
+    ("ours-sparse-static-half-residual-tuned", "sparse_80_rigl", True, (*HALF, GRAPHS, TUNED),
      " + static mask count + CUDA graphs + bf16 residual stream + Inductor kernel tuning"),
 ]
 
 
 INDUCTOR_PATCHES = {"ours-static-half-residual-combo": {"combo_kernels": True},
-                    "ours-static-half-residual-autotune-gemm": {"max_autotune_gemm": True},
-                    "ours-static-half-residual-tuned": {"coordinate_descent_tuning": True},
-                    "ours-sparse-static-half-residual-tuned": {"coordinate_descent_tuning": True}}
+                    "ours-static-half-residual-autotune-gemm": {"max_autotune_gemm": True}}
 
 
 def flops_per_token(cfg) -> float:

@@ -121,6 +121,25 @@ def test_split_compiled_graphs_sets_dynamos_ddp_optimizer_both_ways(registry, tm
     assert torch._dynamo.config.optimize_ddp is True
 
 
+def test_kernel_tuning_sets_inductor_for_the_process_both_ways(registry, tmp_path, monkeypatch):
+    """train.torch_compile_tune_kernels reaches Inductor; the next compiled experiment in the process gets its own
+    setting back, and a run that compiles nothing leaves Inductor alone."""
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor, "coordinate_descent_tuning", False)  # restored after the test
+    tiny_trainer(registry, tmp_path, ["train.torch_compile=true", "train.torch_compile_tune_kernels=true"])
+    assert inductor.coordinate_descent_tuning is True
+    tiny_trainer(registry, tmp_path, [])
+    assert inductor.coordinate_descent_tuning is True
+    tiny_trainer(registry, tmp_path, ["train.torch_compile=true"])
+    assert inductor.coordinate_descent_tuning is False
+
+
+def test_kernel_tuning_without_compile_is_refused(registry):
+    with pytest.raises(ConfigError, match="torch_compile_tune_kernels .* needs train.torch_compile=true"):
+        registry.build("bert_tiny_quick", ["train.torch_compile_tune_kernels=true"])
+
+
 def test_bf16_all_reduce_without_cuda_is_a_clear_error(registry, tmp_path):
     from sparsebert.errors import SparseBertError
 

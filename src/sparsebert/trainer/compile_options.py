@@ -16,6 +16,11 @@ plugin after ``Trainer.__init__`` is in time. Two settings are added here:
   symbolic (finetuning with dynamic padding compiles three times: one shape, another sequence length, the last
   short batch). ``true`` compiles once with symbolic sizes; under ``reduce-overhead`` CUDA graphs are still
   recorded per concrete shape, which is cheap next to a compile.
+
+A third is Inductor's own: ``train.torch_compile_tune_kernels`` sets ``coordinate_descent_tuning``, which
+benchmarks block sizes and warp counts around each generated Triton kernel's default. It is a process-wide
+Inductor setting (torch.compile takes ``mode`` or ``options``, not both, and reduce-overhead runs need the
+mode), so every compiled run sets it either way and a later experiment in the same process gets its own.
 """
 
 from __future__ import annotations
@@ -24,8 +29,13 @@ from sparsebert.errors import SparseBertError
 
 
 class CompileOptionsMixin:
-    def __init__(self, *args, compile_scope: str | None = None, compile_dynamic: bool | None = None, **kwargs):
+    def __init__(self, *args, compile_scope: str | None = None, compile_dynamic: bool | None = None,
+                 tune_kernels: bool | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        if tune_kernels is not None:  # None: not a compiled run, Inductor is not used
+            import torch._inductor.config
+
+            torch._inductor.config.coordinate_descent_tuning = tune_kernels
         if compile_scope != "layers" and compile_dynamic is None:
             return
         plugin = getattr(self.accelerator.state, "dynamo_plugin", None)

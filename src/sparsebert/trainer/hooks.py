@@ -25,6 +25,7 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
     hooks: dict[str, Any] = {"ddp": ddp,
                              "compile_scope": cfg.train.torch_compile_scope if compiled else None,
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,
+                             "tune_kernels": cfg.train.torch_compile_tune_kernels if compiled else None,
                              "drop_last_batch": cfg.train.drop_last_batch,
                              "half_precision_residual": cfg.model.half_precision_residual}
     if cfg.sparsity is not None:

@@ -7,8 +7,9 @@ taking one keyword argument (None = off) and passing everything else on:
 - ``distillation=``  DistillationMixin (distillation.py): teacher soft targets
 - ``onecycle=``      OneCycleMixin (onecycle.py): torch OneCycleLR
 - ``ddp=``           DDPTuningMixin (ddp.py): DDP settings TrainingArguments cannot carry (train.ddp)
-- ``compile_scope=``, ``compile_dynamic=`` CompileOptionsMixin (compile_options.py): torch.compile per layer
-  instead of the whole model; symbolic shapes from the first compile
+- ``compile_scope=``, ``compile_dynamic=``, ``tune_kernels=`` CompileOptionsMixin (compile_options.py):
+  torch.compile per layer instead of the whole model; symbolic shapes from the first compile; Inductor's kernel
+  tuning
 - ``half_precision_residual=`` ResidualPrecisionMixin (residual_precision.py): LayerNorm outputs in the
   autocast dtype
 - ``drop_last_batch=`` SparseBertTrainer itself: drop each epoch's short last training batch (train.drop_last_batch)
