@@ -101,34 +101,20 @@ DDP_LEVERS = {
 # all-reduce's share and the rest.
 NO_ALLREDUCE = "static_cudagraphs_no_allreduce"
 DDP_LEVERS[NO_ALLREDUCE] = ("bert_100k_static_cudagraphs", [])
+# Diagnostics of the unsplit step's exposed phase (bench/ddp_diagnostics.py): gradients kept as bucket views
+# between steps, so the reducer copies nothing, and each bucket averaged in place in fp32 or through bf16
+NOSPLIT = ["train.ddp.split_compiled_graphs=false"]
+DDP_LEVERS["static_cudagraphs_nosplit_views"] = ("bert_100k_static_cudagraphs", NOSPLIT)
+DDP_LEVERS["static_cudagraphs_nosplit_views_bf16"] = ("bert_100k_static_cudagraphs", NOSPLIT)
+# variant -> (the hook Accelerate registers instead of its own, gradients kept between steps)
+DIAGNOSTICS = {NO_ALLREDUCE: ("keep_bucket", False), "static_cudagraphs_nosplit_views": ("view_allreduce", True),
+               "static_cudagraphs_nosplit_views_bf16": ("view_allreduce_bf16", True)}
 for _name, (_reference, _ddp) in DDP_LEVERS.items():
     VARIANTS[_name] = (VARIANTS[_reference][0], [*VARIANTS[_reference][1], *_ddp])
 DDP_ONLY = {name: reference for name, (reference, _) in DDP_LEVERS.items()}
 # "plain_ddp" is not a registry variant: the same model, collator, optimizer and DDP settings as bert_100k in a
 # hand-written torch DDP loop, without the Trainer and Accelerate (what they add on top of DDP is the difference).
 PLAIN_DDP = "plain_ddp"
-
-
-@contextlib.contextmanager
-def without_allreduce(active: bool):
-    """While ``active``: Accelerate registers a DDP communication hook that skips the all-reduce (NO_ALLREDUCE)."""
-    if not active:
-        yield
-        return
-    import torch
-    from accelerate.utils import DistributedDataParallelKwargs
-
-    def keep_bucket(state, bucket):
-        future = torch.futures.Future()
-        future.set_result(bucket.buffer())
-        return future
-
-    original = DistributedDataParallelKwargs.register_comm_hook
-    DistributedDataParallelKwargs.register_comm_hook = lambda self, model: model.register_comm_hook(None, keep_bucket)
-    try:
-        yield
-    finally:
-        DistributedDataParallelKwargs.register_comm_hook = original
 
 
 def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
@@ -195,6 +181,7 @@ def worker(args: argparse.Namespace) -> None:
     drift spreads over all of them); rank 0 writes the results. One launch per world size saves the start-up
     (imports, process group) of every further run."""
     import torch._dynamo
+    from ddp_diagnostics import patched_ddp
     from gpu_clocks import ClockSampler
     from sparse_overhead import random_blocks, time_variant, timing_overrides
 
@@ -224,7 +211,7 @@ def worker(args: argparse.Namespace) -> None:
                 result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
             else:
                 experiment, items = overrides_of(variant)
-                with without_allreduce(variant == NO_ALLREDUCE):
+                with patched_ddp(*DIAGNOSTICS.get(variant, (None, False))):
                     result = time_variant(registry, experiment, items, tokenizer, data, args.warmup, callbacks)
         window = result.pop("window")
         result.update(clocks.summary(window) if clocks else {})

@@ -1,0 +1,84 @@
+"""DDP communication hooks for scaling.py's diagnostic variants: what the unsplit step's exposed phase costs
+without parts of DDP's per-step work. Not training settings; the bench registers them in place of
+Accelerate's hook for one run.
+
+- ``keep_bucket``: no all-reduce at all (the gradients stay per-rank): the rest of DDP's cost alone.
+- ``view_allreduce`` / ``view_allreduce_bf16``, with gradients kept as bucket views between steps
+  (``keep_gradients``): in torch 2.11 the reducer copies every parameter's fresh gradient into its bucket, one
+  copy per parameter (202 for BERT-base); with a hook those copies are memcpys at ~7 us each on the GPU, which
+  paced a bf16 all-reduce in the profile of call K (docs/benchmarks.md). Gradients that are already bucket
+  views are accumulated in place by autograd (one add per parameter, as kernels) and need no copy; the hook
+  averages the bucket in place (NCCL's AVG: no division kernel), in fp32 or through one persistent bf16 buffer
+  per bucket (one cast there, one back).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+
+def keep_bucket(state, bucket):
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def _average(tensor: torch.Tensor) -> torch.futures.Future:
+    """All-reduce ``tensor`` in place to the mean over ranks; its future holds [tensor]."""
+    if dist.get_backend() == "nccl":
+        return dist.all_reduce(tensor, op=dist.ReduceOp.AVG, async_op=True).get_future()
+    tensor.div_(dist.get_world_size())  # gloo (CPU smoke runs) has no AVG
+    return dist.all_reduce(tensor, async_op=True).get_future()
+
+
+def view_allreduce(state, bucket):
+    return _average(bucket.buffer()).then(lambda f: f.value()[0])
+
+
+def view_allreduce_bf16(state: dict, bucket):
+    buffer = bucket.buffer()
+    half = state.get(bucket.index())
+    if half is None or half.numel() != buffer.numel():  # DDP rebuilds its buckets once, after the first step
+        half = state[bucket.index()] = torch.empty_like(buffer, dtype=torch.bfloat16)
+    half.copy_(buffer)
+
+    def back(future):
+        buffer.copy_(future.value()[0])
+        return buffer
+
+    return _average(half).then(back)
+
+
+HOOKS = {"keep_bucket": keep_bucket, "view_allreduce": view_allreduce, "view_allreduce_bf16": view_allreduce_bf16}
+
+
+@contextlib.contextmanager
+def patched_ddp(hook: str | None, keep_gradients: bool = False):
+    """While active: Accelerate registers ``HOOKS[hook]`` on the DDP model it wraps; with ``keep_gradients``,
+    ``Module.zero_grad`` zeroes the gradients in place (one multi-tensor kernel) instead of dropping them, so
+    after the first step they stay the bucket views DDP made them (gradient_as_bucket_view)."""
+    if hook is None:
+        yield
+        return
+    from accelerate.utils import DistributedDataParallelKwargs
+
+    state: dict = {}  # per run: the bf16 hook's buffers
+    original_register = DistributedDataParallelKwargs.register_comm_hook
+    original_zero_grad = torch.nn.Module.zero_grad
+
+    def zero_in_place(module, set_to_none: bool = True) -> None:
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        if grads:
+            torch._foreach_zero_(grads)
+
+    DistributedDataParallelKwargs.register_comm_hook = lambda self, model: model.register_comm_hook(state, HOOKS[hook])
+    if keep_gradients:
+        torch.nn.Module.zero_grad = zero_in_place
+    try:
+        yield
+    finally:
+        DistributedDataParallelKwargs.register_comm_hook = original_register
+        torch.nn.Module.zero_grad = original_zero_grad
