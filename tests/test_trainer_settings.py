@@ -105,6 +105,25 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
     assert handler.bucket_cap_mb == 25
 
 
+def test_batched_grad_copy_reaches_distributed_data_parallel(registry, tmp_path):
+    """Accelerate has no field for it: the handler is swapped for one that has, keeping the other settings."""
+    from sparsebert.config.sections import ddp_has_batched_grad_copy
+
+    if not ddp_has_batched_grad_copy():
+        with pytest.raises(ConfigError, match="batched_grad_copy needs torch >= 2.12"):
+            registry.build("bert_tiny_quick", ["train.ddp.batched_grad_copy=true"])
+        return
+    handler = tiny_trainer(registry, tmp_path, ["train.ddp.batched_grad_copy=true",
+                                                "train.ddp.comm_hook=fp16"]).accelerator.ddp_handler
+    kwargs = handler.to_kwargs()
+    assert kwargs["batched_grad_copy"] is True and kwargs["gradient_as_bucket_view"] is True
+    assert kwargs["broadcast_buffers"] is False and handler.find_unused_parameters is False  # the Trainer's
+    from accelerate.utils import DDPCommunicationHookType
+
+    assert handler.comm_hook == DDPCommunicationHookType.FP16
+    assert "batched_grad_copy" not in tiny_trainer(registry, tmp_path, []).accelerator.ddp_handler.to_kwargs()
+
+
 def test_split_compiled_graphs_sets_dynamos_ddp_optimizer_both_ways(registry, tmp_path):
     """Process-wide: each trainer sets it, so an experiment after a nosplit one gets the default back."""
     import torch._dynamo
