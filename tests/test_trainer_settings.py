@@ -105,25 +105,6 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
     assert handler.bucket_cap_mb == 25
 
 
-def test_batched_grad_copy_reaches_distributed_data_parallel(registry, tmp_path):
-    """Accelerate has no field for it: the handler is swapped for one that has, keeping the other settings."""
-    from sparsebert.config.sections import ddp_has_batched_grad_copy
-
-    if not ddp_has_batched_grad_copy():
-        with pytest.raises(ConfigError, match="batched_grad_copy needs torch >= 2.12"):
-            registry.build("bert_tiny_quick", ["train.ddp.batched_grad_copy=true"])
-        return
-    handler = tiny_trainer(registry, tmp_path, ["train.ddp.batched_grad_copy=true",
-                                                "train.ddp.comm_hook=fp16"]).accelerator.ddp_handler
-    kwargs = handler.to_kwargs()
-    assert kwargs["batched_grad_copy"] is True and kwargs["gradient_as_bucket_view"] is True
-    assert kwargs["broadcast_buffers"] is False and handler.find_unused_parameters is False  # the Trainer's
-    from accelerate.utils import DDPCommunicationHookType
-
-    assert handler.comm_hook == DDPCommunicationHookType.FP16
-    assert "batched_grad_copy" not in tiny_trainer(registry, tmp_path, []).accelerator.ddp_handler.to_kwargs()
-
-
 def test_split_compiled_graphs_sets_dynamos_ddp_optimizer_both_ways(registry, tmp_path):
     """Process-wide: each trainer sets it, so an experiment after a nosplit one gets the default back."""
     import torch._dynamo
@@ -146,12 +127,17 @@ def test_kernel_tuning_sets_inductor_for_the_process_both_ways(registry, tmp_pat
     import torch._inductor.config as inductor
 
     monkeypatch.setattr(inductor, "coordinate_descent_tuning", False)  # restored after the test
+    monkeypatch.delenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", raising=False)
     tiny_trainer(registry, tmp_path, ["train.torch_compile=true", "train.torch_compile_tune_kernels=true"])
     assert inductor.coordinate_descent_tuning is True
     tiny_trainer(registry, tmp_path, [])
     assert inductor.coordinate_descent_tuning is True
     tiny_trainer(registry, tmp_path, ["train.torch_compile=true"])
     assert inductor.coordinate_descent_tuning is False
+    # off means the process's default: Inductor's own environment variable still turns it on
+    monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
+    tiny_trainer(registry, tmp_path, ["train.torch_compile=true"])
+    assert inductor.coordinate_descent_tuning is True
 
 
 def test_kernel_tuning_without_compile_is_refused(registry):

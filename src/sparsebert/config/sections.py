@@ -110,18 +110,8 @@ class DDPConfig:
     # split a whole-model graph, not per-layer ones; true / false: always / never
     # (torch._dynamo.config.optimize_ddp, process-wide)
     split_compiled_graphs: bool | None = None
-    # torch >= 2.12: DDP copies a bucket's fresh gradients with one multi-tensor kernel and divides once, instead
-    # of a kernel per parameter (the Trainer drops gradients every step, so bucket views alone cannot avoid the
-    # copies). After an unsplit compiled backward those ~200 small kernels pace the all-reduce (2 x H200,
-    # docs/benchmarks.md); not measured on GPUs yet: the GPU image has torch 2.11
-    batched_grad_copy: bool = False
 
     def validate(self) -> None:
-        if self.batched_grad_copy and not ddp_has_batched_grad_copy():
-            import torch
-
-            raise ValueError(f"train.ddp.batched_grad_copy needs torch >= 2.12 (DistributedDataParallel's "
-                             f"batched_grad_copy); this is torch {torch.__version__}")
         if self.bucket_cap_mb < 1:
             raise ValueError(f"train.ddp.bucket_cap_mb must be >= 1, got {self.bucket_cap_mb}")
         if self.comm_hook not in ("none", "bf16", "fp16"):
@@ -174,7 +164,8 @@ class TrainConfig:
     torch_compile_dynamic: bool | None = None
     # Inductor's coordinate-descent tuning of its own Triton kernels (block sizes, warps), set for the process:
     # the pointwise and normalization kernels run faster, for a longer first compile (BERT-base pretraining on
-    # an H200: +1.8 % sparse, +0.3 % dense, ~2 min more compile; docs/benchmarks.md). Matrix products keep cuBLAS
+    # an H200, two calls: +1.6-1.8 % sparse, nothing dense, ~2 min more compile; docs/benchmarks.md). Matrix
+    # products keep cuBLAS. The max-autotune modes tune kernels whatever this says
     torch_compile_tune_kernels: bool = False
     ddp: DDPConfig = field(default_factory=DDPConfig)
 
@@ -215,14 +206,6 @@ class TrainConfig:
             raise ValueError(f"train.torch_compile_scope must be model or layers, got {self.torch_compile_scope!r}")
         if self.torch_compile_tune_kernels and not self.torch_compile:
             raise ValueError("train.torch_compile_tune_kernels tunes compiled kernels: it needs train.torch_compile=true")
-
-
-def ddp_has_batched_grad_copy() -> bool:
-    import inspect
-
-    from torch.nn.parallel import DistributedDataParallel
-
-    return "batched_grad_copy" in inspect.signature(DistributedDataParallel.__init__).parameters
 
 
 def scheduler_names() -> list[str]:

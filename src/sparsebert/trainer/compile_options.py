@@ -20,10 +20,14 @@ plugin after ``Trainer.__init__`` is in time. Two settings are added here:
 A third is Inductor's own: ``train.torch_compile_tune_kernels`` sets ``coordinate_descent_tuning``, which
 benchmarks block sizes and warp counts around each generated Triton kernel's default. It is a process-wide
 Inductor setting (torch.compile takes ``mode`` or ``options``, not both, and reduce-overhead runs need the
-mode), so every compiled run sets it either way and a later experiment in the same process gets its own.
+mode), so every compiled run sets it either way and a later experiment in the same process gets its own; off
+means the process's default (``TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1`` still turns it on). It stays set for
+whatever the process compiles afterwards, and the max-autotune modes turn it on for their own compiles anyway.
 """
 
 from __future__ import annotations
+
+import os
 
 from sparsebert.errors import SparseBertError
 
@@ -35,7 +39,8 @@ class CompileOptionsMixin:
         if tune_kernels is not None:  # None: not a compiled run, Inductor is not used
             import torch._inductor.config
 
-            torch._inductor.config.coordinate_descent_tuning = tune_kernels
+            from_env = os.environ.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING") == "1"
+            torch._inductor.config.coordinate_descent_tuning = tune_kernels or from_env
         if compile_scope != "layers" and compile_dynamic is None:
             return
         plugin = getattr(self.accelerator.state, "dynamo_plugin", None)

@@ -3,30 +3,21 @@
 ``find_unused_parameters``, ``broadcast_buffers``, ``bucket_cap_mb`` and ``static_graph`` travel as
 TrainingArguments (arguments.py). ``gradient_as_bucket_view`` and the communication hook are set here on the
 DistributedDataParallelKwargs handler the Trainer gives Accelerate; Accelerate reads it when it wraps the model
-at the start of training, so setting it after ``Trainer.__init__`` is in time. ``batched_grad_copy`` (torch
-2.12+) has no field there, so the handler is swapped for a subclass that has one: Accelerate passes every field
-that differs from its default to DistributedDataParallel. ``split_compiled_graphs=false`` switches Dynamo's
-DDPOptimizer off for the process (``torch._dynamo.config.optimize_ddp``).
+at the start of training, so setting it after ``Trainer.__init__`` is in time. ``split_compiled_graphs=false``
+switches Dynamo's DDPOptimizer off for the process (``torch._dynamo.config.optimize_ddp``).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
 
 import torch
 import torch._dynamo
-from accelerate.utils import DistributedDataParallelKwargs
 
 from sparsebert.config.sections import DDPConfig
 from sparsebert.errors import SparseBertError
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class BatchedCopyDDPKwargs(DistributedDataParallelKwargs):
-    batched_grad_copy: bool = False
 
 
 class DDPTuningMixin:
@@ -46,8 +37,5 @@ class DDPTuningMixin:
         if ddp.comm_hook == "bf16" and not torch.cuda.is_available():
             # torch's bf16 hook needs NCCL: without this check the job would fail at the first backward
             raise SparseBertError("train.ddp.comm_hook=bf16 needs CUDA GPUs (NCCL); use none or fp16 here")
-        if ddp.batched_grad_copy:
-            values = {f.name: getattr(handler, f.name) for f in fields(handler)}
-            handler = self.accelerator.ddp_handler = BatchedCopyDDPKwargs(**values, batched_grad_copy=True)
         handler.gradient_as_bucket_view = ddp.gradient_as_bucket_view
         handler.comm_hook = DDPCommunicationHookType("no" if ddp.comm_hook == "none" else ddp.comm_hook)
