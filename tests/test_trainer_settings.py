@@ -8,6 +8,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -163,24 +166,33 @@ def test_cached_flop_count_equals_the_trainers(registry, tmp_path):
     assert expected > 0 and ours.floating_point_ops(inputs) == ours.floating_point_ops(inputs) == expected
 
 
-@pytest.fixture
-def restore_matmul_precision():
-    # the generic setting and each backend's own ("none" = inherit the generic one), as they were
-    backends = [torch.backends.cuda.matmul, torch.backends.mkldnn.matmul]
-    generic, own = torch.backends.fp32_precision, [b.fp32_precision for b in backends]
-    yield
-    torch.backends.fp32_precision = generic
-    for backend, value in zip(backends, own):
-        backend.fp32_precision = value
+MATMUL_PRECISION_SCENARIO = """
+import sys
+import torch
+from sparsebert.config import Registry
+from sparsebert.trainer.arguments import training_arguments
+
+# what transformers does for a compiled bf16 run on a GPU (enable_tf32 through the new API); Inductor's matmul
+# autotuning then reads the precision through the legacy getter, which raised and failed the compile
+torch.backends.fp32_precision = "tf32"
+try:
+    torch.get_float32_matmul_precision()
+    print("getter readable before")
+except RuntimeError as e:
+    print("getter raised before:", "mix of the legacy and new APIs" in str(e))
+cfg = Registry.from_directory(sys.argv[1]).build("bert_tiny_quick", ["train.torch_compile=true"])
+training_arguments(cfg.train, sys.argv[2], cfg.seed, "x")
+print("after:", torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision)
+"""
 
 
-def test_compiled_run_leaves_matmul_precision_readable(registry, tmp_path, restore_matmul_precision):
-    # what transformers does for a compiled bf16 run on a GPU (enable_tf32 through the new API); Inductor's
-    # matmul autotuning then reads the precision through the legacy getter, which raised and failed the compile
-    torch.backends.fp32_precision = "tf32"
-    with pytest.raises(RuntimeError, match="mix of the legacy and new APIs"):
-        torch.get_float32_matmul_precision()
-    cfg = registry.build("bert_tiny_quick", ["train.torch_compile=true"])
-    training_arguments(cfg.train, tmp_path, cfg.seed, "x")
-    assert torch.get_float32_matmul_precision() == "high"  # TF32 stays on
-    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+def test_compiled_run_leaves_matmul_precision_readable(tmp_path):
+    """In a fresh interpreter: torch's precision state is process-wide, and once any earlier test (or a compiled
+    run on a GPU) has set it through the legacy API, the new API's setting no longer makes the getter raise."""
+    done = subprocess.run([sys.executable, "-c", MATMUL_PRECISION_SCENARIO, str(EXPERIMENTS), str(tmp_path)],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(EXPERIMENTS.parent / "src")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = done.stdout.splitlines()
+    assert "getter raised before: True" in lines  # the state that failed compiles
+    assert "after: high tf32" in lines  # readable now, and TF32 stays on
