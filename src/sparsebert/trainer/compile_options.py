@@ -2,7 +2,7 @@
 
 The Trainer hands ``torch.compile`` to Accelerate (a TorchDynamoPlugin from ``train.torch_compile`` and
 ``train.torch_compile_mode``), which compiles the prepared model at the start of training, so changing the
-plugin after ``Trainer.__init__`` is in time. Two settings are added here:
+plugin after ``Trainer.__init__`` is in time. Two plugin settings are added here:
 
 - ``train.torch_compile_scope=layers``: the plugin's ``use_regional_compilation``, which compiles each block of
   a ModuleList of identical blocks (the encoder layers) and every other leaf part (embeddings, heads) on its own
