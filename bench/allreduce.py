@@ -99,15 +99,11 @@ def main() -> None:
     if args.worker:
         return worker(args)
     sets = args.env_set if args.env_set is not None else [""]
-    parsed = []
-    for item in sets:
-        pairs = [kv for kv in item.split(",") if kv]
-        if any("=" not in kv or not kv.split("=", 1)[0] for kv in pairs):
-            raise SystemExit(f"--env-set wants K=V,K=V, got {item!r}")
-        parsed.append(dict(kv.split("=", 1) for kv in pairs))
+    from scaling import env_pairs, free_port
+
+    parsed = [env_pairs([kv for kv in item.split(",") if kv], "--env-set") for item in sets]
 
     import torch
-    from scaling import free_port
 
     from_env = {"card": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                 "date": date.today().isoformat(), "torch": torch.__version__,

@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 LAYERS = ["train.torch_compile=true", "train.torch_compile_scope=layers"]
 STATIC = ["data.static_mask_count=true"]
 CUDAGRAPHS = ["train.torch_compile_mode=reduce-overhead"]
+NOSPLIT = ["train.ddp.split_compiled_graphs=false"]  # one compiled graph under DDP (no DDPOptimizer split)
 VARIANTS = {
     "bert_100k": ("bert_100k", []),
     "sparse_80_rigl": ("sparse_80_rigl", []),
@@ -39,8 +40,8 @@ VARIANTS = {
     "bert_100k_compiled_layers": ("bert_100k", [*LAYERS, "train.ddp.split_compiled_graphs=true"]),
     "sparse_80_rigl_compiled_layers": ("sparse_80_rigl", [*LAYERS, "train.ddp.split_compiled_graphs=true"]),
     # the same without the split (the default for per-layer graphs)
-    "bert_100k_compiled_layers_nosplit": ("bert_100k", [*LAYERS, "train.ddp.split_compiled_graphs=false"]),
-    "sparse_80_rigl_compiled_layers_nosplit": ("sparse_80_rigl", [*LAYERS, "train.ddp.split_compiled_graphs=false"]),
+    "bert_100k_compiled_layers_nosplit": ("bert_100k", [*LAYERS, *NOSPLIT]),
+    "sparse_80_rigl_compiled_layers_nosplit": ("sparse_80_rigl", [*LAYERS, *NOSPLIT]),
     # a fixed number of MLM decoder rows per batch (data.static_mask_count): the compiled step has one shape, so
     # it is replayed as CUDA graphs (reduce-overhead), which takes the host's per-kernel work out of the step
     "bert_100k_static_compiled": ("bert_100k", ["train.torch_compile=true", *STATIC]),
@@ -79,20 +80,16 @@ DDP_LEVERS = {
     # ~1.1 ms per step of extra kernels at the graph boundaries and its matrix products slowed by the all-reduce
     # running beside them; unsplit, every gradient is ready at the end of the backward and the all-reduce runs
     # after it, alone
-    "static_cudagraphs_nosplit": ("bert_100k_static_cudagraphs", ["train.ddp.split_compiled_graphs=false"]),
-    "sparse_static_cudagraphs_nosplit": ("sparse_80_rigl_static_cudagraphs", ["train.ddp.split_compiled_graphs=false"]),
+    "static_cudagraphs_nosplit": ("bert_100k_static_cudagraphs", NOSPLIT),
+    "sparse_static_cudagraphs_nosplit": ("sparse_80_rigl_static_cudagraphs", NOSPLIT),
     # unsplit, with all gradients in one bucket: one large all-reduce after the backward instead of 14 of ~28 MB
-    "static_cudagraphs_nosplit_one_bucket": ("bert_100k_static_cudagraphs", ["train.ddp.split_compiled_graphs=false",
-                                                                            "train.ddp.bucket_cap_mb=1024"]),
+    "static_cudagraphs_nosplit_one_bucket": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.bucket_cap_mb=1024"]),
     # unsplit, 100 MB buckets (5 all-reduces instead of 14): NCCL moved the 28 MB buckets at ~190-250 GB/s in
     # the unsplit profile, against the 360 GB/s its own model gives Ring / Simple there, while one bucket for
     # everything waits for all of the per-parameter copies into it before anything is sent
-    "static_cudagraphs_nosplit_bucket_100mb": ("bert_100k_static_cudagraphs",
-                                               ["train.ddp.split_compiled_graphs=false",
-                                                "train.ddp.bucket_cap_mb=100"]),
+    "static_cudagraphs_nosplit_bucket_100mb": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.bucket_cap_mb=100"]),
     # the same with half the bytes on the wire (bf16 all-reduce)
-    "static_cudagraphs_nosplit_bf16": ("bert_100k_static_cudagraphs", ["train.ddp.split_compiled_graphs=false",
-                                                                      "train.ddp.comm_hook=bf16"]),
+    "static_cudagraphs_nosplit_bf16": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=bf16"]),
 }
 # A diagnostic, not a setting: DDP with a communication hook that returns every bucket as it is, so the step
 # does all of DDP's work (graph split, bucket copies, hooks) except the all-reduce itself; the gradients are then
@@ -102,7 +99,6 @@ NO_ALLREDUCE = "static_cudagraphs_no_allreduce"
 DDP_LEVERS[NO_ALLREDUCE] = ("bert_100k_static_cudagraphs", [])
 # Diagnostics of the unsplit step's exposed phase (bench/ddp_diagnostics.py): gradients kept as bucket views
 # between steps, so the reducer copies nothing, and each bucket averaged in place in fp32 or through bf16
-NOSPLIT = ["train.ddp.split_compiled_graphs=false"]
 DDP_LEVERS["static_cudagraphs_nosplit_views"] = ("bert_100k_static_cudagraphs", NOSPLIT)
 DDP_LEVERS["static_cudagraphs_nosplit_views_bf16"] = ("bert_100k_static_cudagraphs", NOSPLIT)
 # variant -> (the hook Accelerate registers instead of its own, gradients kept between steps)
@@ -268,6 +264,14 @@ def launch_variants(variants: list[str], gpus: int) -> list[str]:
     return list(dict.fromkeys(DDP_ONLY.get(v, v) for v in variants))
 
 
+def env_pairs(items: list[str], flag: str) -> dict[str, str]:
+    """``KEY=VALUE`` items as a dict; a malformed one stops the bench, naming ``flag``."""
+    bad = [item for item in items if "=" not in item or not item.split("=", 1)[0]]
+    if bad:
+        raise SystemExit(f"{flag} wants KEY=VALUE, got {bad}")
+    return dict(item.split("=", 1) for item in items)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -342,10 +346,7 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
 
-    bad = [item for item in args.env if "=" not in item or not item.split("=", 1)[0]]
-    if bad:
-        raise SystemExit(f"--env wants KEY=VALUE, got {bad}")
-    env = {**os.environ, **dict(item.split("=", 1) for item in args.env)}
+    env = {**os.environ, **env_pairs(args.env, "--env")}
 
     runs: list[dict] = []
     untimed_first = args.untimed_first  # first launch of this call only
