@@ -356,6 +356,13 @@ def test_sparsity_schedules_must_fit_the_run_length(registry, items, keys):
     assert_refused_naming(registry, "sparse_tiny_rigl", items, keys)
 
 
+def test_sparse_all_reduce_needs_masks(registry):
+    assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.comm_hook=sparse"],
+                          ["train.ddp.comm_hook=sparse", "sparsity section"])
+    assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.comm_hook=active"], ["none, bf16, fp16 or sparse"])
+    assert registry.build("sparse_tiny_rigl", ["train.ddp.comm_hook=sparse"]).train.ddp.comm_hook == "sparse"
+
+
 def test_sparsity_schedules_counted_in_epochs_are_checked_against_the_data_later(registry):
     cfg = registry.build("sparse_tiny_rigl", ["rigl.begin_step=200", "task=glue", "model.init_from=minilm",
                                               "train.epochs=1"])

@@ -66,6 +66,9 @@ class ExperimentConfig:
         for hook in ("rigl", "gmp"):
             if getattr(self, hook) is not None and self.sparsity is None:
                 raise ConfigError(f"{hook} needs a sparsity section (the target sparsity and which layers)")
+        if self.train.ddp.comm_hook == "sparse" and self.sparsity is None:
+            raise ConfigError("train.ddp.comm_hook=sparse sends only the gradients of active weights: it needs a "
+                              "sparsity section")
         if self.rigl is not None and self.gmp is not None:
             raise ConfigError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
         evolving = self.rigl is not None or self.gmp is not None

@@ -101,7 +101,9 @@ class DDPConfig:
     static_graph: bool = False
     # gradients live in the all-reduce buckets: no copy kernel per parameter and step, less memory
     gradient_as_bucket_view: bool = True
-    # "bf16" / "fp16": all-reduce gradients in half precision (half the bytes on the wire, rounded gradients)
+    # "bf16" / "fp16": all-reduce gradients in half precision (half the bytes on the wire, rounded gradients);
+    # "sparse" (runs with a sparsity section): only the gradients of active weights, exact; the dense gradient on
+    # steps with a RigL update (sparsity/communication.py)
     comm_hook: str = "none"
     # torch.compile under DDP: Dynamo's DDPOptimizer splits every graph compiled inside DDP's forward at the
     # gradient buckets, so each bucket's all-reduce can start inside the graph's backward. With
@@ -114,8 +116,8 @@ class DDPConfig:
     def validate(self) -> None:
         if self.bucket_cap_mb < 1:
             raise ValueError(f"train.ddp.bucket_cap_mb must be >= 1, got {self.bucket_cap_mb}")
-        if self.comm_hook not in ("none", "bf16", "fp16"):
-            raise ValueError(f"train.ddp.comm_hook must be none, bf16 or fp16, got {self.comm_hook!r}")
+        if self.comm_hook not in ("none", "bf16", "fp16", "sparse"):
+            raise ValueError(f"train.ddp.comm_hook must be none, bf16, fp16 or sparse, got {self.comm_hook!r}")
 
 
 @dataclass

@@ -5,6 +5,7 @@ Plain PyTorch on purpose (nothing from ``transformers``): it works on any ``nn.M
 the include/exclude regexes can address.
 """
 
+from . import communication
 from .config import DEFAULT_INCLUDE, GMPConfig, RigLConfig, SparsityConfig
 from .controller import SparsityController
 from .distribution import erk_densities, explicit_densities, layer_densities, uniform_densities
@@ -16,6 +17,7 @@ from .selection import select_parameters
 from .semi_structured import SemiStructuredLinear, is_two_four, to_semi_structured
 
 __all__ = [
+    "communication",
     "DEFAULT_INCLUDE",
     "GMPConfig",
     "MaskChange",

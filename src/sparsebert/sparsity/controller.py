@@ -72,6 +72,9 @@ class SparsityController:
         self._grads_masked = False  # before_optimizer_step ran since the last optimizer step
         # the optimizer's moments are 0 at every masked position (see _optimizer_keeps_zeros)
         self._masked_state_clean = False
+        # the gradients of this step arrived with zeros at masked positions (the sparse all-reduce hook)
+        self._grads_arrive_masked = False
+        self.mask_version = 0  # changes whenever any mask does (communication.py keys its positions by it)
 
         self.params = select_parameters(model, sparsity)
         if sparsity.pattern == "2:4":
@@ -95,6 +98,7 @@ class SparsityController:
             if self.masks[name].device != param.device:
                 self.masks[name] = self.masks[name].to(param.device)
                 self.initial_masks[name] = self.initial_masks[name].to(param.device)
+                self.mask_version += 1
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Needed before a RigL update: regrown weights must not inherit the stale state of their position.
@@ -109,6 +113,16 @@ class SparsityController:
     def apply_masks(self) -> None:
         apply_masks_(list(self.params.values()), [self.masks[name] for name in self.params])
 
+    def dense_gradients_due(self) -> bool:
+        """Whether the coming optimizer step needs the gradient of masked weights too (a RigL update)."""
+        return self.rigl is not None and rigl_update_due(self.step + 1, self.rigl, self.rigl_end_step)
+
+    def note_gradients_masked(self, masked: bool) -> None:
+        """Called by the sparse all-reduce after a backward: whether every selected layer's gradient already has
+        zeros at its masked positions, so ``before_optimizer_step`` need not mask it again (85 M values for
+        BERT-base)."""
+        self._grads_arrive_masked = masked
+
     def before_optimizer_step(self) -> None:
         """Call once per optimizer step after the last backward and before gradient clipping.
 
@@ -117,16 +131,18 @@ class SparsityController:
         clipping and the optimizer see only the sparse model's gradient and the optimizer state of masked
         positions stays empty. Under fp16 the copy is loss-scaled: ranking by magnitude does not change.
         """
+        arrived_masked, self._grads_arrive_masked = self._grads_arrive_masked, False
         with_grad = [name for name, p in self.params.items() if p.grad is not None]
-        if self.rigl is not None and rigl_update_due(self.step + 1, self.rigl, self.rigl_end_step):
+        if self.dense_gradients_due():
             missing = [name for name, p in self.params.items() if p.grad is None]
             if missing:  # growth is scored by gradient: a layer without one cannot take part
                 raise ValueError(f"RigL update at step {self.step + 1}: {', '.join(missing[:3])} received no "
                                  "gradient (frozen, or unused in the forward pass); exclude it through "
                                  "sparsity.exclude")
             self._growth_grads = {n: p.grad.detach().clone() for n, p in self.params.items()}
-        # a layer without a gradient (frozen) is skipped; every other one is masked
-        apply_masks_([self.params[name].grad for name in with_grad], [self.masks[name] for name in with_grad])
+        if not arrived_masked:
+            # a layer without a gradient (frozen) is skipped; every other one is masked
+            apply_masks_([self.params[name].grad for name in with_grad], [self.masks[name] for name in with_grad])
         self._grads_masked = True
 
     def on_optimizer_step(self, skipped: bool = False) -> dict[str, float] | None:
@@ -197,6 +213,7 @@ class SparsityController:
                 )
         self.masks = self._given_masks(state["masks"])
         self.initial_masks = self._given_masks(state["initial_masks"])
+        self.mask_version += 1
         self.step = int(state["step"])
         self._masked_state_clean = False  # the optimizer's state was built under the masks it had before
         self.apply_masks()
@@ -283,6 +300,7 @@ class SparsityController:
         with torch.no_grad():
             param.masked_fill_(change.grown, 0)
         self.masks[name] = (self.masks[name] & ~change.dropped) | change.grown
+        self.mask_version += 1
         if self.optimizer is not None:
             reset_optimizer_state(self.optimizer, param, change.dropped | change.grown)
 

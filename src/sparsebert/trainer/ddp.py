@@ -5,6 +5,8 @@ TrainingArguments (arguments.py). ``gradient_as_bucket_view`` and the communicat
 DistributedDataParallelKwargs handler the Trainer gives Accelerate; Accelerate reads it when it wraps the model
 at the start of training, so setting it after ``Trainer.__init__`` is in time. ``split_compiled_graphs=false``
 switches Dynamo's DDPOptimizer off for the process (``torch._dynamo.config.optimize_ddp``).
+``comm_hook=sparse`` (sparse runs) is sparsebert's own hook, which Accelerate's handler cannot name: it is
+installed on the DDP module once the Trainer has wrapped the model (sparsity/communication.py).
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ import logging
 
 import torch
 import torch._dynamo
+from torch.nn.parallel import DistributedDataParallel
+from transformers import TrainerCallback
 
 from sparsebert.config.sections import DDPConfig
 from sparsebert.errors import SparseBertError
+from sparsebert.sparsity import communication
 
 log = logging.getLogger(__name__)
 
@@ -38,4 +43,37 @@ class DDPTuningMixin:
             # torch's bf16 hook needs NCCL: without this check the job would fail at the first backward
             raise SparseBertError("train.ddp.comm_hook=bf16 needs CUDA GPUs (NCCL); use none or fp16 here")
         handler.gradient_as_bucket_view = ddp.gradient_as_bucket_view
-        handler.comm_hook = DDPCommunicationHookType("no" if ddp.comm_hook == "none" else ddp.comm_hook)
+        handler.comm_hook = DDPCommunicationHookType(ddp.comm_hook if ddp.comm_hook in ("bf16", "fp16") else "no")
+        if ddp.comm_hook == "sparse":
+            self.add_callback(SparseAllReduceCallback(self))
+
+
+class SparseAllReduceCallback(TrainerCallback):
+    """Installs the sparse all-reduce on the DDP module at the start of training (single-process runs have none),
+    and logs the share of gradient values it sent (``ddp/allreduce_sent_fraction``, 1.0 = plain DDP)."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.state: communication.ActiveGradientAllReduce | None = None
+        self._installed_on: DistributedDataParallel | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        ddp_module = _find_ddp(self.trainer.model_wrapped)
+        if ddp_module is None or ddp_module is self._installed_on:  # one process; or train() called again
+            return
+        controller = getattr(self.trainer, "sparsity", None)
+        if controller is None:
+            raise SparseBertError("train.ddp.comm_hook=sparse needs a sparsity section (which weights are masked)")
+        self.state = communication.register(ddp_module, controller)
+        self._installed_on = ddp_module
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.state is not None:
+            self.trainer.pending_logs.add({"ddp/allreduce_sent_fraction": round(self.state.sent_fraction(), 4)})
+
+
+def _find_ddp(model) -> DistributedDataParallel | None:
+    """The DDP module under Accelerate's wrapping (torch.compile puts an OptimizedModule around it)."""
+    while model is not None and not isinstance(model, DistributedDataParallel):
+        model = getattr(model, "_orig_mod", None)
+    return model
