@@ -108,6 +108,25 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
     assert handler.bucket_cap_mb == 25
 
 
+def test_sparse_all_reduce_is_sparsebert_s_own_hook_and_warns_beside_split_graphs(registry, tmp_path, caplog):
+    """Accelerate registers no hook of its own for it (the callback installs it on the DDP module); with compiled
+    graphs split at the buckets, where it measured much slower, the user is told how to turn the split off."""
+    from accelerate.utils import DDPCommunicationHookType
+
+    from sparsebert.trainer.ddp import SparseAllReduceCallback
+
+    sparse = ["sparsity.sparsity=0.8", "train.ddp.comm_hook=sparse"]
+    with caplog.at_level("WARNING", logger="sparsebert.trainer.ddp"):
+        trainer = tiny_trainer(registry, tmp_path, [*sparse, "train.torch_compile=true"])
+    assert trainer.accelerator.ddp_handler.comm_hook == DDPCommunicationHookType.NO
+    assert any(isinstance(c, SparseAllReduceCallback) for c in trainer.callback_handler.callbacks)
+    assert "split_compiled_graphs=false" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sparsebert.trainer.ddp"):
+        tiny_trainer(registry, tmp_path, [*sparse, "train.torch_compile=true", "train.ddp.split_compiled_graphs=false"])
+    assert "split_compiled_graphs" not in caplog.text
+
+
 def test_split_compiled_graphs_sets_dynamos_ddp_optimizer_both_ways(registry, tmp_path):
     """Process-wide: each trainer sets it, so an experiment after a nosplit one gets the default back."""
     import torch._dynamo
