@@ -84,6 +84,7 @@ def test_sparse_all_reduce_trains_the_same_model_bit_for_bit(data_dir, tmp_path)
         assert done.returncode == 0, done.stderr[-3000:]
         digests[hook] = ranks(tmp_path / hook, 2)
     plain, sparse = digests["none"][0], digests["sparse"][0]
+    assert digests["sparse"][1]["weights"] == sparse["weights"]  # both ranks agree
     assert sparse["weights"] == plain["weights"] and sparse["zeros"] == plain["zeros"]
     assert sparse["losses"] == plain["losses"]
     history = json.loads((tmp_path / "sparse/sparse_tiny_rigl/checkpoint-12/trainer_state.json").read_text())

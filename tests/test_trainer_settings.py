@@ -109,8 +109,8 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
 
 
 def test_sparse_all_reduce_is_sparsebert_s_own_hook_and_warns_beside_split_graphs(registry, tmp_path, caplog):
-    """Accelerate registers no hook of its own for it (the callback installs it on the DDP module); with compiled
-    graphs split at the buckets, where it measured much slower, the user is told how to turn the split off."""
+    """Accelerate registers no hook of its own for it (the callback installs it on the DDP module); wherever DDP's
+    hooks fire during the backward (split or per-layer graphs, eager), the user is told what was measured."""
     from accelerate.utils import DDPCommunicationHookType
 
     from sparsebert.trainer.ddp import SparseAllReduceCallback
@@ -121,10 +121,13 @@ def test_sparse_all_reduce_is_sparsebert_s_own_hook_and_warns_beside_split_graph
     assert trainer.accelerator.ddp_handler.comm_hook == DDPCommunicationHookType.NO
     assert any(isinstance(c, SparseAllReduceCallback) for c in trainer.callback_handler.callbacks)
     assert "split_compiled_graphs=false" in caplog.text
-    caplog.clear()
-    with caplog.at_level("WARNING", logger="sparsebert.trainer.ddp"):
-        tiny_trainer(registry, tmp_path, [*sparse, "train.torch_compile=true", "train.ddp.split_compiled_graphs=false"])
-    assert "split_compiled_graphs" not in caplog.text
+    compiled = "train.torch_compile=true"
+    for settings, warned in (([], True), ([compiled, "train.torch_compile_scope=layers"], True),
+                             ([compiled, "train.ddp.split_compiled_graphs=false"], False)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="sparsebert.trainer.ddp"):
+            tiny_trainer(registry, tmp_path, [*sparse, *settings])
+        assert ("measured faster only" in caplog.text) == warned, settings
 
 
 def test_split_compiled_graphs_sets_dynamos_ddp_optimizer_both_ways(registry, tmp_path):

@@ -8,9 +8,14 @@ it back with zeros at the masked positions. A RigL update scores growth by the d
 batch, so on the steps where one is due the hook averages the whole bucket as plain DDP does.
 
 The positions are computed once per bucket and mask state (``SparsityController.mask_version``): a ``nonzero``
-per layer, which reads a count back to the host, after every mask change (RigL / GMP update, loaded state) and
+per bucket, which reads a count back to the host, after every mask change (RigL / GMP update, loaded state) and
 after DDP rebuilds its buckets following the first step; none on the other steps. They are kept as int64
-indices on the gradients' device (8 bytes per active entry: ~140 MB for BERT-base at 80 %).
+indices on the gradients' device, 8 bytes for every value sent from a bucket that holds a masked weight (~145 MB
+for BERT-base at 80 %; buckets without one, like the word embeddings', need none).
+
+The averaged values are those of plain DDP up to the order of summation (bit for bit with 2 ranks, where a + b =
+b + a). One difference: an inf or NaN gradient at a masked position never travels, so it cannot make a fp16 step
+skip or a clipped gradient norm NaN, as plain DDP's masked copy would.
 
 Plain PyTorch: ``register(ddp_module, controller)`` works on any DistributedDataParallel model.
 """
@@ -30,8 +35,8 @@ from .controller import SparsityController
 class _BucketPlan:
     params: tuple[int, ...]  # id() of the bucket's parameters, to notice DDP rebuilding its buckets
     mask_version: int
-    index: torch.Tensor | None  # flat positions that are sent; None: the bucket holds no masked weight
-    masked_names: frozenset[str]  # masked layers whose gradient this bucket covers
+    index: torch.Tensor | None  # flat positions that are sent; None: the whole bucket is sent
+    masked_names: frozenset[str]  # masked layers whose gradient arrives with zeros at masked positions
 
 
 class ActiveGradientAllReduce:
@@ -47,8 +52,7 @@ class ActiveGradientAllReduce:
         self.process_group = process_group
         self._names = {id(param): name for name, param in controller.params.items()}
         self._plans: dict[int, _BucketPlan] = {}
-        self._covered: set[str] = set()
-        self._all_compact = True
+        self._arrived_masked: set[str] = set()  # in this backward
         self.sent = 0
         self.dense = 0
 
@@ -60,11 +64,10 @@ class ActiveGradientAllReduce:
         world = dist.get_world_size(self.process_group)
         plan = None if self.controller.dense_gradients_due() else self._plan(bucket)
         if plan is None or plan.index is None:
-            self._all_compact &= plan is not None  # a bucket without masked weights keeps the promise
             sent = buffer.div_(world)
             future = self._all_reduce(sent).then(lambda done: done.value()[0])
         else:
-            self._covered |= plan.masked_names
+            self._arrived_masked |= plan.masked_names
             sent = buffer.index_select(0, plan.index).div_(world)
             index = plan.index
             future = self._all_reduce(sent).then(
@@ -72,16 +75,19 @@ class ActiveGradientAllReduce:
         self.sent += sent.numel()
         self.dense += buffer.numel()
         if bucket.is_last():
-            self.controller.note_gradients_masked(self._all_compact and self._covered == set(self.controller.params))
-            self._covered, self._all_compact = set(), True
+            trainable = {name for name, param in self.controller.params.items() if param.requires_grad}
+            self.controller.note_gradients_masked(self._arrived_masked >= trainable)
+            self._arrived_masked = set()
+            # after DDP rebuilds its buckets there may be fewer: their positions would stay on the GPU
+            self._plans = {i: plan for i, plan in self._plans.items() if i <= bucket.index()}
         return future
 
     def _all_reduce(self, tensor: torch.Tensor) -> torch.futures.Future:
         return dist.all_reduce(tensor, group=self.process_group, async_op=True).get_future()
 
-    def _plan(self, bucket: dist.GradBucket) -> _BucketPlan | None:
-        """The bucket's positions to send, rebuilt when its parameters or the masks changed; None when a masked
-        layer's gradient is not a plain row-major slice of the bucket (then the bucket is sent whole)."""
+    def _plan(self, bucket: dist.GradBucket) -> _BucketPlan:
+        """The bucket's positions to send, rebuilt when its parameters or the masks changed (one ``nonzero``,
+        i.e. one host read, per bucket)."""
         params = bucket.parameters()
         key = tuple(id(p) for p in params)
         version = self.controller.mask_version
@@ -89,18 +95,21 @@ class ActiveGradientAllReduce:
         if plan is not None and plan.params == key and plan.mask_version == version:
             return plan
         buffer = bucket.buffer()
-        pieces, masked = [], set()
+        keep = torch.ones(buffer.numel(), dtype=torch.bool, device=buffer.device)
+        masked = set()
         for param, grad in zip(params, bucket.gradients()):
-            start = (grad.data_ptr() - buffer.data_ptr()) // buffer.element_size()
             name = self._names.get(id(param))
             if name is None:
-                pieces.append(torch.arange(start, start + grad.numel(), device=buffer.device))
                 continue
-            if not grad.is_contiguous() or tuple(grad.shape) != tuple(param.shape):
-                return None
+            if not param.is_contiguous():
+                # DDP lays such a gradient out by the parameter's strides, not row-major like its mask: send the
+                # bucket whole (the controller then masks this layer's gradient itself)
+                masked = set()
+                break
+            start = (grad.data_ptr() - buffer.data_ptr()) // buffer.element_size()
+            keep[start:start + grad.numel()] = self.controller.masks[name].reshape(-1)
             masked.add(name)
-            pieces.append(self.controller.masks[name].reshape(-1).nonzero().squeeze(1).add_(start))
-        index = torch.cat(pieces) if masked else None
+        index = keep.nonzero().squeeze(1) if masked else None  # none masked: nothing to leave out
         plan = _BucketPlan(params=key, mask_version=version, index=index, masked_names=frozenset(masked))
         self._plans[bucket.index()] = plan
         return plan

@@ -129,7 +129,8 @@ class SparsityController:
         If a RigL update is due at this step, keep a copy of the dense gradient (growth is scored with the
         gradient of this very step's batch, never an extra one). Then zero the gradient of masked weights, so
         clipping and the optimizer see only the sparse model's gradient and the optimizer state of masked
-        positions stays empty. Under fp16 the copy is loss-scaled: ranking by magnitude does not change.
+        positions stays empty (skipped when the sparse all-reduce reported, for this step, that it already did).
+        Under fp16 the copy is loss-scaled: ranking by magnitude does not change.
         """
         arrived_masked, self._grads_arrive_masked = self._grads_arrive_masked, False
         with_grad = [name for name, p in self.params.items() if p.grad is not None]

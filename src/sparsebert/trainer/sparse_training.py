@@ -1,9 +1,12 @@
 """Sparse training in the Trainer: masks kept exact, RigL / GMP updates once per optimizer step.
 
 The order inside one optimizer step, and why:
-1. backward of every micro-batch (DDP all-reduces the dense gradient on the last one);
+1. backward of every micro-batch (DDP all-reduces the dense gradient on the last one; with
+   ``train.ddp.comm_hook=sparse`` only the active weights' part, and zeros at masked positions, except on a step
+   with a RigL update);
 2. ``before_optimizer_step`` (from ``training_step`` of the last micro-batch): keep the dense gradient when a RigL
-   update is due, then zero masked gradients, so clipping and AdamW see the sparse model only;
+   update is due, then zero masked gradients (unless the sparse all-reduce already did), so clipping and AdamW see
+   the sparse model only;
 3. clip, ``optimizer.step()``;
 4. ``on_optimizer_step`` (callback): keep masked weights at 0 (AdamW after masked gradients already does; other
    optimizers get the masks re-applied), and on schedule update the masks (RigL from the gradient kept in 2, of
