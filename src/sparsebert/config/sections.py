@@ -102,8 +102,8 @@ class DDPConfig:
     # gradients live in the all-reduce buckets: no copy kernel per parameter and step, less memory
     gradient_as_bucket_view: bool = True
     # "bf16" / "fp16": all-reduce gradients in half precision (half the bytes on the wire, rounded gradients);
-    # "sparse" (runs with a sparsity section): only the gradients of active weights, exact; the dense gradient on
-    # steps with a RigL update (sparsity/communication.py)
+    # "sparse" (runs with a sparsity section): only the gradients of active weights, the same averages up to
+    # summation order; the dense gradient on steps with a RigL update (sparsity/communication.py)
     comm_hook: str = "none"
     # torch.compile under DDP: Dynamo's DDPOptimizer splits every graph compiled inside DDP's forward at the
     # gradient buckets, so each bucket's all-reduce can start inside the graph's backward. With

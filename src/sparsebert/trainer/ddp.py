@@ -5,8 +5,9 @@ TrainingArguments (arguments.py). ``gradient_as_bucket_view`` and the communicat
 DistributedDataParallelKwargs handler the Trainer gives Accelerate; Accelerate reads it when it wraps the model
 at the start of training, so setting it after ``Trainer.__init__`` is in time. ``split_compiled_graphs=false``
 switches Dynamo's DDPOptimizer off for the process (``torch._dynamo.config.optimize_ddp``).
-``comm_hook=sparse`` (sparse runs) is sparsebert's own hook, which Accelerate's handler cannot name: it is
-installed on the DDP module once the Trainer has wrapped the model (sparsity/communication.py).
+``comm_hook=sparse`` (sparse runs) is sparsebert's own hook, which Accelerate's handler cannot carry (it names
+hooks by an enum, and deep-copies its fields into DDP's kwargs): a callback installs it on the DDP module once the
+Trainer has wrapped the model (sparsity/communication.py).
 """
 
 from __future__ import annotations
