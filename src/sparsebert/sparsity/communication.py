@@ -50,6 +50,7 @@ class ActiveGradientAllReduce:
     def __init__(self, controller: SparsityController, process_group: dist.ProcessGroup | None = None):
         self.controller = controller
         self.process_group = process_group
+        self.world = dist.get_world_size(process_group)
         self._names = {id(param): name for name, param in controller.params.items()}
         self._plans: dict[int, _BucketPlan] = {}
         self._arrived_masked: set[str] = set()  # in this backward
@@ -61,14 +62,13 @@ class ActiveGradientAllReduce:
 
     def __call__(self, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
         buffer = bucket.buffer()
-        world = dist.get_world_size(self.process_group)
         plan = None if self.controller.dense_gradients_due() else self._plan(bucket)
         if plan is None or plan.index is None:
-            sent = buffer.div_(world)
+            sent = buffer.div_(self.world)
             future = self._all_reduce(sent).then(lambda done: done.value()[0])
         else:
             self._arrived_masked |= plan.masked_names
-            sent = buffer.index_select(0, plan.index).div_(world)
+            sent = buffer.index_select(0, plan.index).div_(self.world)
             index = plan.index
             future = self._all_reduce(sent).then(
                 lambda done: buffer.zero_().index_copy_(0, index, done.value()[0]))
