@@ -11,6 +11,10 @@ Accelerate's hook for one run.
   the hook averages the bucket in place (NCCL's AVG: no division kernel), in fp32 or through one persistent
   bf16 buffer per bucket (one cast there, one back).
 
+- ``compiled_autograd_reducer``: not a hook but the other way to overlap the all-reduce with a compiled
+  backward (torch's experimental ``optimize_ddp="python_reducer"`` with compiled autograd), for the variants
+  ``static_compiled_autograd`` / ``static_cudagraphs_compiled_autograd``.
+
 ``patched_ddp`` patches process-wide (Accelerate's hook registration, ``nn.Module.zero_grad``) for one run, and
 its hook replaces whatever ``train.ddp.comm_hook`` a variant sets.
 """
@@ -86,3 +90,55 @@ def patched_ddp(hook: str | None, keep_gradients: bool = False):
     finally:
         DistributedDataParallelKwargs.register_comm_hook = original_register
         torch.nn.Module.zero_grad = original_zero_grad
+
+
+@contextlib.contextmanager
+def compiled_autograd_reducer(enabled: bool, record: dict):
+    """While active: DDP runs its Python reducer (``optimize_ddp="python_reducer"``) and each training step's
+    forward and backward run under compiled autograd, so the backward is one Inductor graph with the bucket
+    all-reduces traced into it (fused concatenations, functional collectives) instead of the C++ reducer's
+    hooks after it: overlap without Dynamo's graph split. ``record`` gets the number of backward graphs captured
+    and compiled and whether DDP ran the Python reducer (proof that the variant ran as named)."""
+    if not enabled:
+        yield
+        return
+    import functools
+
+    import torch._dynamo
+    import torch._dynamo.compiled_autograd as compiled_autograd
+    from accelerate import Accelerator
+    from transformers import Trainer
+
+    original_prepare = Accelerator.prepare_model
+    original_step = Trainer.training_step
+    compiler = functools.partial(torch.compile, backend="inductor", fullgraph=True, dynamic=False)
+
+    def prepare_model(self, *args, **kwargs):
+        torch._dynamo.config.optimize_ddp = "python_reducer"  # read when DDP is built, here
+        model = original_prepare(self, *args, **kwargs)
+        ddp = getattr(model, "_orig_mod", model)
+        record["python_reducer"] = bool(getattr(ddp, "_use_python_reducer", False))
+        models.append(ddp)
+        return model
+
+    def training_step(self, *args, **kwargs):
+        with compiled_autograd._enable(compiler):
+            return original_step(self, *args, **kwargs)
+
+    Accelerator.prepare_model = prepare_model
+    Trainer.training_step = training_step
+    models: list = []
+    before = dict(torch._dynamo.utils.counters["compiled_autograd"])
+    try:
+        yield
+    finally:
+        after = torch._dynamo.utils.counters["compiled_autograd"]
+        record.update({f"compiled_autograd_{k}": after[k] - before.get(k, 0) for k in ("captures", "compiles")})
+        if models:  # the ranks' weights after training agree only if the traced all-reduces averaged gradients
+            total = torch.stack([p.detach().double().sum() for p in models[0].parameters()]).sum().cpu()
+            totals = [None] * dist.get_world_size()
+            dist.all_gather_object(totals, float(total))
+            record["weights_agree_across_ranks"] = len(set(totals)) == 1
+        Accelerator.prepare_model = original_prepare
+        Trainer.training_step = original_step
+        torch._dynamo.config.optimize_ddp = True

@@ -108,6 +108,10 @@ DDP_LEVERS[NO_ALLREDUCE] = ("bert_100k_static_cudagraphs", [])
 DDP_LEVERS["static_cudagraphs_nosplit_views"] = ("bert_100k_static_cudagraphs", NOSPLIT)
 DDP_LEVERS["static_cudagraphs_nosplit_views_bf16"] = ("bert_100k_static_cudagraphs", NOSPLIT)
 # variant -> (the hook Accelerate registers instead of its own, gradients kept between steps)
+# The backward as one compiled-autograd graph with DDP's Python reducer traced into it (ddp_diagnostics.py)
+DDP_LEVERS["static_cudagraphs_compiled_autograd"] = ("bert_100k_static_cudagraphs", [])
+DDP_LEVERS["static_compiled_autograd"] = ("bert_100k_static_compiled", [])
+COMPILED_AUTOGRAD = {"static_cudagraphs_compiled_autograd", "static_compiled_autograd"}
 DIAGNOSTICS = {NO_ALLREDUCE: ("keep_bucket", False), "static_cudagraphs_nosplit_views": ("view_allreduce", True),
                "static_cudagraphs_nosplit_views_bf16": ("view_allreduce_bf16", True)}
 for _name, (_reference, _ddp) in DDP_LEVERS.items():
@@ -182,7 +186,7 @@ def worker(args: argparse.Namespace) -> None:
     drift spreads over all of them); rank 0 writes the results. One launch per world size saves the start-up
     (imports, process group) of every further run."""
     import torch._dynamo
-    from ddp_diagnostics import patched_ddp
+    from ddp_diagnostics import compiled_autograd_reducer, patched_ddp
     from gpu_clocks import ClockSampler
     from sparse_overhead import random_blocks, time_variant, timing_overrides
 
@@ -212,8 +216,11 @@ def worker(args: argparse.Namespace) -> None:
                 result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
             else:
                 experiment, items = overrides_of(variant)
-                with patched_ddp(*DIAGNOSTICS.get(variant, (None, False))):
+                record: dict = {}
+                with patched_ddp(*DIAGNOSTICS.get(variant, (None, False))), \
+                        compiled_autograd_reducer(variant in COMPILED_AUTOGRAD and world > 1, record):
                     result = time_variant(registry, experiment, items, tokenizer, data, args.warmup, callbacks)
+                result.update(record)
         window = result.pop("window")
         result.update(clocks.summary(window) if clocks else {})
         result.update(per_rank(result, window))
