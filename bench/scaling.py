@@ -379,6 +379,8 @@ def main() -> None:
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 untimed_first = False
                 if done.returncode != 0 or not out.is_file():
+                    if args.out:  # the workers' own traceback is far above torchrun's summary: keep all of it
+                        args.out.with_suffix(f".{n}gpu.stderr.txt").write_text(done.stderr)
                     print(done.stderr[-2000:], file=sys.stderr)
                     raise SystemExit(f"{variants} on {n} GPU(s), batch {batch} failed")
                 launched = [{**r, "env": args.env} for r in json.loads(out.read_text())]
