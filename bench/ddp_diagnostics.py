@@ -111,7 +111,9 @@ def compiled_autograd_reducer(enabled: bool, record: dict):
 
     original_prepare = Accelerator.prepare_model
     original_step = Trainer.training_step
-    compiler = functools.partial(torch.compile, backend="inductor", fullgraph=True, dynamic=False)
+    # not fullgraph: torch 2.11's trace of this backward meets a generator (2 x H200, 2026-11-26), and a
+    # graph break beats a failed run; the breaks' reasons go into the record
+    compiler = functools.partial(torch.compile, backend="inductor", dynamic=False)
 
     def prepare_model(self, *args, **kwargs):
         torch._dynamo.config.optimize_ddp = "python_reducer"  # read when DDP is built, here
@@ -129,11 +131,15 @@ def compiled_autograd_reducer(enabled: bool, record: dict):
     Trainer.training_step = training_step
     models: list = []
     before = dict(torch._dynamo.utils.counters["compiled_autograd"])
+    breaks_before = dict(torch._dynamo.utils.counters["graph_break"])
     try:
         yield
     finally:
         after = torch._dynamo.utils.counters["compiled_autograd"]
         record.update({f"compiled_autograd_{k}": after[k] - before.get(k, 0) for k in ("captures", "compiles")})
+        breaks = torch._dynamo.utils.counters["graph_break"]
+        record["graph_breaks"] = {k[:300]: n - breaks_before.get(k, 0) for k, n in breaks.items()
+                                  if n > breaks_before.get(k, 0)}
         if models:  # the ranks' weights after training agree only if the traced all-reduces averaged gradients
             total = torch.stack([p.detach().double().sum() for p in models[0].parameters()]).sum().cpu()
             totals = [None] * dist.get_world_size()
