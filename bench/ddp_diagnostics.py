@@ -11,9 +11,6 @@ Accelerate's hook for one run.
   the hook averages the bucket in place (NCCL's AVG: no division kernel), in fp32 or through one persistent
   bf16 buffer per bucket (one cast there, one back).
 
-- ``flat_sync``: no DDP reducer at all (backward under ``no_sync``), then one flat all-reduce of the active
-  gradients (``FlatActiveSync``); checked by hand on a 2-process CPU toy against plain DDP: the same gradients
-  (masked) and weights, bit for bit, RigL steps included (not a committed test).
 - ``compiled_autograd_reducer``: not a hook but the other way to overlap the all-reduce with a compiled
   backward (torch's experimental ``optimize_ddp="python_reducer"`` with compiled autograd), for the variants
   ``static_compiled_autograd`` / ``static_cudagraphs_compiled_autograd``.
@@ -138,6 +135,9 @@ def compiled_autograd_reducer(enabled: bool, record: dict):
     try:
         yield
     finally:
+        Accelerator.prepare_model = original_prepare
+        Trainer.training_step = original_step
+        torch._dynamo.config.optimize_ddp = True
         after = torch._dynamo.utils.counters["compiled_autograd"]
         record.update({f"compiled_autograd_{k}": after[k] - before.get(k, 0) for k in ("captures", "compiles")})
         breaks = torch._dynamo.utils.counters["graph_break"]
@@ -148,96 +148,4 @@ def compiled_autograd_reducer(enabled: bool, record: dict):
             totals = [None] * dist.get_world_size()
             dist.all_gather_object(totals, float(total))
             record["weights_agree_across_ranks"] = len(set(totals)) == 1
-        Accelerator.prepare_model = original_prepare
-        Trainer.training_step = original_step
-        torch._dynamo.config.optimize_ddp = True
 
-
-class FlatActiveSync:
-    """The gradient all-reduce without DDP's reducer, for the ``*_flat_sync`` variants: after a backward run
-    under ``no_sync`` (so the reducer copies nothing into buckets: 203 copies for BERT-base, ~4.5 us apart on the
-    GPU in the sparse hook's profile), every gradient is concatenated into one flat buffer (a few batched copy
-    kernels), the values at active positions (all of them on a RigL step, or for layers without a mask) are
-    averaged in one all-reduce, written back with zeros at masked positions, and the gradients become views of
-    the flat buffer. No overlap with the backward, as with one compiled graph anyway."""
-
-    def __init__(self, model: torch.nn.Module, controller):
-        self.controller = controller
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        names = {id(p): name for name, p in controller.params.items()} if controller is not None else {}
-        self.names = [names.get(id(p)) for p in self.params]
-        self.sizes = [p.numel() for p in self.params]
-        self.version = -1
-        self.index: torch.Tensor | None = None
-        self.sent = self.dense = 0
-
-    def _positions(self, device) -> torch.Tensor | None:
-        if self.controller is None:
-            return None
-        if self.version != self.controller.mask_version:
-            keep = torch.ones(sum(self.sizes), dtype=torch.bool, device=device)
-            offset = 0
-            for name, size in zip(self.names, self.sizes):
-                if name is not None:
-                    keep[offset:offset + size] = self.controller.masks[name].reshape(-1)
-                offset += size
-            self.index = keep.nonzero().squeeze(1)
-            self.version = self.controller.mask_version
-        return self.index
-
-    def __call__(self) -> None:
-        flat = torch.cat([p.grad.reshape(-1) for p in self.params])
-        dense = self.controller is None or self.controller.dense_gradients_due()
-        index = None if dense else self._positions(flat.device)
-        if index is None:
-            _average(flat).wait()
-            sent = flat.numel()
-        else:
-            values = flat.index_select(0, index)
-            _average(values).wait()
-            flat.zero_().index_copy_(0, index, values)
-            sent = values.numel()
-            self.controller.note_gradients_masked(True)
-        self.sent += sent
-        self.dense += flat.numel()
-        for p, view in zip(self.params, flat.split(self.sizes)):
-            p.grad = view.view_as(p)
-
-
-@contextlib.contextmanager
-def flat_sync(enabled: bool, record: dict):
-    """While active: each training step's forward and backward run under DDP's ``no_sync`` and ``FlatActiveSync``
-    averages the gradients after the last backward of an optimizer step. ``record`` gets the share of values
-    sent and whether the ranks' weights agree after training."""
-    if not enabled:
-        yield
-        return
-    from transformers import Trainer
-
-    from sparsebert.trainer.ddp import _find_ddp
-
-    original_step = Trainer.training_step
-    syncs: list[FlatActiveSync] = []
-
-    def training_step(self, model, *args, **kwargs):
-        ddp = _find_ddp(model)
-        with ddp.no_sync():
-            loss = original_step(self, model, *args, **kwargs)
-        if self.accelerator.sync_gradients:
-            if not syncs:
-                syncs.append(FlatActiveSync(ddp.module, getattr(self, "sparsity", None)))
-            syncs[0]()
-        return loss
-
-    Trainer.training_step = training_step
-    try:
-        yield
-    finally:
-        Trainer.training_step = original_step
-        if syncs:
-            sync = syncs[0]
-            record["flat_sync_sent_fraction"] = sync.sent / sync.dense
-            total = torch.stack([p.detach().double().sum() for p in sync.params]).sum().cpu()
-            totals = [None] * dist.get_world_size()
-            dist.all_gather_object(totals, float(total))
-            record["weights_agree_across_ranks"] = len(set(totals)) == 1

@@ -91,11 +91,13 @@ DDP_LEVERS = {
     # the same with half the bytes on the wire (bf16 all-reduce)
     "static_cudagraphs_nosplit_bf16": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=bf16"]),
     # sparse runs sending only the active weights' gradients (train.ddp.comm_hook=sparse): at 80 % sparsity of the
-    # encoder's Linear weights, 42 M of BERT-base's 110 M values (the dense gradient on RigL update steps), unsplit
-    # (all of it after the backward, now ~40 % as long) and split (overlapped with the backward)
+    # encoder's Linear weights, 42 M of BERT-base's 110 M values (the dense gradient on RigL update steps) in one
+    # flat all-reduce after the backward instead of DDP's reducer; with one graph (its default under whole-model
+    # compile) and with Dynamo's split graph, which then has nothing to overlap
     "sparse_static_cudagraphs_nosplit_sparse_allreduce": ("sparse_80_rigl_static_cudagraphs",
                                                           [*NOSPLIT, "train.ddp.comm_hook=sparse"]),
-    "sparse_static_cudagraphs_sparse_allreduce": ("sparse_80_rigl_static_cudagraphs", ["train.ddp.comm_hook=sparse"]),
+    "sparse_static_cudagraphs_sparse_allreduce": ("sparse_80_rigl_static_cudagraphs",
+                                                  ["train.ddp.comm_hook=sparse", "train.ddp.split_compiled_graphs=true"]),
 }
 # A diagnostic, not a setting: DDP with a communication hook that returns every bucket as it is, so the step
 # does all of DDP's work (graph split, bucket copies, hooks) except the all-reduce itself; the gradients are then
@@ -111,9 +113,6 @@ DDP_LEVERS["static_cudagraphs_nosplit_views_bf16"] = ("bert_100k_static_cudagrap
 # The backward as one compiled-autograd graph with DDP's Python reducer traced into it (ddp_diagnostics.py)
 DDP_LEVERS["static_cudagraphs_compiled_autograd"] = ("bert_100k_static_cudagraphs", [])
 DDP_LEVERS["static_compiled_autograd"] = ("bert_100k_static_compiled", [])
-# The all-reduce without DDP's reducer: one flat all-reduce of the active gradients after the backward
-DDP_LEVERS["sparse_static_cudagraphs_nosplit_flat_sync"] = ("sparse_80_rigl_static_cudagraphs", NOSPLIT)
-FLAT_SYNC = {"sparse_static_cudagraphs_nosplit_flat_sync"}
 COMPILED_AUTOGRAD = {"static_cudagraphs_compiled_autograd", "static_compiled_autograd"}
 DIAGNOSTICS = {NO_ALLREDUCE: ("keep_bucket", False), "static_cudagraphs_nosplit_views": ("view_allreduce", True),
                "static_cudagraphs_nosplit_views_bf16": ("view_allreduce_bf16", True)}
@@ -189,7 +188,7 @@ def worker(args: argparse.Namespace) -> None:
     drift spreads over all of them); rank 0 writes the results. One launch per world size saves the start-up
     (imports, process group) of every further run."""
     import torch._dynamo
-    from ddp_diagnostics import compiled_autograd_reducer, flat_sync, patched_ddp
+    from ddp_diagnostics import compiled_autograd_reducer, patched_ddp
     from gpu_clocks import ClockSampler
     from sparse_overhead import random_blocks, time_variant, timing_overrides
 
@@ -221,8 +220,7 @@ def worker(args: argparse.Namespace) -> None:
                 experiment, items = overrides_of(variant)
                 record: dict = {}
                 with patched_ddp(*DIAGNOSTICS.get(variant, (None, False))), \
-                        compiled_autograd_reducer(variant in COMPILED_AUTOGRAD and world > 1, record), \
-                        flat_sync(variant in FLAT_SYNC and world > 1, record):
+                        compiled_autograd_reducer(variant in COMPILED_AUTOGRAD and world > 1, record):
                     result = time_variant(registry, experiment, items, tokenizer, data, args.warmup, callbacks)
                 result.update(record)
         window = result.pop("window")

@@ -108,26 +108,28 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
     assert handler.bucket_cap_mb == 25
 
 
-def test_sparse_all_reduce_is_sparsebert_s_own_hook_and_warns_beside_split_graphs(registry, tmp_path, caplog):
-    """Accelerate registers no hook of its own for it (the callback installs it on the DDP module); wherever DDP's
-    hooks fire during the backward (split or per-layer graphs, eager), the user is told what was measured."""
+def test_sparse_all_reduce_is_sparsebert_s_own_and_warns_where_it_was_not_measured(registry, tmp_path, caplog):
+    """Accelerate registers no hook for it (a callback builds sparsebert's sync); a whole-model graph is not split
+    for it by default (the sync runs after the backward, there is nothing to overlap); eager, per-layer and split
+    runs tell the user what was measured."""
+    import torch._dynamo
     from accelerate.utils import DDPCommunicationHookType
 
     from sparsebert.trainer.ddp import SparseAllReduceCallback
 
     sparse = ["sparsity.sparsity=0.8", "train.ddp.comm_hook=sparse"]
-    with caplog.at_level("WARNING", logger="sparsebert.trainer.ddp"):
-        trainer = tiny_trainer(registry, tmp_path, [*sparse, "train.torch_compile=true"])
-    assert trainer.accelerator.ddp_handler.comm_hook == DDPCommunicationHookType.NO
-    assert any(isinstance(c, SparseAllReduceCallback) for c in trainer.callback_handler.callbacks)
-    assert "split_compiled_graphs=false" in caplog.text
     compiled = "train.torch_compile=true"
-    for settings, warned in (([], True), ([compiled, "train.torch_compile_scope=layers"], True),
-                             ([compiled, "train.ddp.split_compiled_graphs=false"], False)):
+    for settings, warned in (([compiled], False), ([], True), ([compiled, "train.torch_compile_scope=layers"], True),
+                             ([compiled, "train.ddp.split_compiled_graphs=true"], True)):
         caplog.clear()
         with caplog.at_level("WARNING", logger="sparsebert.trainer.ddp"):
-            tiny_trainer(registry, tmp_path, [*sparse, *settings])
-        assert ("measured faster only" in caplog.text) == warned, settings
+            trainer = tiny_trainer(registry, tmp_path, [*sparse, *settings])
+        assert ("measured with one whole-model compiled graph only" in caplog.text) == warned, settings
+        assert trainer.accelerator.ddp_handler.comm_hook == DDPCommunicationHookType.NO
+        assert any(isinstance(c, SparseAllReduceCallback) for c in trainer.callback_handler.callbacks)
+        assert trainer.sparse_sync is None  # built at the start of training, for a DDP model only
+        if settings == [compiled]:
+            assert torch._dynamo.config.optimize_ddp is False
 
 
 def test_split_compiled_graphs_sets_dynamos_ddp_optimizer_both_ways(registry, tmp_path):

@@ -1,9 +1,10 @@
-"""The sparse all-reduce hook on a toy MLP under real DDP: 2 gloo processes on CPU, a few seconds (and 2 NCCL
+"""The sparse all-reduce on a toy MLP under real DDP: 2 gloo processes on CPU, a few seconds (and 2 NCCL
 processes on 2 GPUs where there are two).
 
-Each rank trains two copies of the same masked MLP side by side, one under plain DDP and one with the hook, on
-rank-dependent batches; after every backward the hook's gradients must equal plain DDP's averaged gradients at
-active positions and be exactly 0 at masked ones, except on a RigL step, where they must equal the dense average.
+Each rank trains two copies of the same masked MLP side by side on rank-dependent batches: one under plain DDP,
+one whose backward runs under ``no_sync`` followed by the sync, as the Trainer runs it. After every backward the
+sync's gradients must equal plain DDP's averaged gradients at active positions and be exactly 0 at masked ones,
+except on a RigL step, where they must equal the dense average.
 """
 
 from __future__ import annotations
@@ -30,25 +31,24 @@ def _free_port() -> int:
 
 
 class Net(nn.Module):
-    """The toy MLP, and with ``odd_layout`` also a masked weight that is a transposed (non-contiguous) view, whose
-    gradient DDP lays out by its strides: the hook must send that one's bucket whole."""
+    """The toy MLP with two more parameters: a masked weight that is a transposed (non-contiguous) view, and an
+    unmasked float64 scale, whose gradient the sync averages in a buffer of its own."""
 
-    def __init__(self, odd_layout: bool):
+    def __init__(self):
         super().__init__()
         self.mlp = make_mlp(seed=0)
-        self.side = nn.Parameter(torch.randn(16, 4, generator=torch.Generator().manual_seed(1)).t()) \
-            if odd_layout else None
+        self.side = nn.Parameter(torch.randn(16, 4, generator=torch.Generator().manual_seed(1)).t())
+        self.scale = nn.Parameter(torch.ones((), dtype=torch.float64))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.mlp(x)
-        return out if self.side is None else out + x @ self.side.t()
+        return (self.mlp(x) + x @ self.side.t()) * self.scale.float()
 
 
-def spawn_two_ranks(bucket_view: bool, odd_layout: bool = False, backend: str = "gloo") -> None:
-    mp.spawn(_worker, args=(_free_port(), bucket_view, odd_layout, backend), nprocs=2, join=True)
+def spawn_two_ranks(set_to_none: bool, backend: str = "gloo") -> None:
+    mp.spawn(_worker, args=(_free_port(), set_to_none, backend), nprocs=2, join=True)
 
 
-def _worker(rank: int, port: int, bucket_view: bool, odd_layout: bool, backend: str) -> None:
+def _worker(rank: int, port: int, set_to_none: bool, backend: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
@@ -56,50 +56,52 @@ def _worker(rank: int, port: int, bucket_view: bool, odd_layout: bool, backend: 
     dist.init_process_group(backend, rank=rank, world_size=2)
     torch.set_num_threads(1)
     try:
-        # mlp.4 stays dense; bucket_cap_mb=0.0005 (~500 B) puts it and the biases next to it in a bucket without a
-        # masked weight, once DDP has rebuilt its buckets after the first step
         sparsity = SparsityConfig(sparsity=0.75, include=[r"^mlp\.[02]\.weight$", "^side$"])
         rigl = RigLConfig(update_freq=3, end_step=100)
         models, controllers = [], []
         for _ in range(2):
-            net = Net(odd_layout).to(device)
+            net = Net().to(device)
+            net.mlp[4].bias.requires_grad_(False)  # frozen: left out of the sync, as of plain DDP
             controllers.append(SparsityController(net, sparsity, rigl=rigl, seed=1))
-            models.append(DDP(net, bucket_cap_mb=0.0005, gradient_as_bucket_view=bucket_view))
+            models.append(DDP(net))
         plain, sparse = models
         controller = controllers[1]
-        hook = communication.register(sparse, controller)
-        total = sum(p.numel() for p in plain.parameters())
+        sync = communication.ActiveGradientSync(sparse.module, controller)
+        total = sum(p.numel() for p in plain.parameters() if p.requires_grad)
         masked_numel = sum(m.numel() for m in controller.masks.values())
         expected_sent = 0
         generator = torch.Generator().manual_seed(100 + rank)  # every rank its own batches
 
-        def backward(model: nn.Module, state: torch.Tensor) -> dict[str, torch.Tensor]:
+        def backward(model: DDP, state: torch.Tensor, then_sync=None) -> dict[str, torch.Tensor]:
             generator.set_state(state)
-            mlp_loss(lambda x: model(x.to(device)), generator).backward()
-            return {name: p.grad.clone() for name, p in model.module.named_parameters()}
+            if then_sync is None:
+                mlp_loss(lambda x: model(x.to(device)), generator).backward()
+            else:
+                with model.no_sync():  # as the Trainer runs it: no reducer
+                    mlp_loss(lambda x: model(x.to(device)), generator).backward()
+                then_sync()
+            return {name: p.grad.clone() for name, p in model.module.named_parameters() if p.grad is not None}
 
         for step in range(1, 5):
             state = generator.get_state()
-            expected, got = backward(plain, state), backward(sparse, state)
+            expected, got = backward(plain, state), backward(sparse, state, sync)
             dense_step = step % rigl.update_freq == 0
             assert controller.dense_gradients_due() == dense_step
+            assert got.keys() == expected.keys() and "mlp.4.bias" not in got
             for name, grad in got.items():
                 mask = controller.masks.get(name)
-                whole, masked = expected[name], None if mask is None else expected[name] * mask
-                if mask is None or dense_step or name == "side":
-                    assert torch.equal(grad, whole), (step, name)
-                elif odd_layout:  # a layer that shares the bucket of "side" travels whole as well
-                    assert torch.equal(grad, masked) or torch.equal(grad, whole), (step, name)
-                else:
-                    assert torch.equal(grad, masked), (step, name)
-            assert controller._grads_arrive_masked is not (dense_step or odd_layout)
+                want = expected[name] if mask is None or dense_step else expected[name] * mask
+                assert torch.equal(grad, want), (step, name)
+            side = sparse.module.side
+            assert side.grad.stride() == side.stride()  # a fused optimizer's layout, not the flat buffer's
+            assert controller._grads_arrive_masked is not dense_step
             active = sum(int(m.sum()) for m in controller.masks.values())
             expected_sent += total if dense_step else total - masked_numel + active
             for c in controllers:
                 c.before_optimizer_step()
             for (name, a), b in zip(plain.module.named_parameters(), sparse.module.parameters()):
-                assert torch.equal(a.grad, b.grad), (step, name)  # what the optimizer sees: always the same
-            if step == 2:  # a mask change (RigL, GMP, a loaded state) must reach the hook's positions
+                assert (a.grad is None and b.grad is None) or torch.equal(a.grad, b.grad), (step, name)
+            if step == 2:  # a mask change (RigL, GMP, a loaded state) must reach the sync's positions
                 masks = dict(controller.masks)
                 masks["mlp.2.weight"] = masks["mlp.2.weight"].clone()
                 masks["mlp.2.weight"][:4] = ~masks["mlp.2.weight"][:4]
@@ -108,28 +110,28 @@ def _worker(rank: int, port: int, bucket_view: bool, odd_layout: bool, backend: 
             for c in controllers:
                 c.step += 1
             for m in models:
-                m.zero_grad(set_to_none=False)
-        if not odd_layout:  # 3 compact backwards (dense layers and active weights) and a dense one (step 3)
-            assert hook.sent_fraction() == pytest.approx(expected_sent / (4 * total))
-            assert hook.sent_fraction() < 0.6
-            kinds = {plan.index is None for plan in hook._plans.values()}
-            assert kinds == {True, False}  # buckets with and without a masked weight
+                m.zero_grad(set_to_none=set_to_none)  # False: the next backward adds into the last flat buffer
+        # 3 compact averages (unmasked values and active weights) and a dense one (step 3)
+        assert sync.sent_fraction() == pytest.approx(expected_sent / (4 * total))
+        assert sync.sent_fraction() < 0.6
+        kinds = {plan.index is None for plan in sync._plans.values()}
+        assert kinds == {True, False}  # the float64 buffer has no mask, the float32 one has
+        for p in sparse.module.parameters():
+            p.grad = torch.zeros_like(p) if p.requires_grad and p is not sparse.module.mlp[0].bias else None
+        with pytest.raises(RuntimeError, match="mlp.0.bias has no gradient"):
+            sync()
         # the DDP reducers (held in reference cycles) must go before their process group, or gloo's threads
-        # may abort the process at exit, with or without the hook
-        del models, plain, sparse, hook
+        # may abort the process at exit
+        del models, plain, sparse, sync
         gc.collect()
         dist.barrier()
     finally:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("bucket_view", [True, False])
-def test_sparse_all_reduce_matches_plain_ddp_at_active_positions(bucket_view):
-    spawn_two_ranks(bucket_view)
-
-
-def test_a_weight_laid_out_by_its_strides_is_sent_whole_and_masked_by_the_controller():
-    spawn_two_ranks(True, odd_layout=True)
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_sparse_all_reduce_matches_plain_ddp_at_active_positions(set_to_none):
+    spawn_two_ranks(set_to_none)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")

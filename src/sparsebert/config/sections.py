@@ -102,14 +102,16 @@ class DDPConfig:
     # gradients live in the all-reduce buckets: no copy kernel per parameter and step, less memory
     gradient_as_bucket_view: bool = True
     # "bf16" / "fp16": all-reduce gradients in half precision (half the bytes on the wire, rounded gradients);
-    # "sparse" (runs with a sparsity section): only the gradients of active weights, the same averages up to
-    # summation order; the dense gradient on steps with a RigL update (sparsity/communication.py)
+    # "sparse" (runs with a sparsity section): instead of DDP's reducer, one flat all-reduce after the backward of
+    # only the active weights' gradients, the same averages up to summation order; the dense gradient on steps
+    # with a RigL update (sparsity/communication.py)
     comm_hook: str = "none"
     # torch.compile under DDP: Dynamo's DDPOptimizer splits every graph compiled inside DDP's forward at the
     # gradient buckets, so each bucket's all-reduce can start inside the graph's backward. With
     # train.torch_compile_scope=layers the layer boundaries already give DDP those points, and the split made
     # per-layer graphs slower than eager (4 x H200: 2 GPUs 0.57 efficiency split, 0.93 without). None (default):
-    # split a whole-model graph, not per-layer ones; true / false: always / never
+    # split a whole-model graph, not per-layer ones, nor any graph under comm_hook=sparse (nothing to overlap);
+    # true / false: always / never
     # (torch._dynamo.config.optimize_ddp, process-wide)
     split_compiled_graphs: bool | None = None
 

@@ -72,7 +72,7 @@ class SparsityController:
         self._grads_masked = False  # before_optimizer_step ran since the last optimizer step
         # the optimizer's moments are 0 at every masked position (see _optimizer_keeps_zeros)
         self._masked_state_clean = False
-        # the gradients of this step arrived with zeros at masked positions (the sparse all-reduce hook)
+        # the gradients of this step arrived with zeros at masked positions (the sparse all-reduce)
         self._grads_arrive_masked = False
         self.mask_version = 0  # changes whenever any mask does (communication.py keys its positions by it)
 

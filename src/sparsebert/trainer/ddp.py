@@ -1,13 +1,15 @@
 """DDPTuningMixin: the train.ddp settings that TrainingArguments has no field for.
 
 ``find_unused_parameters``, ``broadcast_buffers``, ``bucket_cap_mb`` and ``static_graph`` travel as
-TrainingArguments (arguments.py). ``gradient_as_bucket_view`` and the communication hook are set here on the
-DistributedDataParallelKwargs handler the Trainer gives Accelerate; Accelerate reads it when it wraps the model
-at the start of training, so setting it after ``Trainer.__init__`` is in time. ``split_compiled_graphs=false``
+TrainingArguments (arguments.py). ``gradient_as_bucket_view`` and the bf16 / fp16 communication hooks are set here
+on the DistributedDataParallelKwargs handler the Trainer gives Accelerate; Accelerate reads it when it wraps the
+model at the start of training, so setting it after ``Trainer.__init__`` is in time. ``split_compiled_graphs=false``
 switches Dynamo's DDPOptimizer off for the process (``torch._dynamo.config.optimize_ddp``).
-``comm_hook=sparse`` (sparse runs) is sparsebert's own hook, which Accelerate's handler cannot carry (it names
-hooks by an enum, and deep-copies its fields into DDP's kwargs): a callback installs it on the DDP module once the
-Trainer has wrapped the model (sparsity/communication.py).
+
+``comm_hook=sparse`` (sparse runs) is not a DDP hook: DDP's reducer is left out (each backward runs under
+``no_sync``), and after the last backward of an optimizer step sparsebert's own sync averages only the active
+weights' gradients in one flat all-reduce (sparsity/communication.py), before the sparsity hook and clipping see
+them. A callback builds the sync once the Trainer has wrapped the model.
 """
 
 from __future__ import annotations
@@ -29,14 +31,25 @@ log = logging.getLogger(__name__)
 class DDPTuningMixin:
     def __init__(self, *args, ddp: DDPConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
+        self.sparse_sync: communication.ActiveGradientSync | None = None  # built at the start of training
         if ddp is None:
             return
         # process-wide: set either way, so a later experiment in the same process gets its own setting
         torch._dynamo.config.optimize_ddp = ddp.split_compiled_graphs
+        if ddp.comm_hook == "sparse":
+            self.add_callback(SparseAllReduceCallback(self))
+            plugin = getattr(self.accelerator.state, "dynamo_plugin", None)
+            per_layer = bool(getattr(plugin, "use_regional_compilation", False))
+            if not self.args.torch_compile or ddp.split_compiled_graphs or per_layer:
+                log.warning("train.ddp.comm_hook=sparse was measured with one whole-model compiled graph only "
+                            "(train.torch_compile=true, train.ddp.split_compiled_graphs=false; 4 x H200, per-GPU "
+                            "batch 128: 0.95 scaling efficiency at 4 GPUs, 0.90 with DDP's reducer); eager and "
+                            "per-layer runs give up DDP's overlap of the all-reduce with the backward, and a split "
+                            "graph has nothing left to overlap")
         handler = getattr(self.accelerator, "ddp_handler", None)
         if handler is None:
             log.warning("this Accelerate version exposes no DDP handler: train.ddp.gradient_as_bucket_view and "
-                        "train.ddp.comm_hook are not applied")
+                        "train.ddp.comm_hook=bf16 / fp16 are not applied")
             return
         from accelerate.utils import DDPCommunicationHookType
 
@@ -45,40 +58,41 @@ class DDPTuningMixin:
             raise SparseBertError("train.ddp.comm_hook=bf16 needs CUDA GPUs (NCCL); use none or fp16 here")
         handler.gradient_as_bucket_view = ddp.gradient_as_bucket_view
         handler.comm_hook = DDPCommunicationHookType(ddp.comm_hook if ddp.comm_hook in ("bf16", "fp16") else "no")
-        if ddp.comm_hook == "sparse":
-            self.add_callback(SparseAllReduceCallback(self))
-            plugin = getattr(self.accelerator.state, "dynamo_plugin", None)
-            per_layer = bool(getattr(plugin, "use_regional_compilation", False))
-            if not self.args.torch_compile or ddp.split_compiled_graphs or per_layer:
-                # there DDP's hooks fire during the backward, as in the split graph, where it measured far slower
-                log.warning("train.ddp.comm_hook=sparse measured faster only with one whole-model compiled graph "
-                            "(train.torch_compile=true, train.ddp.split_compiled_graphs=false; 4 x H200, per-GPU "
-                            "batch 128: 0.92 scaling efficiency, 0.73 with the split graph); eager and per-layer "
-                            "runs were not measured")
+
+    def training_step(self, model, *args, **kwargs):
+        sync = self.sparse_sync
+        if sync is None:
+            return super().training_step(model, *args, **kwargs)
+        with _find_ddp(model).no_sync():  # the reducer would all-reduce (and copy) every gradient
+            loss = super().training_step(model, *args, **kwargs)
+        if self.accelerator.sync_gradients:  # the last micro-batch of an optimizer step
+            sync()
+        return loss
 
 
 class SparseAllReduceCallback(TrainerCallback):
-    """Installs the sparse all-reduce on the DDP module at the start of training (single-process runs have none),
+    """Builds the sparse all-reduce for the DDP model at the start of training (single-process runs have none),
     and logs the share of gradient values it sent (``ddp/allreduce_sent_fraction``, 1.0 = plain DDP)."""
 
     def __init__(self, trainer):
         self.trainer = trainer
-        self.state: communication.ActiveGradientAllReduce | None = None
-        self._installed_on: DistributedDataParallel | None = None
+        self._built_for: DistributedDataParallel | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         ddp_module = _find_ddp(self.trainer.model_wrapped)
-        if ddp_module is None or ddp_module is self._installed_on:  # one process; or train() called again
+        if ddp_module is None or ddp_module is self._built_for:  # one process; or train() called again
             return
         controller = getattr(self.trainer, "sparsity", None)
         if controller is None:
             raise SparseBertError("train.ddp.comm_hook=sparse needs a sparsity section (which weights are masked)")
-        self.state = communication.register(ddp_module, controller)
-        self._installed_on = ddp_module
+        self.trainer.sparse_sync = communication.ActiveGradientSync(ddp_module.module, controller,
+                                                                    ddp_module.process_group)
+        self._built_for = ddp_module
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.state is not None:
-            self.trainer.pending_logs.add({"ddp/allreduce_sent_fraction": round(self.state.sent_fraction(), 4)})
+        sync = self.trainer.sparse_sync
+        if sync is not None:
+            self.trainer.pending_logs.add({"ddp/allreduce_sent_fraction": round(sync.sent_fraction(), 4)})
 
 
 def _find_ddp(model) -> DistributedDataParallel | None:

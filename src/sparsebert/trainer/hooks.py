@@ -20,8 +20,11 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
     train dense)."""
     compiled = cfg.train.torch_compile
     ddp = cfg.train.ddp
-    if ddp.split_compiled_graphs is None:  # per-layer graphs already give DDP its overlap points
-        ddp = replace(ddp, split_compiled_graphs=not (compiled and cfg.train.torch_compile_scope == "layers"))
+    if ddp.split_compiled_graphs is None:
+        # the split lets DDP's all-reduce overlap the backward: per-layer graphs already give DDP those points, and
+        # the sparse all-reduce runs after the backward (no_sync), so neither needs it
+        per_layer = compiled and cfg.train.torch_compile_scope == "layers"
+        ddp = replace(ddp, split_compiled_graphs=not per_layer and ddp.comm_hook != "sparse")
     hooks: dict[str, Any] = {"ddp": ddp,
                              "compile_scope": cfg.train.torch_compile_scope if compiled else None,
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,

@@ -2,8 +2,8 @@
 
 The order inside one optimizer step, and why:
 1. backward of every micro-batch (DDP all-reduces the dense gradient on the last one; with
-   ``train.ddp.comm_hook=sparse`` only the active weights' part, and zeros at masked positions, except on a step
-   with a RigL update);
+   ``train.ddp.comm_hook=sparse`` sparsebert's sync averages only the active weights' part after it, and leaves
+   zeros at masked positions, except on a step with a RigL update);
 2. ``before_optimizer_step`` (from ``training_step`` of the last micro-batch): keep the dense gradient when a RigL
    update is due, then zero masked gradients (unless the sparse all-reduce already did), so clipping and AdamW see
    the sparse model only;
