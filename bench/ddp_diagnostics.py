@@ -111,6 +111,7 @@ def compiled_autograd_reducer(enabled: bool, record: dict):
 
     original_prepare = Accelerator.prepare_model
     original_step = Trainer.training_step
+    original_mode = torch._dynamo.config.optimize_ddp
     # not fullgraph: torch 2.11's trace of this backward meets a generator (2 x H200, 2026-11-26), and a
     # graph break beats a failed run; the breaks' reasons go into the record
     compiler = functools.partial(torch.compile, backend="inductor", dynamic=False)
@@ -137,15 +138,16 @@ def compiled_autograd_reducer(enabled: bool, record: dict):
     finally:
         Accelerator.prepare_model = original_prepare
         Trainer.training_step = original_step
-        torch._dynamo.config.optimize_ddp = True
-        after = torch._dynamo.utils.counters["compiled_autograd"]
-        record.update({f"compiled_autograd_{k}": after[k] - before.get(k, 0) for k in ("captures", "compiles")})
-        breaks = torch._dynamo.utils.counters["graph_break"]
-        record["graph_breaks"] = {k[:300]: n - breaks_before.get(k, 0) for k, n in breaks.items()
-                                  if n > breaks_before.get(k, 0)}
-        if models:  # the ranks' weights after training agree only if the traced all-reduces averaged gradients
-            total = torch.stack([p.detach().double().sum() for p in models[0].parameters()]).sum().cpu()
-            totals = [None] * dist.get_world_size()
-            dist.all_gather_object(totals, float(total))
-            record["weights_agree_across_ranks"] = len(set(totals)) == 1
+        torch._dynamo.config.optimize_ddp = original_mode
+    # only after a run that finished (an exception skips this): the collective below needs every rank
+    after = torch._dynamo.utils.counters["compiled_autograd"]
+    record.update({f"compiled_autograd_{k}": after[k] - before.get(k, 0) for k in ("captures", "compiles")})
+    breaks = torch._dynamo.utils.counters["graph_break"]
+    record["graph_breaks"] = {k[:300]: n - breaks_before.get(k, 0) for k, n in breaks.items()
+                              if n > breaks_before.get(k, 0)}
+    if models:  # the ranks' weights after training agree only if the traced all-reduces averaged gradients
+        total = torch.stack([p.detach().double().sum() for p in models[0].parameters()]).sum().cpu()
+        totals = [None] * dist.get_world_size()
+        dist.all_gather_object(totals, float(total))
+        record["weights_agree_across_ranks"] = len(set(totals)) == 1
 

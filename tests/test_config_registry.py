@@ -361,6 +361,9 @@ def test_sparse_all_reduce_needs_masks(registry):
                           ["train.ddp.comm_hook=sparse", "sparsity section"])
     assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.comm_hook=active"], ["none, bf16, fp16 or sparse"])
     assert registry.build("sparse_tiny_rigl", ["train.ddp.comm_hook=sparse"]).train.ddp.comm_hook == "sparse"
+    for key in ("static_graph", "find_unused_parameters", "broadcast_buffers"):  # they act through DDP's reducer
+        assert_refused_naming(registry, "sparse_tiny_rigl", ["train.ddp.comm_hook=sparse", f"train.ddp.{key}=true"],
+                              [f"train.ddp.{key}=true", "comm_hook=sparse"])
 
 
 def test_sparsity_schedules_counted_in_epochs_are_checked_against_the_data_later(registry):

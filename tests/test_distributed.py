@@ -82,10 +82,13 @@ def test_sparse_all_reduce_trains_the_same_model_bit_for_bit(data_dir, tmp_path,
         cmd = torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                        WORKER, str(tmp_path / hook), str(data_dir), "sparse_tiny_rigl", *SPARSE,
                        f"train.ddp.comm_hook={hook}", f"train.per_device_batch_size={6 // accumulation}")
-        done = subprocess.run(cmd, env=env_for(tmp_path), capture_output=True, text=True, timeout=600)
+        done = subprocess.run(cmd, env=env_for(tmp_path, COUNT_REDUCER_CALLS="1"), capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         digests[hook] = ranks(tmp_path / hook, 2)
     plain, sparse = digests["none"][0], digests["sparse"][0]
+    # DDP's reducer averaged plain DDP's gradients, and none of the sparse run's (averaging twice would give the
+    # same bits at 2 ranks, so the weights alone cannot tell)
+    assert plain["reducer_calls"] > 0 and sparse["reducer_calls"] == 0
     assert digests["sparse"][1]["weights"] == sparse["weights"]  # both ranks agree
     assert sparse["weights"] == plain["weights"] and sparse["zeros"] == plain["zeros"]
     assert sparse["losses"] == plain["losses"]

@@ -30,6 +30,28 @@ class KillRank(TrainerCallback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+REDUCER_CALLS = [0]  # buckets DDP's reducer all-reduced in this process
+
+
+def count_reducer_calls() -> None:
+    """Every DDP model built from now on counts the buckets its reducer all-reduces (with torch's default
+    averaging), so a test can tell whether DDP or sparsebert's own sync averaged the gradients."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel
+
+    init = DistributedDataParallel.__init__
+
+    def counted(state, bucket):
+        REDUCER_CALLS[0] += 1
+        return allreduce_hook(state, bucket)
+
+    def init_and_count(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.register_comm_hook(None, counted)
+
+    DistributedDataParallel.__init__ = init_and_count
+
+
 class RankDigest(TrainerCallback):
     """At the end of training, each rank writes a digest of every parameter and of every zero pattern."""
 
@@ -47,11 +69,13 @@ class RankDigest(TrainerCallback):
         eval_losses = [h["eval_loss"] for h in state.log_history if "eval_loss" in h]
         (self.out / f"rank{rank}.json").write_text(json.dumps(
             {"weights": weights, "zeros": zeros, "losses": losses, "eval_losses": eval_losses,
-             "world": int(os.environ.get("WORLD_SIZE", "1"))}))
+             "world": int(os.environ.get("WORLD_SIZE", "1")), "reducer_calls": REDUCER_CALLS[0]}))
 
 
 def main() -> None:
     out, data_dir, name, *overrides = sys.argv[1:]
+    if os.environ.get("COUNT_REDUCER_CALLS") == "1":
+        count_reducer_calls()
     out_root = Path(out)
     cfg = Registry.from_directory(ROOT / "experiments").build(name, overrides)
     run_experiment(cfg, RunOptions(output_root=out_root, data_dir=Path(data_dir)),

@@ -66,9 +66,15 @@ class ExperimentConfig:
         for hook in ("rigl", "gmp"):
             if getattr(self, hook) is not None and self.sparsity is None:
                 raise ConfigError(f"{hook} needs a sparsity section (the target sparsity and which layers)")
-        if self.train.ddp.comm_hook == "sparse" and self.sparsity is None:
-            raise ConfigError("train.ddp.comm_hook=sparse sends only the gradients of active weights: it needs a "
-                              "sparsity section")
+        if self.train.ddp.comm_hook == "sparse":
+            if self.sparsity is None:
+                raise ConfigError("train.ddp.comm_hook=sparse sends only the gradients of active weights: it needs "
+                                  "a sparsity section")
+            # it leaves DDP's reducer out (no_sync), which these settings work through
+            for key in ("static_graph", "find_unused_parameters", "broadcast_buffers"):
+                if getattr(self.train.ddp, key):
+                    raise ConfigError(f"train.ddp.{key}=true does not work with train.ddp.comm_hook=sparse, which "
+                                      "replaces DDP's reducer; set one of them to its default")
         if self.rigl is not None and self.gmp is not None:
             raise ConfigError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
         evolving = self.rigl is not None or self.gmp is not None

@@ -11,7 +11,7 @@ Trainer integration, trainer/ddp.py, does that), and afterwards the sync
    copy kernels, where DDP's reducer copies each gradient into its bucket on its own: 203 small copies for
    BERT-base, which paced the end of the step on H200s; docs/benchmarks.md);
 2. gathers the values at active positions (every value of a parameter without a mask) into one compact tensor,
-   divides it by the world size and sums it across ranks, as DDP's default all-reduce does;
+   multiplies it by 1 / world size and sums it across ranks, as DDP's default all-reduce does;
 3. writes the averages back with zeros at masked positions, and makes each gradient a view of the buffer.
 
 A RigL update scores growth by the dense gradient of the step's own batch, so on a step where one is due the
@@ -19,7 +19,11 @@ whole buffer is averaged, as plain DDP does. Nothing overlaps the backward: with
 DDP setting measured, every gradient is ready only at its end anyway.
 
 The positions are one int64 index per buffer, rebuilt with one ``nonzero`` (a host read) whenever the masks
-(``SparsityController.mask_version``) or the set of trainable parameters change; ~340 MB for BERT-base at 80 %.
+(``SparsityController.mask_version``) or the set of trainable parameters change: ~340 MB for BERT-base at 80 %,
+next to the flat buffer (~440 MB, fp32) and DDP's own bucket storage, which DDP allocates anyway.
+
+Every trainable parameter needs a gradient on every rank (sparsebert's models use all of theirs): a rank without
+one raises, and the launcher (torchrun, accelerate launch) then stops the other ranks.
 
 The averages are plain DDP's up to the order of summation (bit for bit with 2 ranks, where a + b = b + a). One
 difference: an inf or NaN gradient at a masked position never travels, so it cannot make a fp16 step skip or a
@@ -61,6 +65,11 @@ class ActiveGradientSync:
         self.world = dist.get_world_size(process_group)
         self.named = list(model.named_parameters())
         self._names = {id(param): name for name, param in controller.params.items()}
+        missing = set(self._names) - {id(param) for _, param in self.named}
+        if missing:  # their gradients would be neither averaged nor masked (the controller is told they are)
+            names = sorted(self._names[i] for i in missing)
+            raise ValueError(f"the sparsity controller's {', '.join(names[:3])} are not parameters of this model")
+        self.scale = 1.0 / self.world
         self._plans: dict[tuple[torch.dtype, torch.device], _Plan] = {}
         self.sent = 0
         self.dense = 0
@@ -86,10 +95,10 @@ class ActiveGradientSync:
     def _average(self, params: list[nn.Parameter], plan: _Plan | None) -> None:
         flat = torch.cat([param.grad.reshape(-1) for param in params])
         if plan is None or plan.index is None:
-            sent = flat.div_(self.world)
+            sent = flat.mul_(self.scale)
             dist.all_reduce(sent, group=self.process_group)
         else:
-            sent = flat.index_select(0, plan.index).div_(self.world)
+            sent = flat.index_select(0, plan.index).mul_(self.scale)
             dist.all_reduce(sent, group=self.process_group)
             flat.zero_().index_copy_(0, plan.index, sent)
         self.sent += sent.numel()

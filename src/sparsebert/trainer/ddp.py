@@ -43,7 +43,8 @@ class DDPTuningMixin:
             if not self.args.torch_compile or ddp.split_compiled_graphs or per_layer:
                 log.warning("train.ddp.comm_hook=sparse was measured with one whole-model compiled graph only "
                             "(train.torch_compile=true, train.ddp.split_compiled_graphs=false; 4 x H200, per-GPU "
-                            "batch 128: 0.95 scaling efficiency at 4 GPUs, 0.90 with DDP's reducer); eager and "
+                            "batch 128, a bench version of it: 0.95 scaling efficiency at 4 GPUs, 0.90 with "
+                            "DDP's reducer); eager and "
                             "per-layer runs give up DDP's overlap of the all-reduce with the backward, and a split "
                             "graph has nothing left to overlap")
         handler = getattr(self.accelerator, "ddp_handler", None)
@@ -63,7 +64,10 @@ class DDPTuningMixin:
         sync = self.sparse_sync
         if sync is None:
             return super().training_step(model, *args, **kwargs)
-        with _find_ddp(model).no_sync():  # the reducer would all-reduce (and copy) every gradient
+        ddp_module = _find_ddp(model)
+        if ddp_module is None:
+            raise SparseBertError("train.ddp.comm_hook=sparse: the model to train is not wrapped in DDP")
+        with ddp_module.no_sync():  # the reducer would all-reduce (and copy) every gradient
             loss = super().training_step(model, *args, **kwargs)
         if self.accelerator.sync_gradients:  # the last micro-batch of an optimizer step
             sync()
@@ -80,6 +84,9 @@ class SparseAllReduceCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         ddp_module = _find_ddp(self.trainer.model_wrapped)
+        if ddp_module is None and args.world_size > 1:
+            raise SparseBertError("train.ddp.comm_hook=sparse works with DDP (accelerate launch or torchrun), not "
+                                  "with FSDP or DeepSpeed")
         if ddp_module is None or ddp_module is self._built_for:  # one process; or train() called again
             return
         controller = getattr(self.trainer, "sparsity", None)
