@@ -43,10 +43,9 @@ class DDPTuningMixin:
             if not self.args.torch_compile or ddp.split_compiled_graphs or per_layer:
                 log.warning("train.ddp.comm_hook=sparse was measured with one whole-model compiled graph only "
                             "(train.torch_compile=true, train.ddp.split_compiled_graphs=false; 4 x H200, per-GPU "
-                            "batch 128, a bench version of it: 0.95 scaling efficiency at 4 GPUs, 0.90 with "
-                            "DDP's reducer); eager and "
-                            "per-layer runs give up DDP's overlap of the all-reduce with the backward, and a split "
-                            "graph has nothing left to overlap")
+                            "batch 128, a bench version of it: 0.95 scaling efficiency at 4 GPUs, 0.90 with DDP's "
+                            "reducer); eager and per-layer runs give up DDP's overlap of the all-reduce with the "
+                            "backward, and a split graph has nothing left to overlap")
         handler = getattr(self.accelerator, "ddp_handler", None)
         if handler is None:
             log.warning("this Accelerate version exposes no DDP handler: train.ddp.gradient_as_bucket_view and "
