@@ -70,7 +70,7 @@ class ExperimentConfig:
             if self.sparsity is None:
                 raise ConfigError("train.ddp.comm_hook=sparse sends only the gradients of active weights: it needs "
                                   "a sparsity section")
-            # it leaves DDP's reducer out (no_sync), which these settings work through
+            # it runs DDP under no_sync: these settings act only while DDP syncs (static_graph crashed under it)
             for key in ("static_graph", "find_unused_parameters", "broadcast_buffers"):
                 if getattr(self.train.ddp, key):
                     raise ConfigError(f"train.ddp.{key}=true does not work with train.ddp.comm_hook=sparse, which "

@@ -8,7 +8,7 @@ averages it across ranks like any other: at 80 % sparsity of BERT-base's encoder
 Trainer integration, trainer/ddp.py, does that), and afterwards the sync
 
 1. concatenates every trainable parameter's gradient into one flat buffer per dtype and device (a few batched
-   copy kernels, where DDP's reducer copies each gradient into its bucket on its own: 203 small copies for
+   copy kernels, where DDP's reducer copies each gradient into its bucket on its own: 202 small copies for
    BERT-base, which paced the end of the step on H200s; docs/benchmarks.md);
 2. gathers the values at active positions (every value of a parameter without a mask) into one compact tensor,
    multiplies it by 1 / world size and sums it across ranks, as DDP's default all-reduce does;
@@ -19,8 +19,9 @@ whole buffer is averaged, as plain DDP does. Nothing overlaps the backward: with
 DDP setting measured, every gradient is ready only at its end anyway.
 
 The positions are one int64 index per buffer, rebuilt with one ``nonzero`` (a host read) whenever the masks
-(``SparsityController.mask_version``) or the set of trainable parameters change: ~340 MB for BERT-base at 80 %,
-next to the flat buffer (~440 MB, fp32) and DDP's own bucket storage, which DDP allocates anyway.
+(``SparsityController.mask_version``) or the set of trainable parameters change: ~330 MB for BERT-base at 80 %,
+beside DDP's own bucket storage, which DDP allocates anyway; while the sync runs, the flat buffer holds a second
+copy of the gradients (~440 MB, fp32), which then become its views.
 
 Every trainable parameter needs a gradient on every rank (sparsebert's models use all of theirs): a rank without
 one raises, and the launcher (torchrun, accelerate launch) then stops the other ranks.
