@@ -110,12 +110,13 @@ DDP_LEVERS[NO_ALLREDUCE] = ("bert_100k_static_cudagraphs", [])
 DDP_LEVERS["static_cudagraphs_nosplit_views"] = ("bert_100k_static_cudagraphs", NOSPLIT)
 DDP_LEVERS["static_cudagraphs_nosplit_views_bf16"] = ("bert_100k_static_cudagraphs", NOSPLIT)
 # variant -> (the hook Accelerate registers instead of its own, gradients kept between steps)
-# The backward as one compiled-autograd graph with DDP's Python reducer traced into it (ddp_diagnostics.py)
-DDP_LEVERS["static_cudagraphs_compiled_autograd"] = ("bert_100k_static_cudagraphs", [])
-DDP_LEVERS["static_compiled_autograd"] = ("bert_100k_static_compiled", [])
-COMPILED_AUTOGRAD = {"static_cudagraphs_compiled_autograd", "static_compiled_autograd"}
 DIAGNOSTICS = {NO_ALLREDUCE: ("keep_bucket", False), "static_cudagraphs_nosplit_views": ("view_allreduce", True),
                "static_cudagraphs_nosplit_views_bf16": ("view_allreduce_bf16", True)}
+# The backward as one compiled-autograd graph with DDP's Python reducer traced into it (ddp_diagnostics.py;
+# does not run on torch 2.11): variant -> the variant it changes
+COMPILED_AUTOGRAD = {"static_cudagraphs_compiled_autograd": "bert_100k_static_cudagraphs",
+                     "static_compiled_autograd": "bert_100k_static_compiled"}
+DDP_LEVERS.update({name: (reference, []) for name, reference in COMPILED_AUTOGRAD.items()})
 for _name, (_reference, _ddp) in DDP_LEVERS.items():
     VARIANTS[_name] = (VARIANTS[_reference][0], [*VARIANTS[_reference][1], *_ddp])
 DDP_ONLY = {name: reference for name, (reference, _) in DDP_LEVERS.items()}

@@ -63,10 +63,8 @@ class DDPTuningMixin:
         sync = self.sparse_sync
         if sync is None:
             return super().training_step(model, *args, **kwargs)
-        ddp_module = _find_ddp(model)
-        if ddp_module is None:
-            raise SparseBertError("train.ddp.comm_hook=sparse: the model to train is not wrapped in DDP")
-        with ddp_module.no_sync():  # the reducer would all-reduce (and copy) every gradient
+        # the sync exists only where the callback found DDP in the model the Trainer trains (this one)
+        with _find_ddp(model).no_sync():  # the reducer would all-reduce (and copy) every gradient
             loss = super().training_step(model, *args, **kwargs)
         if self.accelerator.sync_gradients:  # the last micro-batch of an optimizer step
             sync()
