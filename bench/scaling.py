@@ -90,6 +90,10 @@ DDP_LEVERS = {
     "static_cudagraphs_nosplit_bucket_100mb": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.bucket_cap_mb=100"]),
     # the same with half the bytes on the wire (bf16 all-reduce)
     "static_cudagraphs_nosplit_bf16": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=bf16"]),
+    # unsplit, DDP's reducer off: one flat all-reduce of every gradient after the backward (train.ddp.comm_hook=
+    # flat), in fp32 and rounded to bf16 on the wire (flat_bf16): no per-parameter copies into 14 buckets
+    "static_cudagraphs_nosplit_flat": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=flat"]),
+    "static_cudagraphs_nosplit_flat_bf16": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=flat_bf16"]),
     # sparse runs sending only the active weights' gradients (train.ddp.comm_hook=sparse): at 80 % sparsity of the
     # encoder's Linear weights, 42 M of BERT-base's 110 M values (the dense gradient on RigL update steps) in one
     # flat all-reduce after the backward instead of DDP's reducer; with one graph (its default under whole-model
@@ -262,14 +266,16 @@ def per_rank(result: dict, window: tuple[float, float]) -> dict:
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return {}
     mine = {"step_ms": round(result["step_ms"], 3), "window": window,
-            "host_syncs_per_step": result.get("host_syncs_per_step")}
+            "host_syncs_per_step": result.get("host_syncs_per_step"), "weights": result.get("weights_fingerprint")}
     ranks: list[dict | None] = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     start0, end0 = ranks[0]["window"]
     return {"step_ms_per_rank": [r["step_ms"] for r in ranks],
             "window_start_offset_ms_per_rank": [round(1000 * (r["window"][0] - start0), 3) for r in ranks],
             "window_end_offset_ms_per_rank": [round(1000 * (r["window"][1] - end0), 3) for r in ranks],
-            "host_syncs_per_step_per_rank": [r["host_syncs_per_step"] for r in ranks]}
+            "host_syncs_per_step_per_rank": [r["host_syncs_per_step"] for r in ranks],
+            "weights_agree_across_ranks": (None if any(r["weights"] is None for r in ranks)  # plain_ddp's loop
+                                           else len({r["weights"] for r in ranks}) == 1)}
 
 
 def launch_variants(variants: list[str], gpus: int) -> list[str]:

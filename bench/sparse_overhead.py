@@ -120,6 +120,8 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
         "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None,
         "window": (timer.start, timer.end),  # perf_counter ends of the timed steps (for samplers in this process)
     }
+    # the weights' bits summed, after timing: equal on every rank of a run whose ranks stayed in step
+    out["weights_fingerprint"] = int(sum(p.detach().float().view(torch.int32).long().sum() for p in model.parameters()))
     if syncs is not None and syncs.result is not None:
         out["host_syncs_per_step"] = syncs.result["per_step"]
         out["host_sync_sites"] = syncs.result["sites"][:3]

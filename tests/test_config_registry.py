@@ -359,11 +359,15 @@ def test_sparsity_schedules_must_fit_the_run_length(registry, items, keys):
 def test_sparse_all_reduce_needs_masks(registry):
     assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.comm_hook=sparse"],
                           ["train.ddp.comm_hook=sparse", "sparsity section"])
-    assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.comm_hook=active"], ["none, bf16, fp16 or sparse"])
+    assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.comm_hook=active"],
+                          ["none, bf16, fp16, flat, flat_bf16 or sparse", "'active'"])
     assert registry.build("sparse_tiny_rigl", ["train.ddp.comm_hook=sparse"]).train.ddp.comm_hook == "sparse"
-    for key in ("static_graph", "find_unused_parameters", "broadcast_buffers"):  # they act through DDP's reducer
-        assert_refused_naming(registry, "sparse_tiny_rigl", ["train.ddp.comm_hook=sparse", f"train.ddp.{key}=true"],
-                              [f"train.ddp.{key}=true", "comm_hook=sparse"])
+    for hook in ("flat", "flat_bf16"):  # dense runs too
+        assert registry.build("bert_tiny_quick", [f"train.ddp.comm_hook={hook}"]).train.ddp.comm_hook == hook
+    for hook, experiment in (("sparse", "sparse_tiny_rigl"), ("flat", "bert_tiny_quick")):
+        for key in ("static_graph", "find_unused_parameters", "broadcast_buffers"):  # they act through the reducer
+            assert_refused_naming(registry, experiment, [f"train.ddp.comm_hook={hook}", f"train.ddp.{key}=true"],
+                                  [f"train.ddp.{key}=true", f"comm_hook={hook}"])
 
 
 def test_sparsity_schedules_counted_in_epochs_are_checked_against_the_data_later(registry):

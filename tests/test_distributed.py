@@ -1,7 +1,7 @@
 """Multi-process training on CPU (gloo) through torchrun, as on GPUs but with processes for devices.
 
 - 2 processes: every rank ends with identical weights and masks, also when only the gradients of active weights
-  are all-reduced (train.ddp.comm_hook=sparse: the same model as plain DDP, bit for bit); the eval-loss trajectory
+  are all-reduced (train.ddp.comm_hook=sparse, and all of them in one all-reduce with comm_hook=flat: the same model as plain DDP, bit for bit); the eval-loss trajectory
   matches a 1-process run with the same global batch within 0.05 nats (masks are drawn per device batch, so they
   differ in detail);
 - 2 "nodes" on localhost with 1 and 2 processes (uneven) rendezvous, finish and agree;
@@ -73,25 +73,28 @@ def test_two_ranks_identical_and_trajectory_matches_one_process(data_dir, tmp_pa
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_sparse_all_reduce_trains_the_same_model_bit_for_bit(data_dir, tmp_path, accumulation):
-    """train.ddp.comm_hook=sparse sends only active weights' gradients (dense ones on RigL steps), after the last
-    micro-batch: the weights and masks after 12 steps with 3 RigL updates are those of plain DDP, bit for bit,
-    with fewer values sent."""
+def test_flat_all_reduces_train_the_same_model_bit_for_bit(data_dir, tmp_path, accumulation):
+    """train.ddp.comm_hook=flat averages every gradient, and sparse only active weights' gradients (dense ones on
+    RigL steps), in one all-reduce after the last micro-batch, without DDP's reducer: the weights and masks after
+    12 steps with 3 RigL updates are those of plain DDP, bit for bit, with fewer values sent by sparse."""
     digests = {}
-    for hook in ("none", "sparse"):
+    for hook in ("none", "sparse", "flat"):
         cmd = torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                        WORKER, str(tmp_path / hook), str(data_dir), "sparse_tiny_rigl", *SPARSE,
                        f"train.ddp.comm_hook={hook}", f"train.per_device_batch_size={6 // accumulation}")
         done = subprocess.run(cmd, env=env_for(tmp_path, COUNT_REDUCER_CALLS="1"), capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         digests[hook] = ranks(tmp_path / hook, 2)
-    plain, sparse = digests["none"][0], digests["sparse"][0]
-    # DDP's reducer averaged plain DDP's gradients, and none of the sparse run's (averaging twice would give the
+    plain = digests["none"][0]
+    # DDP's reducer averaged plain DDP's gradients, and none of the flat runs' (averaging twice would give the
     # same bits at 2 ranks, so the weights alone cannot tell)
-    assert plain["reducer_calls"] > 0 and sparse["reducer_calls"] == 0
-    assert digests["sparse"][1]["weights"] == sparse["weights"]  # both ranks agree
-    assert sparse["weights"] == plain["weights"] and sparse["zeros"] == plain["zeros"]
-    assert sparse["losses"] == plain["losses"]
+    assert plain["reducer_calls"] > 0
+    for hook in ("sparse", "flat"):
+        rank0, rank1 = digests[hook]
+        assert rank0["reducer_calls"] == 0, hook
+        assert rank1["weights"] == rank0["weights"], hook  # both ranks agree
+        assert rank0["weights"] == plain["weights"] and rank0["zeros"] == plain["zeros"], hook
+        assert rank0["losses"] == plain["losses"], hook
     history = json.loads((tmp_path / "sparse/sparse_tiny_rigl/checkpoint-12/trainer_state.json").read_text())
     sent = [h["ddp/allreduce_sent_fraction"] for h in history["log_history"] if "ddp/allreduce_sent_fraction" in h]
     assert sent and all(0.5 < f < 1 for f in sent)  # the tiny model's dense embeddings are most of its weights

@@ -108,16 +108,17 @@ def test_bucket_view_and_comm_hook_reach_accelerate(registry, tmp_path):
     assert handler.bucket_cap_mb == 25
 
 
-def test_sparse_all_reduce_is_sparsebert_s_own_and_warns_where_it_was_not_measured(registry, tmp_path, caplog):
+@pytest.mark.parametrize("hook", ["sparse", "flat", "flat_bf16"])
+def test_flat_all_reduce_is_sparsebert_s_own_and_warns_where_it_was_not_measured(registry, tmp_path, caplog, hook):
     """Accelerate registers no hook for it (a callback builds sparsebert's sync); a whole-model graph is not split
     for it by default (the sync runs after the backward, there is nothing to overlap); eager, per-layer and split
     runs tell the user what was measured."""
     import torch._dynamo
     from accelerate.utils import DDPCommunicationHookType
 
-    from sparsebert.trainer.ddp import SparseAllReduceCallback
+    from sparsebert.trainer.ddp import FlatAllReduceCallback
 
-    sparse = ["sparsity.sparsity=0.8", "train.ddp.comm_hook=sparse"]
+    sparse = ["sparsity.sparsity=0.8", f"train.ddp.comm_hook={hook}"]
     compiled = "train.torch_compile=true"
     for settings, warned in (([compiled], False), ([], True), ([compiled, "train.torch_compile_scope=layers"], True),
                              ([compiled, "train.ddp.split_compiled_graphs=true"], True)):
@@ -126,8 +127,9 @@ def test_sparse_all_reduce_is_sparsebert_s_own_and_warns_where_it_was_not_measur
             trainer = tiny_trainer(registry, tmp_path, [*sparse, *settings])
         assert ("measured with one whole-model compiled graph only" in caplog.text) == warned, settings
         assert trainer.accelerator.ddp_handler.comm_hook == DDPCommunicationHookType.NO
-        assert any(isinstance(c, SparseAllReduceCallback) for c in trainer.callback_handler.callbacks)
-        assert trainer.sparse_sync is None  # built at the start of training, for a DDP model only
+        callbacks = [c for c in trainer.callback_handler.callbacks if isinstance(c, FlatAllReduceCallback)]
+        assert len(callbacks) == 1 and callbacks[0].comm_hook == hook
+        assert trainer.gradient_sync is None  # built at the start of training, for a DDP model only
         if settings == [compiled]:
             assert torch._dynamo.config.optimize_ddp is False
 

@@ -1,10 +1,11 @@
-"""The sparse all-reduce on a toy MLP under real DDP: 2 gloo processes on CPU, a few seconds (and 2 NCCL
+"""The flat all-reduce on a toy MLP under real DDP: 2 gloo processes on CPU, a few seconds (and 2 NCCL
 processes on 2 GPUs where there are two).
 
 Each rank trains two copies of the same masked MLP side by side on rank-dependent batches: one under plain DDP,
 one whose backward runs under ``no_sync`` followed by the sync, as the Trainer runs it. After every backward the
-sync's gradients must equal plain DDP's averaged gradients at active positions and be exactly 0 at masked ones,
-except on a RigL step, where they must equal the dense average.
+sync's gradients must equal plain DDP's averaged gradients: everywhere for ``flat`` (rounded to bf16 for
+``flat_bf16``); for ``sparse`` at active positions, and exactly 0 at masked ones except on a RigL step, where they
+must equal the dense average.
 """
 
 from __future__ import annotations
@@ -44,11 +45,11 @@ class Net(nn.Module):
         return (self.mlp(x) + x @ self.side.t()) * self.scale.float()
 
 
-def spawn_ranks(set_to_none: bool, backend: str = "gloo", world: int = 2) -> None:
-    mp.spawn(_worker, args=(_free_port(), set_to_none, backend, world), nprocs=world, join=True)
+def spawn_ranks(mode: str, set_to_none: bool = True, backend: str = "gloo", world: int = 2) -> None:
+    mp.spawn(_worker, args=(_free_port(), mode, set_to_none, backend, world), nprocs=world, join=True)
 
 
-def _worker(rank: int, port: int, set_to_none: bool, backend: str, world: int) -> None:
+def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, world: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
@@ -67,8 +68,9 @@ def _worker(rank: int, port: int, set_to_none: bool, backend: str, world: int) -
         plain, sparse = models
         controller = controllers[1]
         with pytest.raises(ValueError, match="are not parameters of this model"):
-            communication.ActiveGradientSync(plain.module, controller)  # another model's controller
-        sync = communication.ActiveGradientSync(sparse.module, controller)
+            communication.FlatGradientSync(plain.module, controller)  # another model's controller
+        sync = communication.FlatGradientSync(sparse.module, controller if mode == "sparse" else None,
+                                              wire_dtype=torch.bfloat16 if mode == "flat_bf16" else None)
         reducer_calls = []  # DDP's reducer must stay out: averaging twice would not show at 2 ranks
         sparse.register_comm_hook(None, lambda state, bucket: reducer_calls.append(1) or keep(bucket))
         total = sum(p.numel() for p in plain.parameters() if p.requires_grad)
@@ -91,24 +93,25 @@ def _worker(rank: int, port: int, set_to_none: bool, backend: str, world: int) -
             expected, got = backward(plain, state), backward(sparse, state, sync)
             dense_step = step % rigl.update_freq == 0
             assert controller.dense_gradients_due() == dense_step
+            sent_dense = dense_step or mode != "sparse"
             assert got.keys() == expected.keys() and "mlp.4.bias" not in got
             for name, grad in got.items():
                 mask = controller.masks.get(name)
-                want = expected[name] if mask is None or dense_step else expected[name] * mask
-                assert_same(grad, want, world, (step, name))
-                assert mask is None or torch.equal(grad == 0, want == 0), (step, name)
+                want = expected[name] if mask is None or sent_dense else expected[name] * mask
+                assert_same(grad, want, world, (step, name), mode)
+                assert mask is None or sent_dense or torch.equal(grad == 0, want == 0), (step, name)
             side = sparse.module.side
             assert side.grad.stride() == side.stride()  # a fused optimizer's layout, not the flat buffer's
-            assert controller._grads_arrive_masked is not dense_step
+            assert controller._grads_arrive_masked is not sent_dense  # else the controller masks them itself
             active = sum(int(m.sum()) for m in controller.masks.values())
-            expected_sent += total if dense_step else total - masked_numel + active
+            expected_sent += total if sent_dense else total - masked_numel + active
             for c in controllers:
                 c.before_optimizer_step()
             for (name, a), b in zip(plain.module.named_parameters(), sparse.module.parameters()):
                 if a.grad is None or b.grad is None:  # the frozen bias
                     assert a.grad is None and b.grad is None, (step, name)
                 else:  # what clipping and the optimizer see: the same
-                    assert_same(a.grad, b.grad, world, (step, name))
+                    assert_same(b.grad, a.grad, world, (step, name), mode)
             if step == 2:  # a mask change (RigL, GMP, a loaded state) must reach the sync's positions
                 masks = dict(controller.masks)
                 masks["mlp.2.weight"] = masks["mlp.2.weight"].clone()
@@ -122,9 +125,12 @@ def _worker(rank: int, port: int, set_to_none: bool, backend: str, world: int) -
         assert not reducer_calls
         # 3 compact averages (unmasked values and active weights) and a dense one (step 3)
         assert sync.sent_fraction() == pytest.approx(expected_sent / (4 * total))
-        assert sync.sent_fraction() < 0.6
-        kinds = {plan.index is None for plan in sync._plans.values()}
-        assert kinds == {True, False}  # the float64 buffer has no mask, the float32 one has
+        if mode == "sparse":
+            assert sync.sent_fraction() < 0.6
+            kinds = {plan.index is None for plan in sync._plans.values()}
+            assert kinds == {True, False}  # the float64 buffer has no mask, the float32 one has
+        else:
+            assert sync.sent_fraction() == 1.0 and not sync._plans
         for p in sparse.module.parameters():
             p.grad = torch.zeros_like(p) if p.requires_grad and p is not sparse.module.mlp[0].bias else None
         with pytest.raises(RuntimeError, match="mlp.0.bias has no gradient"):
@@ -138,8 +144,13 @@ def _worker(rank: int, port: int, set_to_none: bool, backend: str, world: int) -
         dist.destroy_process_group()
 
 
-def assert_same(got: torch.Tensor, want: torch.Tensor, world: int, where: tuple) -> None:
-    if world == 2:  # a + b = b + a: bit for bit
+def assert_same(got: torch.Tensor, want: torch.Tensor, world: int, where: tuple, mode: str) -> None:
+    if mode == "flat_bf16":  # bf16 values on the wire: rounded to ~3 significant digits, back in full precision
+        assert torch.equal(got, got.bfloat16().to(got.dtype)), where
+        # each rank's value and their sum rounded: where they cancel, the error is relative to the values summed
+        scale = float(want.abs().max())
+        torch.testing.assert_close(got, want, rtol=2 ** -7, atol=2 ** -7 * scale, msg=str(where))
+    elif world == 2:  # a + b = b + a: bit for bit
         assert torch.equal(got, want), where
     else:  # gloo sums 3 ranks' values in an order that depends on the tensor's size
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-8, msg=str(where))
@@ -153,14 +164,21 @@ def keep(bucket: dist.GradBucket) -> torch.futures.Future:
 
 @pytest.mark.parametrize("set_to_none", [True, False])
 def test_sparse_all_reduce_matches_plain_ddp_at_active_positions(set_to_none):
-    spawn_ranks(set_to_none)
+    spawn_ranks("sparse", set_to_none)
 
 
-def test_sparse_all_reduce_matches_plain_ddp_with_three_ranks():
-    """Up to the order of summation, which with 3 ranks differs between DDP's buckets and the compact tensor."""
-    spawn_ranks(True, world=3)
+@pytest.mark.parametrize("mode", ["flat", "flat_bf16"])
+def test_flat_all_reduce_matches_plain_ddp(mode):
+    spawn_ranks(mode)
+
+
+@pytest.mark.parametrize("mode", ["sparse", "flat"])
+def test_flat_all_reduce_matches_plain_ddp_with_three_ranks(mode):
+    """Up to the order of summation, which with 3 ranks differs between DDP's buckets and the flat tensor."""
+    spawn_ranks(mode, world=3)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")
-def test_sparse_all_reduce_matches_plain_ddp_over_nccl():
-    spawn_ranks(True, backend="nccl")
+@pytest.mark.parametrize("mode", ["sparse", "flat", "flat_bf16"])
+def test_flat_all_reduce_matches_plain_ddp_over_nccl(mode):
+    spawn_ranks(mode, backend="nccl")

@@ -85,6 +85,10 @@ class DataConfig:
                 raise ValueError(f"data.{name} must be >= 1 or None, got {value}")
 
 
+# train.ddp.comm_hook values that replace DDP's reducer by sparsebert's flat all-reduce after the backward
+FLAT_COMM_HOOKS = ("flat", "flat_bf16", "sparse")
+
+
 @dataclass
 class DDPConfig:
     """DistributedDataParallel settings (multi-process runs only). The defaults are the fast ones for BERT.
@@ -101,16 +105,19 @@ class DDPConfig:
     static_graph: bool = False
     # gradients live in the all-reduce buckets: no copy kernel per parameter and step, less memory
     gradient_as_bucket_view: bool = True
-    # "bf16" / "fp16": all-reduce gradients in half precision (half the bytes on the wire, rounded gradients);
-    # "sparse" (runs with a sparsity section): instead of DDP's reducer, one flat all-reduce after the backward of
-    # only the active weights' gradients, the same averages up to summation order; the dense gradient on steps
-    # with a RigL update (sparsity/communication.py)
+    # "bf16" / "fp16": DDP's hooks, all-reduce gradients in half precision (half the bytes on the wire, rounded
+    # gradients). Instead of DDP's reducer, one flat all-reduce after the backward (sparsity/communication.py;
+    # for one whole-model compiled graph, whose gradients are all ready only at its end): "flat" of every
+    # gradient, the same averages up to summation order; "flat_bf16" the same rounded to bf16 on the wire;
+    # "sparse" (runs with a sparsity section) of only the active weights' gradients, the dense gradient on steps
+    # with a RigL update
     comm_hook: str = "none"
     # torch.compile under DDP: Dynamo's DDPOptimizer splits every graph compiled inside DDP's forward at the
     # gradient buckets, so each bucket's all-reduce can start inside the graph's backward. With
     # train.torch_compile_scope=layers the layer boundaries already give DDP those points, and the split made
     # per-layer graphs slower than eager (4 x H200: 2 GPUs 0.57 efficiency split, 0.93 without). None (default):
-    # split a whole-model graph, not per-layer ones, nor any graph under comm_hook=sparse (nothing to overlap);
+    # split a whole-model graph, not per-layer ones, nor any graph under comm_hook=flat, flat_bf16 or sparse
+    # (nothing to overlap);
     # true / false: always / never
     # (torch._dynamo.config.optimize_ddp, process-wide)
     split_compiled_graphs: bool | None = None
@@ -118,8 +125,9 @@ class DDPConfig:
     def validate(self) -> None:
         if self.bucket_cap_mb < 1:
             raise ValueError(f"train.ddp.bucket_cap_mb must be >= 1, got {self.bucket_cap_mb}")
-        if self.comm_hook not in ("none", "bf16", "fp16", "sparse"):
-            raise ValueError(f"train.ddp.comm_hook must be none, bf16, fp16 or sparse, got {self.comm_hook!r}")
+        if self.comm_hook not in ("none", "bf16", "fp16", *FLAT_COMM_HOOKS):
+            raise ValueError("train.ddp.comm_hook must be none, bf16, fp16, flat, flat_bf16 or sparse, got "
+                             f"{self.comm_hook!r}")
 
 
 @dataclass

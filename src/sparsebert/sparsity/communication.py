@@ -1,34 +1,39 @@
-"""All-reduce only the gradients of active weights, in one flat all-reduce after the backward.
+"""Average the gradients across ranks in one flat all-reduce after the backward, instead of DDP's reducer.
 
-A masked weight's gradient is thrown away at every step (``before_optimizer_step`` zeroes it), yet plain DDP
-averages it across ranks like any other: at 80 % sparsity of BERT-base's encoder Linear weights, 68 M of the
-110 M gradient values on the wire are never used.
-
-``ActiveGradientSync`` replaces DDP's reducer for sparse runs: the backward runs under DDP's ``no_sync`` (the
+With one compiled graph for the whole model (the fastest DDP setting measured on H200s), every gradient is ready
+only at the end of the backward, so DDP's buckets overlap nothing: the reducer copies each gradient into its
+bucket on its own (202 small copies per step for BERT-base, which paced the end of the step) and then runs one
+all-reduce per 25 MB bucket. ``FlatGradientSync`` replaces that: the backward runs under DDP's ``no_sync`` (the
 Trainer integration, trainer/ddp.py, does that), and afterwards the sync
 
 1. concatenates every trainable parameter's gradient into one flat buffer per dtype and device (a few batched
-   copy kernels, where DDP's reducer copies each gradient into its bucket on its own: 202 small copies for
-   BERT-base, which paced the end of the step on H200s; docs/benchmarks.md);
-2. gathers the values at active positions (every value of a parameter without a mask) into one compact tensor,
-   multiplies it by 1 / world size and sums it across ranks, as DDP's default all-reduce does;
-3. writes the averages back with zeros at masked positions, and makes each gradient a view of the buffer.
+   copy kernels);
+2. averages it across ranks in one all-reduce: NCCL's average, or a multiplication by 1 / world size and a sum on
+   other backends, as DDP's default does;
+3. makes each gradient a view of the averaged buffer (a copy for a parameter with its own strides).
 
-A RigL update scores growth by the dense gradient of the step's own batch, so on a step where one is due the
-whole buffer is averaged, as plain DDP does. Nothing overlaps the backward: with one compiled graph, the fastest
-DDP setting measured, every gradient is ready only at its end anyway.
+Two options on top:
 
-The positions are one int64 index per buffer, rebuilt with one ``nonzero`` (a host read) whenever the masks
-(``SparsityController.mask_version``) or the set of trainable parameters change: ~330 MB for BERT-base at 80 %,
-beside DDP's own bucket storage, which DDP allocates anyway; while the sync runs, the flat buffer holds a second
-copy of the gradients (~440 MB, fp32), which then become its views.
+- ``controller`` (sparse runs): only the values at active positions (every value of a parameter without a mask)
+  go on the wire. A masked weight's gradient is thrown away at every step (``before_optimizer_step`` zeroes it),
+  yet plain DDP averages it like any other: at 80 % sparsity of BERT-base's encoder Linear weights, 68 M of the
+  110 M values are never used. The averages come back with zeros at masked positions, and the controller learns
+  that it need not mask them again. A RigL update scores growth by the dense gradient of the step's own batch, so
+  on a step where one is due the whole buffer is averaged. The positions are one int64 index per buffer, rebuilt
+  with one ``nonzero`` (a host read) whenever the masks (``SparsityController.mask_version``) or the set of
+  trainable parameters change: ~330 MB for BERT-base at 80 %.
+- ``wire_dtype`` (e.g. bf16): the values are rounded to it for the all-reduce, half the bytes of fp32, and come
+  back in the gradients' dtype; the averages then carry bf16's ~3 significant digits, as with DDP's bf16 hook.
+
+Memory: while the sync runs, the flat buffer holds a second copy of the gradients (~440 MB in fp32 for
+BERT-base), which then become its views; DDP's own bucket storage stays allocated beside it, idle.
 
 Every trainable parameter needs a gradient on every rank (sparsebert's models use all of theirs): a rank without
 one raises, and the launcher (torchrun, accelerate launch) then stops the other ranks.
 
-The averages are plain DDP's up to the order of summation (bit for bit with 2 ranks, where a + b = b + a). One
-difference: an inf or NaN gradient at a masked position never travels, so it cannot make a fp16 step skip or a
-clipped gradient norm NaN, as plain DDP's masked copy would.
+In full precision the averages are plain DDP's up to the order of summation (bit for bit with 2 ranks, where
+a + b = b + a). One difference of the sparse mode: an inf or NaN gradient at a masked position never travels, so
+it cannot make a fp16 step skip or a clipped gradient norm NaN, as plain DDP's masked copy would.
 
 Plain PyTorch: it works on any model whose backward ran without DDP's all-reduce.
 """
@@ -51,26 +56,27 @@ class _Plan:
     index: torch.Tensor | None  # flat positions sent on a sparse step; None: no mask in the group, all are sent
 
 
-class ActiveGradientSync:
+class FlatGradientSync:
     """Call once per optimizer step, after the last backward (run under ``no_sync``) and before clipping.
 
-    ``sent_fraction()``: gradient values on the wire relative to plain DDP, over every call so far. After each call
-    the controller learns whether the gradients arrived masked, so ``before_optimizer_step`` can skip masking
-    them again.
+    ``sent_fraction()``: gradient values on the wire relative to plain DDP, over every call so far (1.0 without
+    a controller).
     """
 
-    def __init__(self, model: nn.Module, controller: SparsityController,
-                 process_group: dist.ProcessGroup | None = None):
+    def __init__(self, model: nn.Module, controller: SparsityController | None = None,
+                 process_group: dist.ProcessGroup | None = None, wire_dtype: torch.dtype | None = None):
         self.controller = controller
         self.process_group = process_group
+        self.wire_dtype = wire_dtype
         self.world = dist.get_world_size(process_group)
+        # NCCL averages inside the all-reduce; elsewhere a multiplication by DDP's reciprocal comes first
+        self.average_op = dist.ReduceOp.AVG if dist.get_backend(process_group) == "nccl" else None
         self.named = list(model.named_parameters())
-        self._names = {id(param): name for name, param in controller.params.items()}
+        self._names = {id(param): name for name, param in controller.params.items()} if controller else {}
         missing = set(self._names) - {id(param) for _, param in self.named}
         if missing:  # their gradients would be neither averaged nor masked (the controller is told they are)
             names = sorted(self._names[i] for i in missing)
             raise ValueError(f"the sparsity controller's {', '.join(names[:3])} are not parameters of this model")
-        self.scale = 1.0 / self.world
         self._plans: dict[tuple[torch.dtype, torch.device], _Plan] = {}
         self.sent = 0
         self.dense = 0
@@ -79,36 +85,60 @@ class ActiveGradientSync:
         return self.sent / self.dense if self.dense else 1.0
 
     def __call__(self) -> None:
-        dense = self.controller.dense_gradients_due()
+        dense = self.controller is None or self.controller.dense_gradients_due()
         groups: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
         for name, param in self.named:
             if not param.requires_grad:
                 continue
             if param.grad is None:
                 raise RuntimeError(f"parameter {name} has no gradient after the backward (unused in the forward?): "
-                                   "the sparse all-reduce needs one for every trainable parameter")
+                                   "the flat all-reduce needs one for every trainable parameter")
             groups.setdefault((param.grad.dtype, param.grad.device), []).append(param)
         for group_key, params in groups.items():
-            self._average(params, None if dense else self._plan(group_key, params))
+            plan = None if dense else self._plan(group_key, params)
+            if plan is None or plan.index is None:
+                flat = self._average_all(params)
+            else:
+                flat = self._average_active(params, plan.index)
+            for param, values in zip(params, flat.split([param.numel() for param in params])):
+                if param.is_contiguous():
+                    param.grad = values.view_as(param)
+                else:  # a gradient with the parameter's own strides, which fused optimizers expect
+                    param.grad.copy_(values.view_as(param))
         self._plans = {k: plan for k, plan in self._plans.items() if k in groups}
-        self.controller.note_gradients_masked(not dense)
+        if self.controller is not None:
+            self.controller.note_gradients_masked(not dense)
 
-    def _average(self, params: list[nn.Parameter], plan: _Plan | None) -> None:
+    def _average_all(self, params: list[nn.Parameter]) -> torch.Tensor:
+        grads = [param.grad.reshape(-1) for param in params]
+        dtype = grads[0].dtype
+        if self.wire_dtype is None or self.wire_dtype == dtype:
+            flat = torch.cat(grads)
+            self._all_reduce_mean(flat)
+        else:  # rounded while concatenated: one pass over the gradients
+            numel = sum(grad.numel() for grad in grads)
+            wire = torch.cat(grads, out=torch.empty(numel, dtype=self.wire_dtype, device=grads[0].device))
+            self._all_reduce_mean(wire)
+            flat = wire.to(dtype)
+        self.sent += flat.numel()
+        self.dense += flat.numel()
+        return flat
+
+    def _average_active(self, params: list[nn.Parameter], index: torch.Tensor) -> torch.Tensor:
         flat = torch.cat([param.grad.reshape(-1) for param in params])
-        if plan is None or plan.index is None:
-            sent = flat.mul_(self.scale)
-            dist.all_reduce(sent, group=self.process_group)
-        else:
-            sent = flat.index_select(0, plan.index).mul_(self.scale)
-            dist.all_reduce(sent, group=self.process_group)
-            flat.zero_().index_copy_(0, plan.index, sent)
+        sent = flat.index_select(0, index)
+        wire = sent if self.wire_dtype in (None, sent.dtype) else sent.to(self.wire_dtype)
+        self._all_reduce_mean(wire)
+        flat.zero_().index_copy_(0, index, wire.to(flat.dtype))
         self.sent += sent.numel()
         self.dense += flat.numel()
-        for param, values in zip(params, flat.split([param.numel() for param in params])):
-            if param.is_contiguous():
-                param.grad = values.view_as(param)
-            else:  # a gradient with the parameter's own strides, which fused optimizers expect
-                param.grad.copy_(values.view_as(param))
+        return flat
+
+    def _all_reduce_mean(self, values: torch.Tensor) -> None:
+        if self.average_op is not None:
+            dist.all_reduce(values, op=self.average_op, group=self.process_group)
+        else:
+            dist.all_reduce(values.mul_(1.0 / self.world), group=self.process_group)
 
     def _plan(self, group_key: tuple[torch.dtype, torch.device], params: list[nn.Parameter]) -> _Plan:
         """The group's positions to send, rebuilt when its parameters or the masks changed (one ``nonzero``)."""

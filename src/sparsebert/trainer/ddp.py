@@ -6,10 +6,11 @@ on the DistributedDataParallelKwargs handler the Trainer gives Accelerate; Accel
 model at the start of training, so setting it after ``Trainer.__init__`` is in time. ``split_compiled_graphs=false``
 switches Dynamo's DDPOptimizer off for the process (``torch._dynamo.config.optimize_ddp``).
 
-``comm_hook=sparse`` (sparse runs) is not a DDP hook: DDP's reducer is left out (each backward runs under
-``no_sync``), and after the last backward of an optimizer step sparsebert's own sync averages only the active
-weights' gradients in one flat all-reduce (sparsity/communication.py), before the sparsity hook and clipping see
-them. A callback builds the sync once the Trainer has wrapped the model.
+``comm_hook=flat`` / ``flat_bf16`` / ``sparse`` are not DDP hooks: DDP's reducer is left out (each backward runs
+under ``no_sync``), and after the last backward of an optimizer step sparsebert's own sync averages the gradients
+in one flat all-reduce (sparsity/communication.py): all of them, in fp32 or rounded to bf16 on the wire, or (sparse
+runs) only the active weights' ones, before the sparsity hook and clipping see them. A callback builds the sync
+once the Trainer has wrapped the model.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch._dynamo
 from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
-from sparsebert.config.sections import DDPConfig
+from sparsebert.config.sections import FLAT_COMM_HOOKS, DDPConfig
 from sparsebert.errors import SparseBertError
 from sparsebert.sparsity import communication
 
@@ -31,21 +32,20 @@ log = logging.getLogger(__name__)
 class DDPTuningMixin:
     def __init__(self, *args, ddp: DDPConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.sparse_sync: communication.ActiveGradientSync | None = None  # built at the start of training
+        self.gradient_sync: communication.FlatGradientSync | None = None  # built at the start of training
         if ddp is None:
             return
         # process-wide: set either way, so a later experiment in the same process gets its own setting
         torch._dynamo.config.optimize_ddp = ddp.split_compiled_graphs
-        if ddp.comm_hook == "sparse":
-            self.add_callback(SparseAllReduceCallback(self))
+        if ddp.comm_hook in FLAT_COMM_HOOKS:
+            self.add_callback(FlatAllReduceCallback(self, ddp.comm_hook))
             plugin = getattr(self.accelerator.state, "dynamo_plugin", None)
             per_layer = bool(getattr(plugin, "use_regional_compilation", False))
             if not self.args.torch_compile or ddp.split_compiled_graphs or per_layer:
-                log.warning("train.ddp.comm_hook=sparse was measured with one whole-model compiled graph only "
-                            "(train.torch_compile=true, train.ddp.split_compiled_graphs=false; 4 x H200, per-GPU "
-                            "batch 128, a bench version of it: 0.95 scaling efficiency at 4 GPUs, 0.90 with DDP's "
-                            "reducer); eager and per-layer runs give up DDP's overlap of the all-reduce with the "
-                            "backward, and a split graph has nothing left to overlap")
+                log.warning("train.ddp.comm_hook=%s was measured with one whole-model compiled graph only "
+                            "(train.torch_compile=true, train.ddp.split_compiled_graphs=false); eager and per-layer "
+                            "runs give up DDP's overlap of the all-reduce with the backward, and a split graph has "
+                            "nothing left to overlap", ddp.comm_hook)
         handler = getattr(self.accelerator, "ddp_handler", None)
         if handler is None:
             log.warning("this Accelerate version exposes no DDP handler: train.ddp.gradient_as_bucket_view and "
@@ -60,7 +60,7 @@ class DDPTuningMixin:
         handler.comm_hook = DDPCommunicationHookType(ddp.comm_hook if ddp.comm_hook in ("bf16", "fp16") else "no")
 
     def training_step(self, model, *args, **kwargs):
-        sync = self.sparse_sync
+        sync = self.gradient_sync
         if sync is None:
             return super().training_step(model, *args, **kwargs)
         # the sync exists only where the callback found DDP in the model the Trainer trains (this one)
@@ -71,31 +71,36 @@ class DDPTuningMixin:
         return loss
 
 
-class SparseAllReduceCallback(TrainerCallback):
-    """Builds the sparse all-reduce for the DDP model at the start of training (single-process runs have none),
-    and logs the share of gradient values it sent (``ddp/allreduce_sent_fraction``, 1.0 = plain DDP)."""
+class FlatAllReduceCallback(TrainerCallback):
+    """Builds the flat all-reduce for the DDP model at the start of training (single-process runs have none);
+    for ``comm_hook=sparse`` logs the share of gradient values it sent (``ddp/allreduce_sent_fraction``, 1.0 =
+    plain DDP)."""
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, comm_hook: str):
         self.trainer = trainer
+        self.comm_hook = comm_hook
         self._built_for: DistributedDataParallel | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         ddp_module = _find_ddp(self.trainer.model_wrapped)
         if ddp_module is None and args.world_size > 1:
-            raise SparseBertError("train.ddp.comm_hook=sparse works with DDP (accelerate launch or torchrun), not "
-                                  "with FSDP or DeepSpeed")
+            raise SparseBertError(f"train.ddp.comm_hook={self.comm_hook} works with DDP (accelerate launch or "
+                                  "torchrun), not with FSDP or DeepSpeed")
         if ddp_module is None or ddp_module is self._built_for:  # one process; or train() called again
             return
-        controller = getattr(self.trainer, "sparsity", None)
-        if controller is None:
-            raise SparseBertError("train.ddp.comm_hook=sparse needs a sparsity section (which weights are masked)")
-        self.trainer.sparse_sync = communication.ActiveGradientSync(ddp_module.module, controller,
-                                                                    ddp_module.process_group)
+        controller = None
+        if self.comm_hook == "sparse":
+            controller = getattr(self.trainer, "sparsity", None)
+            if controller is None:
+                raise SparseBertError("train.ddp.comm_hook=sparse needs a sparsity section (which weights are masked)")
+        wire_dtype = torch.bfloat16 if self.comm_hook == "flat_bf16" else None
+        self.trainer.gradient_sync = communication.FlatGradientSync(ddp_module.module, controller,
+                                                                    ddp_module.process_group, wire_dtype)
         self._built_for = ddp_module
 
     def on_step_end(self, args, state, control, **kwargs):
-        sync = self.trainer.sparse_sync
-        if sync is not None:
+        sync = self.trainer.gradient_sync
+        if sync is not None and sync.controller is not None:
             self.trainer.pending_logs.add({"ddp/allreduce_sent_fraction": round(sync.sent_fraction(), 4)})
 
 

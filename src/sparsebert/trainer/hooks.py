@@ -9,6 +9,7 @@ from typing import Any
 from torch import nn
 
 from sparsebert.config import ExperimentConfig
+from sparsebert.config.sections import FLAT_COMM_HOOKS
 from sparsebert.errors import SparseBertError
 from sparsebert.sparsity import SparsityController
 
@@ -22,9 +23,9 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
     ddp = cfg.train.ddp
     if ddp.split_compiled_graphs is None:
         # the split lets DDP's all-reduce overlap the backward: per-layer graphs already give DDP those points, and
-        # the sparse all-reduce runs after the backward (no_sync), so neither needs it
+        # the flat all-reduce runs after the backward (no_sync), so neither needs it
         per_layer = compiled and cfg.train.torch_compile_scope == "layers"
-        ddp = replace(ddp, split_compiled_graphs=not per_layer and ddp.comm_hook != "sparse")
+        ddp = replace(ddp, split_compiled_graphs=not per_layer and ddp.comm_hook not in FLAT_COMM_HOOKS)
     hooks: dict[str, Any] = {"ddp": ddp,
                              "compile_scope": cfg.train.torch_compile_scope if compiled else None,
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,

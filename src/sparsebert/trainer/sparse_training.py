@@ -1,9 +1,9 @@
 """Sparse training in the Trainer: masks kept exact, RigL / GMP updates once per optimizer step.
 
 The order inside one optimizer step, and why:
-1. backward of every micro-batch (DDP all-reduces the dense gradient on the last one; with
-   ``train.ddp.comm_hook=sparse`` sparsebert's sync averages only the active weights' part after it, and leaves
-   zeros at masked positions, except on a step with a RigL update);
+1. backward of every micro-batch (DDP all-reduces the dense gradient on the last one, or with
+   ``train.ddp.comm_hook=flat`` / ``flat_bf16`` sparsebert's sync after it; with ``sparse`` that sync averages only
+   the active weights' part and leaves zeros at masked positions, except on a step with a RigL update);
 2. ``before_optimizer_step`` (from ``training_step`` of the last micro-batch): keep the dense gradient when a RigL
    update is due, then zero masked gradients (unless the sparse all-reduce already did), so clipping and AdamW see
    the sparse model only;
