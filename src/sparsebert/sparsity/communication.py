@@ -144,8 +144,8 @@ class FlatGradientSync:
 
     def _flatten(self, params: list[nn.Parameter], dtype: torch.dtype) -> torch.Tensor:
         """The gradients in one new buffer of ``dtype``, by one batched copy. Not torch.cat: its CUDA kernel
-        gives each input the same share of the GPU whatever its size (BERT's 94 MB word-embedding gradient beside
-        3 KB biases: ~1.5 TB/s on an H200), and copies one input at a time into another dtype."""
+        gives every input the same number of thread blocks whatever its size (BERT-base's 440 MB moved at
+        ~1.5 TB/s on an H200, 0.58 ms per step), and copies one input at a time into another dtype."""
         grads = [param.grad for param in params]
         flat = torch.empty(sum(grad.numel() for grad in grads), dtype=dtype, device=grads[0].device)
         # reshape(-1) is a view of a contiguous gradient and a copy of a strided one
