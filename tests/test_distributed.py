@@ -1,9 +1,10 @@
 """Multi-process training on CPU (gloo) through torchrun, as on GPUs but with processes for devices.
 
-- 2 processes: every rank ends with identical weights and masks, also when only the gradients of active weights
-  are all-reduced (train.ddp.comm_hook=sparse, and all of them in one all-reduce with comm_hook=flat: the same model as plain DDP, bit for bit); the eval-loss trajectory
-  matches a 1-process run with the same global batch within 0.05 nats (masks are drawn per device batch, so they
-  differ in detail);
+- 2 processes: every rank ends with identical weights and masks, also when sparsebert's flat all-reduce replaces
+  DDP's reducer (train.ddp.comm_hook=flat, or sparse, which sends only the gradients of active weights: the same
+  model as plain DDP, bit for bit; flat_bf16, rounded to bf16 on the wire: the ranks agree); the eval-loss
+  trajectory matches a 1-process run with the same global batch within 0.05 nats (masks are drawn per device
+  batch, so they differ in detail);
 - 2 "nodes" on localhost with 1 and 2 processes (uneven) rendezvous, finish and agree;
 - a rank killed mid-run makes the whole job exit non-zero within 60 s.
 """
@@ -76,9 +77,10 @@ def test_two_ranks_identical_and_trajectory_matches_one_process(data_dir, tmp_pa
 def test_flat_all_reduces_train_the_same_model_bit_for_bit(data_dir, tmp_path, accumulation):
     """train.ddp.comm_hook=flat averages every gradient, and sparse only active weights' gradients (dense ones on
     RigL steps), in one all-reduce after the last micro-batch, without DDP's reducer: the weights and masks after
-    12 steps with 3 RigL updates are those of plain DDP, bit for bit, with fewer values sent by sparse."""
+    12 steps with 3 RigL updates are those of plain DDP, bit for bit, with fewer values sent by sparse; flat_bf16
+    sends bf16 values, and its ranks agree."""
     digests = {}
-    for hook in ("none", "sparse", "flat"):
+    for hook in ("none", "sparse", "flat", "flat_bf16"):
         cmd = torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
                        WORKER, str(tmp_path / hook), str(data_dir), "sparse_tiny_rigl", *SPARSE,
                        f"train.ddp.comm_hook={hook}", f"train.per_device_batch_size={6 // accumulation}")
@@ -95,6 +97,10 @@ def test_flat_all_reduces_train_the_same_model_bit_for_bit(data_dir, tmp_path, a
         assert rank1["weights"] == rank0["weights"], hook  # both ranks agree
         assert rank0["weights"] == plain["weights"] and rank0["zeros"] == plain["zeros"], hook
         assert rank0["losses"] == plain["losses"], hook
+    rank0, rank1 = digests["flat_bf16"]
+    assert rank0["reducer_calls"] == 0 and rank1["weights"] == rank0["weights"]
+    assert "torch.bfloat16" in rank0["all_reduce_dtypes"] and "torch.bfloat16" not in plain["all_reduce_dtypes"]
+    assert rank0["losses"] == pytest.approx(plain["losses"], abs=0.02)  # rounded averages, the same course
     history = json.loads((tmp_path / "sparse/sparse_tiny_rigl/checkpoint-12/trainer_state.json").read_text())
     sent = [h["ddp/allreduce_sent_fraction"] for h in history["log_history"] if "ddp/allreduce_sent_fraction" in h]
     assert sent and all(0.5 < f < 1 for f in sent)  # the tiny model's dense embeddings are most of its weights

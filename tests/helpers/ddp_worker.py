@@ -31,13 +31,24 @@ class KillRank(TrainerCallback):
 
 
 REDUCER_CALLS = [0]  # buckets DDP's reducer all-reduced in this process
+ALL_REDUCE_DTYPES: set[str] = set()  # dtypes of the tensors torch.distributed.all_reduce saw
 
 
 def count_reducer_calls() -> None:
     """Every DDP model built from now on counts the buckets its reducer all-reduces (with torch's default
-    averaging), so a test can tell whether DDP or sparsebert's own sync averaged the gradients."""
+    averaging), so a test can tell whether DDP or sparsebert's own sync averaged the gradients; every
+    ``torch.distributed.all_reduce`` records its tensor's dtype (what went on the wire)."""
+    import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
+
+    all_reduce = dist.all_reduce
+
+    def recorded(tensor, *args, **kwargs):
+        ALL_REDUCE_DTYPES.add(str(tensor.dtype))
+        return all_reduce(tensor, *args, **kwargs)
+
+    dist.all_reduce = recorded
 
     init = DistributedDataParallel.__init__
 
@@ -69,7 +80,8 @@ class RankDigest(TrainerCallback):
         eval_losses = [h["eval_loss"] for h in state.log_history if "eval_loss" in h]
         (self.out / f"rank{rank}.json").write_text(json.dumps(
             {"weights": weights, "zeros": zeros, "losses": losses, "eval_losses": eval_losses,
-             "world": int(os.environ.get("WORLD_SIZE", "1")), "reducer_calls": REDUCER_CALLS[0]}))
+             "world": int(os.environ.get("WORLD_SIZE", "1")), "reducer_calls": REDUCER_CALLS[0],
+             "all_reduce_dtypes": sorted(ALL_REDUCE_DTYPES)}))
 
 
 def main() -> None:

@@ -66,15 +66,15 @@ class ExperimentConfig:
         for hook in ("rigl", "gmp"):
             if getattr(self, hook) is not None and self.sparsity is None:
                 raise ConfigError(f"{hook} needs a sparsity section (the target sparsity and which layers)")
-        hook = self.train.ddp.comm_hook
-        if hook == "sparse" and self.sparsity is None:
+        comm_hook = self.train.ddp.comm_hook
+        if comm_hook == "sparse" and self.sparsity is None:
             raise ConfigError("train.ddp.comm_hook=sparse sends only the gradients of active weights: it needs "
                               "a sparsity section")
-        if hook in FLAT_COMM_HOOKS:
+        if comm_hook in FLAT_COMM_HOOKS:
             # it runs DDP under no_sync: these settings act only while DDP syncs (static_graph crashed under it)
             for key in ("static_graph", "find_unused_parameters", "broadcast_buffers"):
                 if getattr(self.train.ddp, key):
-                    raise ConfigError(f"train.ddp.{key}=true does not work with train.ddp.comm_hook={hook}, which "
+                    raise ConfigError(f"train.ddp.{key}=true does not work with train.ddp.comm_hook={comm_hook}, which "
                                       "replaces DDP's reducer; set one of them to its default")
         if self.rigl is not None and self.gmp is not None:
             raise ConfigError("rigl and gmp cannot both be set: choose one way for the masks to evolve")

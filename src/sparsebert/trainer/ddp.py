@@ -8,9 +8,9 @@ switches Dynamo's DDPOptimizer off for the process (``torch._dynamo.config.optim
 
 ``comm_hook=flat`` / ``flat_bf16`` / ``sparse`` are not DDP hooks: DDP's reducer is left out (each backward runs
 under ``no_sync``), and after the last backward of an optimizer step sparsebert's own sync averages the gradients
-in one flat all-reduce (sparsity/communication.py): all of them, in fp32 or rounded to bf16 on the wire, or (sparse
-runs) only the active weights' ones, before the sparsity hook and clipping see them. A callback builds the sync
-once the Trainer has wrapped the model.
+in one flat all-reduce (sparsity/communication.py): all of them, in their own dtype or (fp32 ones) rounded to bf16
+on the wire, or (sparse runs) only the active weights' ones, before the sparsity hook and clipping see them. A
+callback builds the sync once the Trainer has wrapped the model.
 """
 
 from __future__ import annotations
