@@ -183,3 +183,13 @@ def test_flat_all_reduce_matches_plain_ddp_with_three_ranks(mode):
 @pytest.mark.parametrize("mode", ["sparse", "flat", "flat_bf16"])
 def test_flat_all_reduce_matches_plain_ddp_over_nccl(mode):
     spawn_ranks(mode, backend="nccl")
+
+
+def test_nccl_average_only_where_it_equals_ddp_s_multiplication():
+    """NCCL's average multiplies by 1 / world rounded to the values' dtype: fine in fp32 or at a power of two."""
+    assert communication.nccl_average_is_exact(torch.float32, 3)
+    assert communication.nccl_average_is_exact(torch.float64, 6)
+    assert communication.nccl_average_is_exact(torch.bfloat16, 4)
+    assert communication.nccl_average_is_exact(torch.float16, 8)
+    assert not communication.nccl_average_is_exact(torch.bfloat16, 3)
+    assert not communication.nccl_average_is_exact(torch.float16, 6)
