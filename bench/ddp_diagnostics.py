@@ -121,7 +121,6 @@ def compiled_autograd_reducer(enabled: bool, record: dict):
         model = original_prepare(self, *args, **kwargs)
         ddp = getattr(model, "_orig_mod", model)
         record["python_reducer"] = bool(getattr(ddp, "_use_python_reducer", False))
-        models.append(ddp)
         return model
 
     def training_step(self, *args, **kwargs):
@@ -130,7 +129,6 @@ def compiled_autograd_reducer(enabled: bool, record: dict):
 
     Accelerator.prepare_model = prepare_model
     Trainer.training_step = training_step
-    models: list = []
     before = dict(torch._dynamo.utils.counters["compiled_autograd"])
     breaks_before = dict(torch._dynamo.utils.counters["graph_break"])
     try:
@@ -139,15 +137,11 @@ def compiled_autograd_reducer(enabled: bool, record: dict):
         Accelerator.prepare_model = original_prepare
         Trainer.training_step = original_step
         torch._dynamo.config.optimize_ddp = original_mode
-    # only after a run that finished (an exception skips this): the collective below needs every rank
+    # only after a run that finished (an exception skips this); whether the traced all-reduces averaged the
+    # gradients shows in scaling.py's per-run weights_agree_across_ranks
     after = torch._dynamo.utils.counters["compiled_autograd"]
     record.update({f"compiled_autograd_{k}": after[k] - before.get(k, 0) for k in ("captures", "compiles")})
     breaks = torch._dynamo.utils.counters["graph_break"]
     record["graph_breaks"] = {k[:300]: n - breaks_before.get(k, 0) for k, n in breaks.items()
                               if n > breaks_before.get(k, 0)}
-    if models:  # the ranks' weights after training agree only if the traced all-reduces averaged gradients
-        total = torch.stack([p.detach().double().sum() for p in models[0].parameters()]).sum().cpu()
-        totals = [None] * dist.get_world_size()
-        dist.all_gather_object(totals, float(total))
-        record["weights_agree_across_ranks"] = len(set(totals)) == 1
 
