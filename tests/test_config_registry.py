@@ -364,6 +364,12 @@ def test_sparse_all_reduce_needs_masks(registry):
     assert registry.build("sparse_tiny_rigl", ["train.ddp.comm_hook=sparse"]).train.ddp.comm_hook == "sparse"
     for hook in ("flat", "flat_bf16"):  # dense runs too
         assert registry.build("bert_tiny_quick", [f"train.ddp.comm_hook={hook}"]).train.ddp.comm_hook == hook
+    assert registry.build("bert_tiny_quick", ["train.ddp.comm_hook=flat", "train.ddp.flat_pieces=4"]
+                          ).train.ddp.flat_pieces == 4
+    assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.flat_pieces=4"],
+                          ["train.ddp.flat_pieces=4", "comm_hook=none"])
+    assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.comm_hook=flat", "train.ddp.flat_pieces=0"],
+                          ["train.ddp.flat_pieces must be >= 1"])
     for hook, experiment in (("sparse", "sparse_tiny_rigl"), ("flat", "bert_tiny_quick")):
         for key in ("static_graph", "find_unused_parameters", "broadcast_buffers"):  # they act through the reducer
             assert_refused_naming(registry, experiment, [f"train.ddp.comm_hook={hook}", f"train.ddp.{key}=true"],

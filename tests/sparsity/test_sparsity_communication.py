@@ -46,11 +46,11 @@ class Net(nn.Module):
         return (self.mlp(x) + x @ self.side.t()) * self.scale.float()
 
 
-def spawn_ranks(mode: str, set_to_none: bool = True, backend: str = "gloo", world: int = 2) -> None:
-    mp.spawn(_worker, args=(_free_port(), mode, set_to_none, backend, world), nprocs=world, join=True)
+def spawn_ranks(mode: str, set_to_none: bool = True, backend: str = "gloo", world: int = 2, pieces: int = 1) -> None:
+    mp.spawn(_worker, args=(_free_port(), mode, set_to_none, backend, world, pieces), nprocs=world, join=True)
 
 
-def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, world: int) -> None:
+def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, world: int, pieces: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
@@ -71,7 +71,8 @@ def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, wo
         with pytest.raises(ValueError, match="are not parameters of this model"):
             communication.FlatGradientSync(plain.module, controller)  # another model's controller
         sync = communication.FlatGradientSync(sparse.module, controller if mode == "sparse" else None,
-                                              wire_dtype=torch.bfloat16 if mode == "flat_bf16" else None)
+                                              wire_dtype=torch.bfloat16 if mode == "flat_bf16" else None,
+                                              pieces=pieces)
         reducer_calls = []  # DDP's reducer must stay out: averaging twice would not show at 2 ranks
         sparse.register_comm_hook(None, lambda state, bucket: reducer_calls.append(1) or keep(bucket))
         total = sum(p.numel() for p in plain.parameters() if p.requires_grad)
@@ -128,10 +129,12 @@ def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, wo
         assert sync.sent_fraction() == pytest.approx(expected_sent / (4 * total))
         if mode == "sparse":
             assert sync.sent_fraction() < 0.6
-            kinds = {plan.index is None for plan in sync._plans.values()}
+            kinds = {plan.masked for plan in sync._plans.values()}
             assert kinds == {True, False}  # the float64 buffer has no mask, the float32 one has
         else:
-            assert sync.sent_fraction() == 1.0 and not sync._plans
+            assert sync.sent_fraction() == 1.0 and not any(plan.masked for plan in sync._plans.values())
+        fp32_plan = sync._plans[(torch.float32, device)]
+        assert len(fp32_plan.pieces) == pieces  # the toy's parameters are small enough to cut where asked
         for p in sparse.module.parameters():
             p.grad = torch.zeros_like(p) if p.requires_grad and p is not sparse.module.mlp[0].bias else None
         with pytest.raises(RuntimeError, match="mlp.0.bias has no gradient"):
@@ -173,6 +176,25 @@ def test_flat_all_reduce_matches_plain_ddp(mode):
     spawn_ranks(mode)
 
 
+@pytest.mark.parametrize("mode", ["sparse", "flat", "flat_bf16"])
+def test_flat_all_reduce_in_pieces_matches_plain_ddp(mode):
+    """Three pieces, each all-reduced while the next is copied: the same averages (bit for bit at 2 ranks); the
+    sparse mode's middle piece has no mask (sent whole), the others gather their active values."""
+    spawn_ranks(mode, pieces=3)
+
+
+def test_pieces_are_consecutive_runs_of_about_equal_size():
+    params = [nn.Parameter(torch.zeros(n)) for n in (50, 10, 10, 10, 10, 10)]
+    cut = communication._cut(params, 2)
+    assert [[p.numel() for p in piece.params] for piece in cut] == [[50], [10, 10, 10, 10, 10]]
+    assert [(piece.start, piece.end) for piece in cut] == [(0, 50), (50, 100)]
+    # a parameter is never split: one larger than a share leaves fewer pieces
+    assert len(communication._cut(params, 8)) == 6
+    assert len(communication._cut(params[:1], 4)) == 1
+    with pytest.raises(ValueError, match="pieces must be >= 1"):
+        communication.FlatGradientSync(nn.Linear(2, 2), pieces=0)
+
+
 @pytest.mark.parametrize("mode", ["sparse", "flat"])
 def test_flat_all_reduce_matches_plain_ddp_with_three_ranks(mode):
     """Up to the order of summation, which with 3 ranks differs between DDP's buckets and the flat tensor."""
@@ -180,9 +202,10 @@ def test_flat_all_reduce_matches_plain_ddp_with_three_ranks(mode):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")
+@pytest.mark.parametrize("pieces", [1, 3])
 @pytest.mark.parametrize("mode", ["sparse", "flat", "flat_bf16"])
-def test_flat_all_reduce_matches_plain_ddp_over_nccl(mode):
-    spawn_ranks(mode, backend="nccl")
+def test_flat_all_reduce_matches_plain_ddp_over_nccl(mode, pieces):
+    spawn_ranks(mode, backend="nccl", pieces=pieces)
 
 
 def test_nccl_average_only_where_it_equals_ddp_s_multiplication():

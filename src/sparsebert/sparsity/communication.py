@@ -53,24 +53,45 @@ from .controller import SparsityController
 
 
 @dataclass
+class _Piece:
+    params: list[nn.Parameter]
+    start: int  # the piece's range of the group's flat buffer
+    end: int
+    index: torch.Tensor | None  # positions (of the flat buffer) sent on a sparse step; None: the whole range
+
+
+@dataclass
 class _Plan:
     key: tuple[int, ...]  # id() of the group's parameters, in order
     mask_version: int
-    index: torch.Tensor | None  # flat positions sent on a sparse step; None: no mask in the group, all are sent
+    pieces: list[_Piece]
+
+    @property
+    def masked(self) -> bool:
+        return any(piece.index is not None for piece in self.pieces)
 
 
 class FlatGradientSync:
     """Call once per optimizer step, after the last backward (run under ``no_sync``) and before clipping.
+
+    ``pieces`` > 1 cuts each flat buffer into that many pieces of about equal size (at parameter boundaries), each
+    all-reduced on its own as soon as its gradients are copied in: the copies of one piece (and, with
+    ``wire_dtype``, the copy back of another) run while NCCL sends a third, instead of before and after the whole
+    all-reduce. The averages are the same as with one piece.
 
     ``sent_fraction()``: gradient values on the wire relative to plain DDP, over every call so far (1.0 without
     a controller).
     """
 
     def __init__(self, model: nn.Module, controller: SparsityController | None = None,
-                 process_group: dist.ProcessGroup | None = None, wire_dtype: torch.dtype | None = None):
+                 process_group: dist.ProcessGroup | None = None, wire_dtype: torch.dtype | None = None,
+                 pieces: int = 1):
+        if pieces < 1:
+            raise ValueError(f"pieces must be >= 1, got {pieces}")
         self.controller = controller
         self.process_group = process_group
         self.wire_dtype = wire_dtype
+        self.pieces = pieces
         self.world = dist.get_world_size(process_group)
         # NCCL averages inside the all-reduce, multiplying by 1 / world size in the values' dtype: exact for fp32
         # (DDP's own reciprocal) and for any power of two; elsewhere the multiplication comes first
@@ -99,41 +120,38 @@ class FlatGradientSync:
                                    "the flat all-reduce needs one for every trainable parameter")
             groups.setdefault((param.grad.dtype, param.grad.device), []).append(param)
         for group_key, params in groups.items():
-            index = None if dense else self._plan(group_key, params).index
-            if index is not None:
-                self._average_active(params, index)
-            elif self.wire_dtype is not None and params[0].grad.dtype == torch.float32:
-                self._average_all_rounded(params)
-            else:
-                self._average_all(params)
+            self._average(params, self._plan(group_key, params), sparse=not dense)
         self._plans = {k: plan for k, plan in self._plans.items() if k in groups}
         if self.controller is not None:
             self.controller.note_gradients_masked(not dense)
 
-    def _average_all(self, params: list[nn.Parameter]) -> None:
-        flat = self._flatten(params, params[0].grad.dtype)
-        self._all_reduce_mean(flat)
-        self._count(flat.numel(), flat.numel())
-        self._use_as_gradients(params, flat)
-
-    def _average_active(self, params: list[nn.Parameter], index: torch.Tensor) -> None:
-        flat = self._flatten(params, params[0].grad.dtype)
-        sent = flat.index_select(0, index)
-        rounded = self.wire_dtype is not None and sent.dtype == torch.float32
-        wire = sent.to(self.wire_dtype) if rounded else sent
-        self._all_reduce_mean(wire)
-        flat.zero_().index_copy_(0, index, wire.to(flat.dtype))
-        self._count(sent.numel(), flat.numel())
-        self._use_as_gradients(params, flat)
-
-    def _average_all_rounded(self, params: list[nn.Parameter]) -> None:
-        """Through a buffer of ``wire_dtype``: rounded on the way in, and back into a new fp32 buffer (two
-        batched, casting copies; ``copy_`` back ran a non-vectorized kernel, 0.32 ms for BERT-base)."""
-        wire = self._flatten(params, self.wire_dtype)
-        self._all_reduce_mean(wire)
-        flat = torch.empty(wire.numel(), dtype=torch.float32, device=wire.device)
-        torch._foreach_copy_([flat], [wire])
-        self._count(wire.numel(), wire.numel())
+    def _average(self, params: list[nn.Parameter], plan: _Plan, sparse: bool) -> None:
+        """Per piece: copy its gradients into the flat buffer (rounded into a ``wire_dtype`` buffer instead when
+        every value of it is sent) and start its all-reduce; then, as each finishes, put its averages into the
+        flat buffer, whose views the gradients become."""
+        dtype, device = params[0].grad.dtype, params[0].grad.device
+        rounded = self.wire_dtype is not None and dtype == torch.float32  # only fp32 gradients are rounded
+        flat = torch.empty(plan.pieces[-1].end, dtype=dtype, device=device)
+        wire_buffer = torch.empty(flat.numel(), dtype=self.wire_dtype, device=device) if rounded else None
+        pending = []
+        for piece in plan.pieces:
+            index = piece.index if sparse else None
+            direct = rounded and index is None  # one casting copy, no fp32 copy first
+            self._copy_in(piece, wire_buffer if direct else flat)
+            if index is not None:
+                wire = flat.index_select(0, index)
+                wire = wire.to(self.wire_dtype) if rounded else wire
+            else:
+                wire = (wire_buffer if direct else flat)[piece.start:piece.end]
+            pending.append((piece, index, wire, self._all_reduce_mean(wire)))
+            self._count(wire.numel(), piece.end - piece.start)
+        for piece, index, wire, work in pending:
+            work.wait()  # NCCL: the current stream waits for the all-reduce; the host does not
+            if index is not None:
+                flat[piece.start:piece.end].zero_()
+                flat.index_copy_(0, index, wire.to(dtype))
+            elif rounded:  # a batched, casting copy: copy_ back ran a non-vectorized kernel (0.32 ms, BERT-base)
+                torch._foreach_copy_([flat[piece.start:piece.end]], [wire])
         self._use_as_gradients(params, flat)
 
     def _count(self, sent: int, dense: int) -> None:
@@ -141,50 +159,70 @@ class FlatGradientSync:
         self.dense += dense
 
     @staticmethod
-    def _split(flat: torch.Tensor, params: list[nn.Parameter]) -> tuple[torch.Tensor, ...]:
-        return flat.split([param.numel() for param in params])
-
-    def _flatten(self, params: list[nn.Parameter], dtype: torch.dtype) -> torch.Tensor:
-        """The gradients in one new buffer of ``dtype``, by one batched copy. Not torch.cat: its CUDA kernel
+    def _copy_in(piece: _Piece, buffer: torch.Tensor) -> None:
+        """The piece's gradients into its range of ``buffer``, by one batched copy. Not torch.cat: its CUDA kernel
         gives every input the same number of thread blocks whatever its size (BERT-base's 440 MB moved at
         ~1.5 TB/s on an H200, 0.58 ms per step), and copies one input at a time into another dtype."""
-        grads = [param.grad for param in params]
-        flat = torch.empty(sum(grad.numel() for grad in grads), dtype=dtype, device=grads[0].device)
+        targets = buffer[piece.start:piece.end].split([param.numel() for param in piece.params])
         # reshape(-1) is a view of a contiguous gradient and a copy of a strided one
-        torch._foreach_copy_(list(self._split(flat, params)), [grad.reshape(-1) for grad in grads])
-        return flat
+        torch._foreach_copy_(list(targets), [param.grad.reshape(-1) for param in piece.params])
 
-    def _use_as_gradients(self, params: list[nn.Parameter], flat: torch.Tensor) -> None:
-        for param, values in zip(params, self._split(flat, params)):
+    @staticmethod
+    def _use_as_gradients(params: list[nn.Parameter], flat: torch.Tensor) -> None:
+        for param, values in zip(params, flat.split([param.numel() for param in params])):
             if param.is_contiguous():
                 param.grad = values.view_as(param)
             else:  # a gradient with the parameter's own strides, which fused optimizers expect
                 param.grad.copy_(values.view_as(param))
 
-    def _all_reduce_mean(self, values: torch.Tensor) -> None:
+    def _all_reduce_mean(self, values: torch.Tensor) -> dist.Work:
         if self.nccl and nccl_average_is_exact(values.dtype, self.world):
-            dist.all_reduce(values, op=dist.ReduceOp.AVG, group=self.process_group)
-        else:  # the product of each value and 1 / world rounded once
-            dist.all_reduce(values.mul_(1.0 / self.world), group=self.process_group)
+            return dist.all_reduce(values, op=dist.ReduceOp.AVG, group=self.process_group, async_op=True)
+        # the product of each value and 1 / world rounded once
+        return dist.all_reduce(values.mul_(1.0 / self.world), group=self.process_group, async_op=True)
 
     def _plan(self, group_key: tuple[torch.dtype, torch.device], params: list[nn.Parameter]) -> _Plan:
-        """The group's positions to send, rebuilt when its parameters or the masks changed (one ``nonzero``)."""
+        """The group's pieces and, with a controller, the positions to send on a sparse step: rebuilt when its
+        parameters or the masks changed (one ``nonzero`` and one read of the pieces' index counts)."""
         key = tuple(id(param) for param in params)
-        version = self.controller.mask_version
+        version = self.controller.mask_version if self.controller is not None else 0
         plan = self._plans.get(group_key)
         if plan is not None and plan.key == key and plan.mask_version == version:
             return plan
-        keep = torch.ones(sum(param.numel() for param in params), dtype=torch.bool, device=group_key[1])
-        offset, masked = 0, False
-        for param in params:
-            name = self._names.get(id(param))
-            if name is not None:  # mask and reshape(-1) both follow the parameter's logical (row-major) order
-                keep[offset:offset + param.numel()] = self.controller.masks[name].reshape(-1)
-                masked = True
-            offset += param.numel()
-        plan = _Plan(key=key, mask_version=version, index=keep.nonzero().squeeze(1) if masked else None)
+        pieces = _cut(params, self.pieces)
+        if any(id(param) in self._names for param in params):
+            keep = torch.ones(pieces[-1].end, dtype=torch.bool, device=group_key[1])
+            offset = 0
+            for param in params:
+                name = self._names.get(id(param))
+                if name is not None:  # mask and reshape(-1) both follow the parameter's logical (row-major) order
+                    keep[offset:offset + param.numel()] = self.controller.masks[name].reshape(-1)
+                offset += param.numel()
+            index = keep.nonzero().squeeze(1)
+            ends = torch.searchsorted(index, torch.tensor([piece.end for piece in pieces], device=index.device))
+            first = 0
+            for piece, last in zip(pieces, ends.tolist()):
+                every = last - first == piece.end - piece.start  # nothing masked in it: no gather needed
+                piece.index, first = None if every else index[first:last], last
+        plan = _Plan(key=key, mask_version=version, pieces=pieces)
         self._plans[group_key] = plan
         return plan
+
+
+def _cut(params: list[nn.Parameter], pieces: int) -> list[_Piece]:
+    """Consecutive runs of parameters, each closed once it reaches its share of the values (a parameter is never
+    split, so a large one may make a piece larger and leave fewer pieces)."""
+    total = sum(param.numel() for param in params)
+    cut: list[_Piece] = []
+    start = end = 0
+    members: list[nn.Parameter] = []
+    for param in params:
+        members.append(param)
+        end += param.numel()
+        if end * pieces >= total * (len(cut) + 1) or param is params[-1]:
+            cut.append(_Piece(members, start, end, None))
+            start, members = end, []
+    return cut
 
 
 def nccl_average_is_exact(dtype: torch.dtype, world: int) -> bool:

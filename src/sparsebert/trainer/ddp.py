@@ -38,7 +38,7 @@ class DDPTuningMixin:
         # process-wide: set either way, so a later experiment in the same process gets its own setting
         torch._dynamo.config.optimize_ddp = ddp.split_compiled_graphs
         if ddp.comm_hook in FLAT_COMM_HOOKS:
-            self.add_callback(FlatAllReduceCallback(self, ddp.comm_hook))
+            self.add_callback(FlatAllReduceCallback(self, ddp.comm_hook, ddp.flat_pieces))
             plugin = getattr(self.accelerator.state, "dynamo_plugin", None)
             per_layer = bool(getattr(plugin, "use_regional_compilation", False))
             if not self.args.torch_compile or ddp.split_compiled_graphs or per_layer:
@@ -76,9 +76,10 @@ class FlatAllReduceCallback(TrainerCallback):
     for ``comm_hook=sparse`` logs the share of gradient values it sent (``ddp/allreduce_sent_fraction``, 1.0 =
     plain DDP)."""
 
-    def __init__(self, trainer, comm_hook: str):
+    def __init__(self, trainer, comm_hook: str, pieces: int = 1):
         self.trainer = trainer
         self.comm_hook = comm_hook
+        self.pieces = pieces
         self._built_for: DistributedDataParallel | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -95,7 +96,8 @@ class FlatAllReduceCallback(TrainerCallback):
                 raise SparseBertError("train.ddp.comm_hook=sparse needs a sparsity section (which weights are masked)")
         wire_dtype = torch.bfloat16 if self.comm_hook == "flat_bf16" else None
         self.trainer.gradient_sync = communication.FlatGradientSync(ddp_module.module, controller,
-                                                                    ddp_module.process_group, wire_dtype)
+                                                                    ddp_module.process_group, wire_dtype,
+                                                                    self.pieces)
         self._built_for = ddp_module
 
     def on_step_end(self, args, state, control, **kwargs):
