@@ -102,15 +102,14 @@ DDP_LEVERS = {
                                                           [*NOSPLIT, "train.ddp.comm_hook=sparse"]),
     "sparse_static_cudagraphs_sparse_allreduce": ("sparse_80_rigl_static_cudagraphs",
                                                   ["train.ddp.comm_hook=sparse", "train.ddp.split_compiled_graphs=true"]),
-    # the flat all-reduces cut into 4 pieces (train.ddp.flat_pieces): each piece's copies overlap the all-reduce of
+    # the flat all-reduces cut into pieces (train.ddp.flat_pieces): each piece's copies overlap the all-reduce of
     # another, instead of all copies before and (bf16, sparse) after the whole all-reduce
-    "static_cudagraphs_nosplit_flat_p4": ("bert_100k_static_cudagraphs",
-                                          [*NOSPLIT, "train.ddp.comm_hook=flat", "train.ddp.flat_pieces=4"]),
-    "static_cudagraphs_nosplit_flat_bf16_p4": ("bert_100k_static_cudagraphs",
-                                               [*NOSPLIT, "train.ddp.comm_hook=flat_bf16", "train.ddp.flat_pieces=4"]),
-    "sparse_static_cudagraphs_nosplit_sparse_allreduce_p4": ("sparse_80_rigl_static_cudagraphs",
-                                                             [*NOSPLIT, "train.ddp.comm_hook=sparse",
-                                                              "train.ddp.flat_pieces=4"]),
+    **{f"{name}_p{n}": (experiment, [*NOSPLIT, f"train.ddp.comm_hook={hook}", f"train.ddp.flat_pieces={n}"])
+       for n in (3, 4)
+       for name, experiment, hook in (("static_cudagraphs_nosplit_flat", "bert_100k_static_cudagraphs", "flat"),
+                                      ("static_cudagraphs_nosplit_flat_bf16", "bert_100k_static_cudagraphs", "flat_bf16"),
+                                      ("sparse_static_cudagraphs_nosplit_sparse_allreduce",
+                                       "sparse_80_rigl_static_cudagraphs", "sparse"))},
 }
 # A diagnostic, not a setting: DDP with a communication hook that returns every bucket as it is, so the step
 # does all of DDP's work (graph split, bucket copies, hooks) except the all-reduce itself; the gradients are then

@@ -54,10 +54,10 @@ from .controller import SparsityController
 
 @dataclass
 class _Piece:
-    params: list[nn.Parameter]
     start: int  # the piece's range of the group's flat buffer
     end: int
-    index: torch.Tensor | None  # positions (of the flat buffer) sent on a sparse step; None: the whole range
+    segments: list[tuple[nn.Parameter, int, int]]  # (parameter, first, end): its gradient's values in the piece
+    index: torch.Tensor | None = None  # positions (of the flat buffer) sent on a sparse step; None: the whole range
 
 
 @dataclass
@@ -74,10 +74,9 @@ class _Plan:
 class FlatGradientSync:
     """Call once per optimizer step, after the last backward (run under ``no_sync``) and before clipping.
 
-    ``pieces`` > 1 cuts each flat buffer into that many pieces of about equal size (at parameter boundaries), each
-    all-reduced on its own as soon as its gradients are copied in: the copies of one piece (and, with
-    ``wire_dtype``, the copy back of another) run while NCCL sends a third, instead of before and after the whole
-    all-reduce. The averages are the same as with one piece.
+    ``pieces`` > 1 cuts each flat buffer into that many ranges (:func:`_cut`), each all-reduced on its own as soon
+    as its gradients are copied in: the copies of one piece (and, with ``wire_dtype``, the copy back of another)
+    run while NCCL sends a third, instead of all before and after one all-reduce. The averages are the same.
 
     ``sent_fraction()``: gradient values on the wire relative to plain DDP, over every call so far (1.0 without
     a controller).
@@ -160,12 +159,13 @@ class FlatGradientSync:
 
     @staticmethod
     def _copy_in(piece: _Piece, buffer: torch.Tensor) -> None:
-        """The piece's gradients into its range of ``buffer``, by one batched copy. Not torch.cat: its CUDA kernel
-        gives every input the same number of thread blocks whatever its size (BERT-base's 440 MB moved at
+        """The piece's gradient values into its range of ``buffer``, by one batched copy. Not torch.cat: its CUDA
+        kernel gives every input the same number of thread blocks whatever its size (BERT-base's 440 MB moved at
         ~1.5 TB/s on an H200, 0.58 ms per step), and copies one input at a time into another dtype."""
-        targets = buffer[piece.start:piece.end].split([param.numel() for param in piece.params])
+        targets = buffer[piece.start:piece.end].split([end - first for _, first, end in piece.segments])
         # reshape(-1) is a view of a contiguous gradient and a copy of a strided one
-        torch._foreach_copy_(list(targets), [param.grad.reshape(-1) for param in piece.params])
+        sources = [param.grad.reshape(-1)[first:end] for param, first, end in piece.segments]
+        torch._foreach_copy_(list(targets), sources)
 
     @staticmethod
     def _use_as_gradients(params: list[nn.Parameter], flat: torch.Tensor) -> None:
@@ -209,19 +209,34 @@ class FlatGradientSync:
         return plan
 
 
-def _cut(params: list[nn.Parameter], pieces: int) -> list[_Piece]:
-    """Consecutive runs of parameters, each closed once it reaches its share of the values (a parameter is never
-    split, so a large one may make a piece larger and leave fewer pieces)."""
+def _cut(params: list[nn.Parameter], pieces: int, align: int = 128) -> list[_Piece]:
+    """Ranges of the flat buffer of ``params`` (a parameter may span two). With three pieces or more the first and
+    the last take 1/8 of the values each and the rest is cut equally: the all-reduce starts after a short first
+    copy and the step waits for a short last copy back, while the long middle pieces' copies overlap the
+    all-reduce of their neighbours (each piece costs ~0.06 ms more of all-reduce on 2 H200s, so few pieces pay best).
+    Two pieces: 1/8 and 7/8. Boundaries are rounded to ``align`` values (aligned vectorized copies)."""
     total = sum(param.numel() for param in params)
-    cut: list[_Piece] = []
-    start = end = 0
-    members: list[nn.Parameter] = []
+    if pieces == 1:
+        shares = [1.0]
+    elif pieces == 2:
+        shares = [1 / 8, 7 / 8]
+    else:
+        shares = [1 / 8, *[(3 / 4) / (pieces - 2)] * (pieces - 2), 1 / 8]
+    bounds, done = [], 0.0
+    for share in shares[:-1]:
+        done += share
+        bounds.append(round(done * total / align) * align)
+    bounds = sorted({b for b in bounds if 0 < b < total}) + [total]
+    offsets, offset = [], 0  # each parameter's range of the flat buffer
     for param in params:
-        members.append(param)
-        end += param.numel()
-        if end * pieces >= total * (len(cut) + 1) or param is params[-1]:
-            cut.append(_Piece(members, start, end, None))
-            start, members = end, []
+        offsets.append((param, offset, offset + param.numel()))
+        offset += param.numel()
+    cut, start = [], 0
+    for end in bounds:
+        segments = [(param, max(start, lo) - lo, min(end, hi) - lo) for param, lo, hi in offsets
+                    if lo < end and hi > start]
+        cut.append(_Piece(start, end, segments))
+        start = end
     return cut
 
 
