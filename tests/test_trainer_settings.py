@@ -128,7 +128,7 @@ def test_flat_all_reduce_is_sparsebert_s_own_and_warns_where_it_was_not_measured
         assert ("measured with one whole-model compiled graph only" in caplog.text) == warned, settings
         assert trainer.accelerator.ddp_handler.comm_hook == DDPCommunicationHookType.NO
         callbacks = [c for c in trainer.callback_handler.callbacks if isinstance(c, FlatAllReduceCallback)]
-        assert len(callbacks) == 1 and callbacks[0].comm_hook == hook
+        assert len(callbacks) == 1 and callbacks[0].comm_hook == hook and callbacks[0].pieces == 3  # the default
         assert trainer.gradient_sync is None  # built at the start of training, for a DDP model only
         if settings == [compiled]:
             assert torch._dynamo.config.optimize_ddp is False

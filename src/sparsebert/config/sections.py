@@ -87,6 +87,9 @@ class DataConfig:
 
 # train.ddp.comm_hook values that replace DDP's reducer by sparsebert's flat all-reduce after the backward
 FLAT_COMM_HOOKS = ("flat", "flat_bf16", "sparse")
+# pieces of that all-reduce unless train.ddp.flat_pieces says otherwise (docs/benchmarks.md: 4 x H200, sparse
+# 80 % +2.0 % samples/s at 2 GPUs and +1.0 % at 4 against one piece; dense flat_bf16 within the noise)
+DEFAULT_FLAT_PIECES = 3
 
 
 @dataclass
@@ -112,9 +115,10 @@ class DDPConfig:
     # "sparse" (runs with a sparsity section) of only the active weights' gradients, the dense gradient on steps
     # with a RigL update
     comm_hook: str = "none"
-    # flat, flat_bf16, sparse: cut the flat all-reduce into this many pieces of about equal size, each sent as
-    # soon as its gradients are copied in, so the copies overlap the all-reduce of another piece
-    flat_pieces: int = 1
+    # flat, flat_bf16, sparse: cut the flat all-reduce into this many pieces (the first and last 1/8 of the values
+    # each, the rest equal), each sent as soon as its gradients are copied in, so the copies overlap the
+    # all-reduce of another piece; None: DEFAULT_FLAT_PIECES
+    flat_pieces: int | None = None
     # torch.compile under DDP: Dynamo's DDPOptimizer splits every graph compiled inside DDP's forward at the
     # gradient buckets, so each bucket's all-reduce can start inside the graph's backward. With
     # train.torch_compile_scope=layers the layer boundaries already give DDP those points, and the split made
@@ -131,9 +135,11 @@ class DDPConfig:
         if self.comm_hook not in ("none", "bf16", "fp16", *FLAT_COMM_HOOKS):
             raise ValueError("train.ddp.comm_hook must be none, bf16, fp16, flat, flat_bf16 or sparse, got "
                              f"{self.comm_hook!r}")
+        if self.flat_pieces is None:
+            return
         if self.flat_pieces < 1:
             raise ValueError(f"train.ddp.flat_pieces must be >= 1, got {self.flat_pieces}")
-        if self.flat_pieces > 1 and self.comm_hook not in FLAT_COMM_HOOKS:
+        if self.comm_hook not in FLAT_COMM_HOOKS:
             raise ValueError(f"train.ddp.flat_pieces={self.flat_pieces} cuts sparsebert's flat all-reduce "
                              f"(comm_hook=flat, flat_bf16 or sparse), not comm_hook={self.comm_hook}")
 

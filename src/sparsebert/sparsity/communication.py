@@ -13,6 +13,9 @@ Trainer integration, trainer/ddp.py, does that), and afterwards the sync
    where NCCL's average would multiply by a rounded 1 / world size);
 3. makes each gradient a view of the averaged buffer (a copy for a parameter with its own strides).
 
+Steps 1 and 2 run per piece of the buffer (``pieces``): each piece's all-reduce starts as soon as its copy is
+done, so the other pieces' copies run beside it.
+
 Two options on top:
 
 - ``controller`` (sparse runs): only the values at active positions (every value of a parameter without a mask)

@@ -22,7 +22,7 @@ import torch._dynamo
 from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
-from sparsebert.config.sections import FLAT_COMM_HOOKS, DDPConfig
+from sparsebert.config.sections import DEFAULT_FLAT_PIECES, FLAT_COMM_HOOKS, DDPConfig
 from sparsebert.errors import SparseBertError
 from sparsebert.sparsity import communication
 
@@ -38,7 +38,8 @@ class DDPTuningMixin:
         # process-wide: set either way, so a later experiment in the same process gets its own setting
         torch._dynamo.config.optimize_ddp = ddp.split_compiled_graphs
         if ddp.comm_hook in FLAT_COMM_HOOKS:
-            self.add_callback(FlatAllReduceCallback(self, ddp.comm_hook, ddp.flat_pieces))
+            pieces = DEFAULT_FLAT_PIECES if ddp.flat_pieces is None else ddp.flat_pieces
+            self.add_callback(FlatAllReduceCallback(self, ddp.comm_hook, pieces))
             plugin = getattr(self.accelerator.state, "dynamo_plugin", None)
             per_layer = bool(getattr(plugin, "use_regional_compilation", False))
             if not self.args.torch_compile or ddp.split_compiled_graphs or per_layer:
