@@ -32,6 +32,7 @@ LAYERS = ["train.torch_compile=true", "train.torch_compile_scope=layers"]
 STATIC = ["data.static_mask_count=true"]
 CUDAGRAPHS = ["train.torch_compile_mode=reduce-overhead"]
 NOSPLIT = ["train.ddp.split_compiled_graphs=false"]  # one compiled graph under DDP (no DDPOptimizer split)
+ONE_PIECE = ["train.ddp.flat_pieces=1"]  # the flat all-reduce as first measured (the default is 3 pieces)
 VARIANTS = {
     "bert_100k": ("bert_100k", []),
     "sparse_80_rigl": ("sparse_80_rigl", []),
@@ -92,20 +93,23 @@ DDP_LEVERS = {
     "static_cudagraphs_nosplit_bf16": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=bf16"]),
     # unsplit, DDP's reducer off: one flat all-reduce of every gradient after the backward (train.ddp.comm_hook=
     # flat), in fp32 and rounded to bf16 on the wire (flat_bf16): no per-parameter copies into 14 buckets
-    "static_cudagraphs_nosplit_flat": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=flat"]),
-    "static_cudagraphs_nosplit_flat_bf16": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=flat_bf16"]),
+    "static_cudagraphs_nosplit_flat": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=flat", *ONE_PIECE]),
+    "static_cudagraphs_nosplit_flat_bf16": ("bert_100k_static_cudagraphs", [*NOSPLIT, "train.ddp.comm_hook=flat_bf16",
+                                                                              *ONE_PIECE]),
     # sparse runs sending only the active weights' gradients (train.ddp.comm_hook=sparse): at 80 % sparsity of the
     # encoder's Linear weights, 42 M of BERT-base's 110 M values (the dense gradient on RigL update steps) in one
     # flat all-reduce after the backward instead of DDP's reducer; with one graph (its default under whole-model
     # compile) and with Dynamo's split graph, which then has nothing to overlap
     "sparse_static_cudagraphs_nosplit_sparse_allreduce": ("sparse_80_rigl_static_cudagraphs",
-                                                          [*NOSPLIT, "train.ddp.comm_hook=sparse"]),
+                                                          [*NOSPLIT, "train.ddp.comm_hook=sparse", *ONE_PIECE]),
     "sparse_static_cudagraphs_sparse_allreduce": ("sparse_80_rigl_static_cudagraphs",
-                                                  ["train.ddp.comm_hook=sparse", "train.ddp.split_compiled_graphs=true"]),
-    # the flat all-reduces cut into pieces (train.ddp.flat_pieces): each piece's copies overlap the all-reduce of
-    # another, instead of all copies before and (bf16, sparse) after the whole all-reduce
-    **{f"{name}_p{n}": (experiment, [*NOSPLIT, f"train.ddp.comm_hook={hook}", f"train.ddp.flat_pieces={n}"])
-       for n in (3, 4)
+                                                  ["train.ddp.comm_hook=sparse", "train.ddp.split_compiled_graphs=true",
+                                                   *ONE_PIECE]),
+    # the flat all-reduces cut into 3 pieces (train.ddp.flat_pieces; the default since 43ac917, so the variants
+    # above now run with train.ddp.flat_pieces=1): each piece's copies overlap the all-reduce of another, instead
+    # of all copies before and (bf16, sparse) after the whole all-reduce. (The _p4 variants of 5230246 cut 4
+    # pieces of about equal size at parameter boundaries.)
+    **{f"{name}_p3": (experiment, [*NOSPLIT, f"train.ddp.comm_hook={hook}", "train.ddp.flat_pieces=3"])
        for name, experiment, hook in (("static_cudagraphs_nosplit_flat", "bert_100k_static_cudagraphs", "flat"),
                                       ("static_cudagraphs_nosplit_flat_bf16", "bert_100k_static_cudagraphs", "flat_bf16"),
                                       ("sparse_static_cudagraphs_nosplit_sparse_allreduce",
