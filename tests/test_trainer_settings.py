@@ -132,6 +132,9 @@ def test_flat_all_reduce_is_sparsebert_s_own_and_warns_where_it_was_not_measured
         assert trainer.gradient_sync is None  # built at the start of training, for a DDP model only
         if settings == [compiled]:
             assert torch._dynamo.config.optimize_ddp is False
+    trainer = tiny_trainer(registry, tmp_path, [*sparse, compiled, "train.ddp.flat_pieces=2"])
+    callbacks = [c for c in trainer.callback_handler.callbacks if isinstance(c, FlatAllReduceCallback)]
+    assert callbacks[0].pieces == 2  # an explicit value reaches the sync
 
 
 def test_split_compiled_graphs_sets_dynamos_ddp_optimizer_both_ways(registry, tmp_path):

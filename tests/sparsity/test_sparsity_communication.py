@@ -141,7 +141,7 @@ def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, wo
             assert sync.sent_fraction() == 1.0 and not any(plan.masked for plan in sync._plans.values())
         fp32_plan = sync._plans[(torch.float32, device)]
         assert len(fp32_plan.pieces) == pieces  # the toy's parameters are small enough to cut where asked
-        if mode == "sparse" and pieces == 3:  # cut inside mlp.0.weight and mlp.2.weight; the last piece unmasked
+        if mode == "sparse" and pieces == 3:  # cut inside mlp.0.weight and tail.weight; the last piece unmasked
             assert [(piece.start, piece.end) for piece in fp32_plan.pieces] == [(0, 256), (256, 2048), (2048, 2304)]
             assert [piece.index is None for piece in fp32_plan.pieces] == [False, False, True]
         for p in sparse.module.parameters():
@@ -187,8 +187,8 @@ def test_flat_all_reduce_matches_plain_ddp(mode):
 
 @pytest.mark.parametrize("mode", ["sparse", "flat", "flat_bf16"])
 def test_flat_all_reduce_in_pieces_matches_plain_ddp(mode):
-    """Three pieces, each all-reduced while the next is copied: the same averages (bit for bit at 2 ranks); the
-    sparse mode's middle piece has no mask (sent whole), the others gather their active values."""
+    """Three pieces, each all-reduced while the next is copied: the same averages (bit for bit at 2 ranks); in
+    the sparse mode the last piece has no mask (sent whole), the others gather their active values."""
     spawn_ranks(mode, pieces=3)
 
 
@@ -210,8 +210,64 @@ def test_pieces_are_small_at_the_ends_aligned_and_cover_every_value_once():
             assert ranges[0][0] == 0 and ranges[-1][1] == params[i].numel(), (pieces, i)
             assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), (pieces, i)
     assert len(communication._cut(params[3:4], 4)) == 1  # fewer values than pieces: one
+    # a strided gradient across a boundary: the transposed 16 x 16 one holds values 300..556, pieces end at 64,
+    # 512 and 556
+    grads = [torch.arange(300.0), torch.arange(256.0).view(16, 16).t()]
+    strided = [nn.Parameter(torch.zeros(300)), nn.Parameter(torch.zeros(16, 16).t())]
+    for param, grad in zip(strided, grads):
+        param.grad = grad
+    pieces = communication._cut(strided, 3, align=64)
+    assert [(piece.start, piece.end) for piece in pieces] == [(0, 64), (64, 512), (512, 556)]
+    buffer = torch.empty(556)
+    for piece in pieces:
+        communication.FlatGradientSync._copy_in(piece, buffer)
+    assert torch.equal(buffer, torch.cat([grad.reshape(-1) for grad in grads]))
     with pytest.raises(ValueError, match="pieces must be >= 1"):
         communication.FlatGradientSync(nn.Linear(2, 2), pieces=0)
+
+
+class _AllMasked:
+    """Just what the sync reads of a SparsityController: one weight whose every value is masked."""
+
+    def __init__(self, weight: nn.Parameter):
+        self.params = {"weight": weight}
+        self.masks = {"weight": torch.zeros_like(weight, dtype=torch.bool)}
+        self.mask_version = 0
+        self.masked_steps = []
+
+    def dense_gradients_due(self) -> bool:
+        return False
+
+    def note_gradients_masked(self, masked: bool) -> None:
+        self.masked_steps.append(masked)
+
+
+def _one_rank_worker(rank: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        model = nn.Module()
+        model.weight = nn.Parameter(torch.ones(896))  # values 0..896 of 1 024: the first two of 3 pieces
+        model.bias = nn.Parameter(torch.ones(128))  # the last piece (896..1 024), unmasked
+        model.empty = nn.Parameter(torch.ones(0, dtype=torch.float64))  # a group with no values at all
+        controller = _AllMasked(model.weight)
+        sync = communication.FlatGradientSync(model, controller, pieces=3)
+        for param in model.parameters():
+            param.grad = torch.full_like(param, 2.0)
+        sync()
+        plan = sync._plans[(torch.float32, torch.device("cpu"))]
+        assert [(piece.start, piece.end) for piece in plan.pieces] == [(0, 128), (128, 896), (896, 1024)]
+        assert [None if piece.index is None else piece.index.numel() for piece in plan.pieces] == [0, 0, None]
+        assert torch.equal(model.weight.grad, torch.zeros(896))  # nothing sent, nothing kept
+        assert torch.equal(model.bias.grad, torch.full((128,), 2.0))  # the average over one rank
+        assert model.empty.grad.numel() == 0 and (torch.float64, torch.device("cpu")) not in sync._plans
+        assert sync.sent_fraction() == 128 / 1024 and controller.masked_steps == [True]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_fully_masked_piece_sends_nothing_and_an_empty_group_is_left_alone():
+    mp.spawn(_one_rank_worker, args=(_free_port(),), nprocs=1, join=True)
 
 
 @pytest.mark.parametrize("mode", ["sparse", "flat"])

@@ -88,7 +88,8 @@ class DataConfig:
 # train.ddp.comm_hook values that replace DDP's reducer by sparsebert's flat all-reduce after the backward
 FLAT_COMM_HOOKS = ("flat", "flat_bf16", "sparse")
 # pieces of that all-reduce unless train.ddp.flat_pieces says otherwise (docs/benchmarks.md: 4 x H200, sparse
-# 80 % +2.0 % samples/s at 2 GPUs and +1.0 % at 4 against one piece; dense flat_bf16 within the noise)
+# 80 % +2.0 % samples/s at 2 GPUs and +1.0 % at 4 against one piece; dense flat_bf16 within the noise at 2 GPUs,
+# not compared at 4)
 DEFAULT_FLAT_PIECES = 3
 
 
@@ -115,9 +116,10 @@ class DDPConfig:
     # "sparse" (runs with a sparsity section) of only the active weights' gradients, the dense gradient on steps
     # with a RigL update
     comm_hook: str = "none"
-    # flat, flat_bf16, sparse: cut the flat all-reduce into this many pieces (the first and last 1/8 of the values
-    # each, the rest equal), each sent as soon as its gradients are copied in, so the copies overlap the
-    # all-reduce of another piece; None: DEFAULT_FLAT_PIECES
+    # flat, flat_bf16, sparse: cut the flat all-reduce into up to this many pieces (from 3 on, the first and last
+    # 1/8 of the values each and the rest equal; 2: 1/8 and 7/8; fewer where a buffer is too small), each sent as
+    # soon as its gradients are copied in, so the copies overlap the all-reduce of another piece; None:
+    # DEFAULT_FLAT_PIECES
     flat_pieces: int | None = None
     # torch.compile under DDP: Dynamo's DDPOptimizer splits every graph compiled inside DDP's forward at the
     # gradient buckets, so each bucket's all-reduce can start inside the graph's backward. With

@@ -66,8 +66,8 @@ class _Piece:
 @dataclass
 class _Plan:
     key: tuple[int, ...]  # id() of the group's parameters, in order
-    mask_version: int
     pieces: list[_Piece]
+    mask_version: int | None = None  # the masks the pieces' indices were built for (None: not built)
 
     @property
     def masked(self) -> bool:
@@ -79,7 +79,8 @@ class FlatGradientSync:
 
     ``pieces`` > 1 cuts each flat buffer into that many ranges (:func:`_cut`), each all-reduced on its own as soon
     as its gradients are copied in: the copies of one piece (and, with ``wire_dtype``, the copy back of another)
-    run while NCCL sends a third, instead of all before and after one all-reduce. The averages are the same.
+    run while NCCL sends a third, instead of all before and after one all-reduce. The averages are the same, up
+    to the order of summation at 3 ranks or more (which NCCL and gloo choose by message size).
 
     ``sent_fraction()``: gradient values on the wire relative to plain DDP, over every call so far (1.0 without
     a controller).
@@ -122,7 +123,8 @@ class FlatGradientSync:
                                    "the flat all-reduce needs one for every trainable parameter")
             groups.setdefault((param.grad.dtype, param.grad.device), []).append(param)
         for group_key, params in groups.items():
-            self._average(params, self._plan(group_key, params), sparse=not dense)
+            if any(param.numel() for param in params):  # a group of empty parameters has nothing to average
+                self._average(params, self._plan(group_key, params, sparse=not dense), sparse=not dense)
         self._plans = {k: plan for k, plan in self._plans.items() if k in groups}
         if self.controller is not None:
             self.controller.note_gradients_masked(not dense)
@@ -145,10 +147,12 @@ class FlatGradientSync:
                 wire = wire.to(self.wire_dtype) if rounded else wire
             else:
                 wire = (wire_buffer if direct else flat)[piece.start:piece.end]
-            pending.append((piece, index, wire, self._all_reduce_mean(wire)))
+            # a piece whose values are all masked sends nothing (on every rank: the masks are the same)
+            pending.append((piece, index, wire, self._all_reduce_mean(wire) if wire.numel() else None))
             self._count(wire.numel(), piece.end - piece.start)
         for piece, index, wire, work in pending:
-            work.wait()  # NCCL: the current stream waits for the all-reduce; the host does not
+            if work is not None:
+                work.wait()  # NCCL: the current stream waits for the all-reduce; the host does not
             if index is not None:
                 flat[piece.start:piece.end].zero_()
                 flat.index_copy_(0, index, wire.to(dtype))
@@ -184,32 +188,38 @@ class FlatGradientSync:
         # the product of each value and 1 / world rounded once
         return dist.all_reduce(values.mul_(1.0 / self.world), group=self.process_group, async_op=True)
 
-    def _plan(self, group_key: tuple[torch.dtype, torch.device], params: list[nn.Parameter]) -> _Plan:
-        """The group's pieces and, with a controller, the positions to send on a sparse step: rebuilt when its
-        parameters or the masks changed (one ``nonzero`` and one read of the pieces' index counts)."""
+    def _plan(self, group_key: tuple[torch.dtype, torch.device], params: list[nn.Parameter], sparse: bool) -> _Plan:
+        """The group's pieces, cut again when its parameters change, and on a sparse step the positions to send,
+        rebuilt when the masks changed (one ``nonzero`` and one read of the pieces' index counts: host syncs,
+        so never on a dense step)."""
         key = tuple(id(param) for param in params)
-        version = self.controller.mask_version if self.controller is not None else 0
         plan = self._plans.get(group_key)
-        if plan is not None and plan.key == key and plan.mask_version == version:
-            return plan
-        pieces = _cut(params, self.pieces)
-        if any(id(param) in self._names for param in params):
-            keep = torch.ones(pieces[-1].end, dtype=torch.bool, device=group_key[1])
-            offset = 0
-            for param in params:
-                name = self._names.get(id(param))
-                if name is not None:  # mask and reshape(-1) both follow the parameter's logical (row-major) order
-                    keep[offset:offset + param.numel()] = self.controller.masks[name].reshape(-1)
-                offset += param.numel()
-            index = keep.nonzero().squeeze(1)
-            ends = torch.searchsorted(index, torch.tensor([piece.end for piece in pieces], device=index.device))
-            first = 0
-            for piece, last in zip(pieces, ends.tolist()):
-                every = last - first == piece.end - piece.start  # nothing masked in it: no gather needed
-                piece.index, first = None if every else index[first:last], last
-        plan = _Plan(key=key, mask_version=version, pieces=pieces)
-        self._plans[group_key] = plan
+        if plan is None or plan.key != key:
+            plan = self._plans[group_key] = _Plan(key=key, pieces=_cut(params, self.pieces))
+        if sparse and plan.mask_version != self.controller.mask_version:
+            self._index(plan, params, group_key[1])
+            plan.mask_version = self.controller.mask_version
         return plan
+
+    def _index(self, plan: _Plan, params: list[nn.Parameter], device: torch.device) -> None:
+        """Each piece's active positions (None where every value of the piece is sent)."""
+        for piece in plan.pieces:
+            piece.index = None
+        if not any(id(param) in self._names for param in params):
+            return
+        keep = torch.ones(plan.pieces[-1].end, dtype=torch.bool, device=device)
+        offset = 0
+        for param in params:
+            name = self._names.get(id(param))
+            if name is not None:  # mask and reshape(-1) both follow the parameter's logical (row-major) order
+                keep[offset:offset + param.numel()] = self.controller.masks[name].reshape(-1)
+            offset += param.numel()
+        index = keep.nonzero().squeeze(1)
+        ends = torch.searchsorted(index, torch.tensor([piece.end for piece in plan.pieces], device=device))
+        first = 0
+        for piece, last in zip(plan.pieces, ends.tolist()):
+            every = last - first == piece.end - piece.start  # nothing masked in it: no gather needed
+            piece.index, first = None if every else index[first:last], last
 
 
 def _cut(params: list[nn.Parameter], pieces: int, align: int = 128) -> list[_Piece]:
