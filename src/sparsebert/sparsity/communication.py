@@ -23,9 +23,10 @@ Two options on top:
   yet plain DDP averages it like any other: at 80 % sparsity of BERT-base's encoder Linear weights, 68 M of the
   110 M values are never used. The averages come back with zeros at masked positions, and the controller learns
   that it need not mask them again. A RigL update scores growth by the dense gradient of the step's own batch, so
-  on a step where one is due the whole buffer is averaged. The positions are one int64 index per buffer, rebuilt
-  with one ``nonzero`` (a host read) whenever the masks (``SparsityController.mask_version``) or the set of
-  trainable parameters change: ~330 MB for BERT-base at 80 %.
+  on a step where one is due the whole buffer is averaged. The positions are one int64 index per buffer (a slice
+  of it per piece), rebuilt on the first sparse step after the masks (``SparsityController.mask_version``) or
+  the set of trainable parameters changed, with one ``nonzero`` and one read of the pieces' counts (host
+  syncs): ~330 MB for BERT-base at 80 %.
 - ``wire_dtype`` (e.g. bf16): fp32 gradients are rounded to it on the way into the flat buffer, averaged with
   half the bytes on the wire, and copied back into a new fp32 buffer whose views they become; the averages then
   carry bf16's ~3 significant digits, as with DDP's bf16 hook. Gradients of other dtypes travel in their own.
