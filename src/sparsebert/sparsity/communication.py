@@ -209,12 +209,10 @@ class FlatGradientSync:
         if not any(id(param) in self._names for param in params):
             return
         keep = torch.ones(plan.pieces[-1].end, dtype=torch.bool, device=device)
-        offset = 0
-        for param in params:
+        for param, start, end in _ranges(params):
             name = self._names.get(id(param))
             if name is not None:  # mask and reshape(-1) both follow the parameter's logical (row-major) order
-                keep[offset:offset + param.numel()] = self.controller.masks[name].reshape(-1)
-            offset += param.numel()
+                keep[start:end] = self.controller.masks[name].reshape(-1)
         index = keep.nonzero().squeeze(1)
         ends = torch.searchsorted(index, torch.tensor([piece.end for piece in plan.pieces], device=device))
         first = 0
@@ -241,17 +239,23 @@ def _cut(params: list[nn.Parameter], pieces: int, align: int = 128) -> list[_Pie
         done += share
         bounds.append(round(done * total / align) * align)
     bounds = sorted({b for b in bounds if 0 < b < total}) + [total]
-    offsets, offset = [], 0  # each parameter's range of the flat buffer
-    for param in params:
-        offsets.append((param, offset, offset + param.numel()))
-        offset += param.numel()
+    ranges = _ranges(params)
     cut, start = [], 0
     for end in bounds:
-        segments = [(param, max(start, lo) - lo, min(end, hi) - lo) for param, lo, hi in offsets
+        segments = [(param, max(start, lo) - lo, min(end, hi) - lo) for param, lo, hi in ranges
                     if lo < end and hi > start]
         cut.append(_Piece(start, end, segments))
         start = end
     return cut
+
+
+def _ranges(params: list[nn.Parameter]) -> list[tuple[nn.Parameter, int, int]]:
+    """Each parameter's range of the flat buffer: (parameter, start, end)."""
+    ranges, offset = [], 0
+    for param in params:
+        ranges.append((param, offset, offset + param.numel()))
+        offset += param.numel()
+    return ranges
 
 
 def nccl_average_is_exact(dtype: torch.dtype, world: int) -> bool:

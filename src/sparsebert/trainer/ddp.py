@@ -77,7 +77,7 @@ class FlatAllReduceCallback(TrainerCallback):
     for ``comm_hook=sparse`` logs the share of gradient values it sent (``ddp/allreduce_sent_fraction``, 1.0 =
     plain DDP)."""
 
-    def __init__(self, trainer, comm_hook: str, pieces: int = 1):
+    def __init__(self, trainer, comm_hook: str, pieces: int):
         self.trainer = trainer
         self.comm_hook = comm_hook
         self.pieces = pieces
