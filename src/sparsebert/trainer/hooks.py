@@ -31,7 +31,9 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,
                              "tune_kernels": cfg.train.torch_compile_tune_kernels if compiled else None,
                              "drop_last_batch": cfg.train.drop_last_batch,
-                             "half_precision_residual": cfg.model.half_precision_residual}
+                             "half_precision_residual": cfg.model.half_precision_residual,
+                             "fast_gelu": cfg.model.fast_gelu,
+                             "fast_dropout": cfg.model.fast_dropout}
     if cfg.sparsity is not None:
         try:
             hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,
