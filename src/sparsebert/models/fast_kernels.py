@@ -42,32 +42,19 @@ def _poly(s: torch.Tensor, coefficients: tuple[float, ...]) -> torch.Tensor:
     return out
 
 
-def _fitted_cdf(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Phi(x) from the fit, exactly 0 / 1 beyond the fitted range, and x clamped to that range (fp32)."""
+def _fitted_cdf(x: torch.Tensor) -> torch.Tensor:
+    """Phi(x) from the fit, exactly 0 / 1 beyond the fitted range (fp32)."""
     clamped = x.clamp(-GELU_FIT_RANGE, GELU_FIT_RANGE)
     cdf = torch.sigmoid(clamped * _poly(clamped * clamped, GELU_FIT))
-    return torch.where(x < -GELU_FIT_RANGE, 0.0, torch.where(x > GELU_FIT_RANGE, 1.0, cdf)), clamped
-
-
-class _FittedGelu(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        xf = x.float()
-        return (xf * _fitted_cdf(xf)[0]).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        (x,) = ctx.saved_tensors
-        xf = x.float()
-        cdf, clamped = _fitted_cdf(xf)
-        # d/dx of z(x) = x * poly(x^2) is sum_i (2i + 1) C[i] x^(2i); beyond the range cdf(1 - cdf) is 0
-        dz = _poly(clamped * clamped, tuple((2 * i + 1) * c for i, c in enumerate(GELU_FIT)))
-        return (grad.float() * (cdf + xf * cdf * (1 - cdf) * dz)).to(grad.dtype)
+    return torch.where(x < -GELU_FIT_RANGE, 0.0, torch.where(x > GELU_FIT_RANGE, 1.0, cdf))
 
 
 def fitted_gelu(x: torch.Tensor) -> torch.Tensor:
-    return _FittedGelu.apply(x)
+    """Exact GELU to within 8e-7, computed in fp32 and returned in ``x``'s dtype. Plain differentiable ops (the
+    gradient is the fit's own, within 2e-6 of GELU's), so the compiler fuses the forward and the backward and
+    keeps only ``x`` for the backward."""
+    xf = x.float()
+    return (xf * _fitted_cdf(xf)).to(x.dtype)
 
 
 class FastGELU(nn.Module):
@@ -92,21 +79,6 @@ def _keep_mask(shape: torch.Size, p: float, keys: torch.Tensor, device: torch.de
     return ((bits >> 8) & 0xFFFFFF) >= round(p * (1 << 24))  # the top 24 bits, uniform in [0, 2^24)
 
 
-class _HashDropout(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, p: float, keys: torch.Tensor) -> torch.Tensor:
-        ctx.p = p
-        ctx.save_for_backward(keys)
-        keep = _keep_mask(x.shape, p, keys, x.device)
-        return torch.where(keep, x * (1.0 / (1.0 - p)), 0.0).to(x.dtype)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        (keys,) = ctx.saved_tensors
-        keep = _keep_mask(grad.shape, ctx.p, keys, grad.device)  # recomputed: no stored mask to write and read
-        return torch.where(keep, grad * (1.0 / (1.0 - ctx.p)), 0.0).to(grad.dtype), None, None
-
-
 def hash_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """Dropout of ``x`` in training mode with counter-hash random bits (new keys from torch's generator)."""
     if not 0.0 <= p < 1.0:
@@ -114,7 +86,9 @@ def hash_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None = 
     if p == 0.0:
         return x
     keys = torch.randint(-(1 << 31), (1 << 31) - 1, (2,), dtype=torch.int32, device=x.device, generator=generator)
-    return _HashDropout.apply(x, p, keys)
+    # plain differentiable ops: the backward multiplies by the same mask, which the compiler recomputes from the
+    # two keys or keeps as one bool per value (as torch's own dropout keeps its mask)
+    return torch.where(_keep_mask(x.shape, p, keys, x.device), x * (1.0 / (1.0 - p)), 0.0).to(x.dtype)
 
 
 class HashDropout(nn.Dropout):
