@@ -1,6 +1,6 @@
-"""GELU and dropout + residual + LayerNorm alone, compiled, at BERT-base's shapes: torch's kernels against
-``model.fast_gelu`` / ``model.fast_dropout`` (sparsebert/models/fast_kernels.py), with floors that do the same
-memory traffic and (almost) no arithmetic, so the table shows whether a kernel is bound by bytes or by arithmetic.
+"""Dropout + residual + LayerNorm alone, compiled, at BERT-base's shapes: torch's dropout against
+``model.fast_dropout`` (sparsebert/models/fast_dropout.py), with a floor that does the same work without dropout,
+so the table shows what the random numbers cost.
 
     python bench/elementwise_kernels.py [--batch 256] [--out FILE.json]
 
@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cuda_timing import ms_per_call  # noqa: E402
 
-from sparsebert.models.fast_kernels import fitted_gelu, hash_dropout  # noqa: E402
+from sparsebert.models.fast_dropout import hash_dropout  # noqa: E402
 
-HIDDEN, INTERMEDIATE, SEQ = 768, 3072, 128
+HIDDEN, SEQ = 768, 128
 
 
 def time_us(fn, inputs: list[torch.Tensor], grad_out: torch.Tensor) -> dict[str, float]:
@@ -57,7 +57,6 @@ def main() -> None:
     args = p.parse_args()
     torch.manual_seed(0)
     tokens, dev, bf16 = args.batch * SEQ, "cuda", torch.bfloat16
-    pre = torch.randn(tokens, INTERMEDIATE, device=dev, dtype=bf16, requires_grad=True)
     a = torch.randn(tokens, HIDDEN, device=dev, dtype=bf16, requires_grad=True)
     r = torch.randn(tokens, HIDDEN, device=dev, dtype=bf16, requires_grad=True)
     ln = torch.nn.LayerNorm(HIDDEN, device=dev)
@@ -66,20 +65,16 @@ def main() -> None:
         return F.layer_norm(x.float(), (HIDDEN,), ln.weight, ln.bias).to(bf16)
 
     rows = [
-        ("gelu", "exact GELU (torch, erf)", lambda x: F.gelu(x), [pre]),
-        ("gelu", "fast GELU (model.fast_gelu)", fitted_gelu, [pre]),
-        ("gelu", "tanh-approximate GELU (another function; reference)", lambda x: F.gelu(x, approximate="tanh"), [pre]),
-        ("gelu", "x * 1.5 (floor: same bytes, no arithmetic)", lambda x: x * 1.5, [pre]),
-        ("dropout_residual_layernorm", "torch dropout 0.1 + residual + LayerNorm",
+        ("torch dropout 0.1 + residual + LayerNorm",
          lambda x, y: norm(F.dropout(x, 0.1, True) + y), [a, r]),
-        ("dropout_residual_layernorm", "hash dropout 0.1 (model.fast_dropout) + residual + LayerNorm",
+        ("hash dropout 0.1 (model.fast_dropout) + residual + LayerNorm",
          lambda x, y: norm(hash_dropout(x, 0.1) + y), [a, r]),
-        ("dropout_residual_layernorm", "no dropout + residual + LayerNorm (floor)", lambda x, y: norm(x + y), [a, r]),
+        ("no dropout + residual + LayerNorm (floor)", lambda x, y: norm(x + y), [a, r]),
     ]
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch, "rows": []}
-    for group, label, fn, inputs in rows:
+    for label, fn, inputs in rows:
         grad_out = torch.randn_like(inputs[0])
-        row = {"group": group, "variant": label, **time_us(fn, inputs, grad_out)}
+        row = {"variant": label, **time_us(fn, inputs, grad_out)}
         results["rows"].append(row)
         print(f"{label:70s} fwd {row['forward_us']:7.1f} us   fwd+bwd {row['forward_backward_us']:7.1f} us",
               flush=True)

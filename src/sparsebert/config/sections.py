@@ -33,10 +33,8 @@ class ModelConfig:
     # LayerNorm outputs (the residual stream) in the autocast dtype instead of fp32 under bf16 / fp16; weights and
     # optimizer state stay fp32 (trainer/residual_precision.py)
     half_precision_residual: bool = False
-    # under train.torch_compile: exact GELU through a cheaper fitted form (within 8e-7), and dropout whose random
-    # bits come from a counter hash instead of Philox (the same keep probability, another random stream);
-    # models/fast_kernels.py
-    fast_gelu: bool = False
+    # under train.torch_compile: dropout whose random bits come from a counter hash instead of Philox (the same
+    # keep probability, another random stream; models/fast_dropout.py)
     fast_dropout: bool = False
     # None: the checkpoint's own value with init_from, else BERT's 0.1
     hidden_dropout: float | None = None

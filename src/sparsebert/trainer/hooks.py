@@ -32,7 +32,6 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
                              "tune_kernels": cfg.train.torch_compile_tune_kernels if compiled else None,
                              "drop_last_batch": cfg.train.drop_last_batch,
                              "half_precision_residual": cfg.model.half_precision_residual,
-                             "fast_gelu": cfg.model.fast_gelu,
                              "fast_dropout": cfg.model.fast_dropout}
     if cfg.sparsity is not None:
         try:

@@ -12,8 +12,7 @@ taking one keyword argument (None = off) and passing everything else on:
   tuning
 - ``half_precision_residual=`` ResidualPrecisionMixin (residual_precision.py): LayerNorm outputs in the
   autocast dtype
-- ``fast_gelu=``, ``fast_dropout=`` FastKernelsMixin (fast_kernels.py): cheaper GELU and dropout arithmetic
-  under torch.compile
+- ``fast_dropout=``  FastDropoutMixin (fast_dropout.py): dropout with counter-hash random bits under torch.compile
 - ``drop_last_batch=`` SparseBertTrainer itself: drop each epoch's short last training batch (train.drop_last_batch)
 - always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
 """
@@ -29,7 +28,7 @@ from sparsebert.errors import SparseBertError
 from sparsebert.trainer.compile_options import CompileOptionsMixin
 from sparsebert.trainer.ddp import DDPTuningMixin
 from sparsebert.trainer.distillation import DistillationMixin
-from sparsebert.trainer.fast_kernels import FastKernelsMixin
+from sparsebert.trainer.fast_dropout import FastDropoutMixin
 from sparsebert.trainer.onecycle import OneCycleMixin
 from sparsebert.trainer.residual_precision import ResidualPrecisionMixin
 from sparsebert.trainer.sparse_training import SparseTrainingMixin
@@ -111,7 +110,7 @@ class ThroughputLoggingMixin:
 
 
 class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, CompileOptionsMixin,
-                        ResidualPrecisionMixin, FastKernelsMixin, ThroughputLoggingMixin, Trainer):
+                        ResidualPrecisionMixin, FastDropoutMixin, ThroughputLoggingMixin, Trainer):
     """The Trainer every sparsebert job runs."""
 
     def __init__(self, *args, drop_last_batch: bool = False, **kwargs):

@@ -1,0 +1,63 @@
+"""Dropout with cheaper random numbers under ``torch.compile`` (``model.fast_dropout``).
+
+In a compiled bf16 BERT-base step, Inductor's dropout draws every value's random number with its own 10-round
+Philox call, so its kernels are bound by arithmetic rather than memory (docs/benchmarks.md). ``HashDropout``
+keeps the keep probability (to 2^-24) and takes each value's random bits from two rounds of MurmurHash3's 32-bit
+finalizer over the value's index, keyed by two random 32-bit keys drawn from torch's generator per call, so runs
+are reproducible from the seed and CUDA graphs replay it. It is a different random stream from ``nn.Dropout``'s:
+a run does not reproduce one made without it. Outside torch.compile (eager, CPU runs of the Trainer) it runs
+torch's own dropout, whose single kernel is faster there. The swap keeps every parameter and state_dict key.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _fmix32(h: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finalizer on int32 (products wrap; ``& mask`` makes the right shifts logical)."""
+    h = h ^ ((h >> 16) & 0xFFFF)
+    h = h * -2048144789  # 0x85EBCA6B
+    h = h ^ ((h >> 13) & 0x7FFFF)
+    h = h * -1028477387  # 0xC2B2AE35
+    return h ^ ((h >> 16) & 0xFFFF)
+
+
+def _keep_mask(shape: torch.Size, p: float, keys: torch.Tensor, device: torch.device) -> torch.Tensor:
+    index = torch.arange(shape.numel(), dtype=torch.int32, device=device).view(shape)
+    bits = _fmix32(_fmix32(index ^ keys[0]) ^ keys[1])
+    return ((bits >> 8) & 0xFFFFFF) >= round(p * (1 << 24))  # the top 24 bits, uniform in [0, 2^24)
+
+
+def hash_dropout(x: torch.Tensor, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Dropout of ``x`` in training mode with counter-hash random bits (new keys from torch's generator)."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+    if p == 0.0:
+        return x
+    keys = torch.randint(-(1 << 31), (1 << 31) - 1, (2,), dtype=torch.int32, device=x.device, generator=generator)
+    # plain differentiable ops: the backward multiplies by the same mask, which the compiler recomputes from the
+    # two keys or keeps as one bool per value (as torch's own dropout keeps its mask)
+    return torch.where(_keep_mask(x.shape, p, keys, x.device), x * (1.0 / (1.0 - p)), 0.0).to(x.dtype)
+
+
+class HashDropout(nn.Dropout):
+    """nn.Dropout; in training under torch.compile through :func:`hash_dropout` (tensors of up to 2^31 values,
+    the int32 counter's range)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.compiler.is_compiling() and x.numel() < (1 << 31):
+            return hash_dropout(x, self.p)
+        return super().forward(x)
+
+
+def use_hash_dropout(model: nn.Module) -> int:
+    """Make every ``nn.Dropout`` of ``model`` a :class:`HashDropout` in place; returns how many. A dropout module
+    that is only read for its ``p`` (transformers' attention hands it to sdpa) is unaffected."""
+    swapped = 0
+    for module in model.modules():
+        if type(module) is nn.Dropout:
+            module.__class__ = HashDropout
+            swapped += 1
+    return swapped
