@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from datetime import date
 from pathlib import Path
 
 import torch
@@ -30,7 +32,7 @@ from sparsebert.models.fast_dropout import hash_dropout  # noqa: E402
 HIDDEN, SEQ = 768, 128
 
 
-def time_us(fn, inputs: list[torch.Tensor], grad_out: torch.Tensor) -> dict[str, float]:
+def time_us(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], grad_out: torch.Tensor) -> dict[str, float]:
     compiled = torch.compile(fn)
 
     def forward():
@@ -71,7 +73,10 @@ def main() -> None:
          lambda x, y: norm(hash_dropout(x, 0.1) + y), [a, r]),
         ("no dropout + residual + LayerNorm (floor)", lambda x, y: norm(x + y), [a, r]),
     ]
-    results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "batch": args.batch, "rows": []}
+    from sparsebert.env_info import git_commit
+
+    results = {"card": torch.cuda.get_device_name(), "date": date.today().isoformat(), "commit": git_commit(ROOT),
+               "torch": torch.__version__, "batch": args.batch, "rows": []}
     for label, fn, inputs in rows:
         grad_out = torch.randn_like(inputs[0])
         row = {"variant": label, **time_us(fn, inputs, grad_out)}

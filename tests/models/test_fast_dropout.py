@@ -13,7 +13,7 @@ from transformers import BertConfig
 
 from sparsebert.config import Registry
 from sparsebert.models.bert import BertForMaskedLMAtMasked
-from sparsebert.models.fast_dropout import HashDropout, hash_dropout, use_hash_dropout
+from sparsebert.models.fast_dropout import HashDropout, _keep_mask, hash_dropout, use_hash_dropout
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
@@ -37,7 +37,7 @@ def test_hash_dropout_keeps_1_minus_p_scaled_and_masks_the_gradient_alike():
     assert abs(keep.float().mean().item() - 0.9) < 5 * sd
     torch.testing.assert_close(out[keep], x[keep] / 0.9)
     out.backward(torch.ones_like(out))
-    # the backward recomputes the mask from the keys: the same positions, the same scale
+    # the gradient is masked and scaled like the output
     assert torch.equal(x.grad != 0, keep)
     torch.testing.assert_close(x.grad[keep], torch.full_like(x.grad[keep], 1 / 0.9))
 
@@ -60,6 +60,25 @@ def test_hash_dropout_masks_are_reproducible_and_independent():
         assert abs((a & other).float().mean().item() - 0.81) < 5 * sd
     # neighbours within one mask are independent too
     assert abs((a & a.roll(1)).float().mean().item() - 0.81) < 5 * sd
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_compiled_module_draws_the_hash_masks_bit_for_bit(backend):
+    """The compiled HashDropout runs the hash (not torch's Philox dropout), with the same keys from the same seed,
+    and the compiler's integer code (int32 products that wrap, masked shifts) gives eager's bits."""
+    x = torch.randn(64, 300)
+    module = HashDropout(0.1).train()
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=backend, fullgraph=True)
+    torch.manual_seed(7)
+    out = compiled(x)
+    torch.manual_seed(7)
+    expected = hash_dropout(x, 0.1)
+    keys = torch.tensor([-123456789, 2**31 - 1], dtype=torch.int32)
+    masks = torch.compile(_keep_mask, backend=backend, fullgraph=True)(torch.Size([4096, 64]), 0.25, keys, "cpu")
+    torch._dynamo.reset()
+    assert torch.equal(out, expected)
+    assert torch.equal(masks, _keep_mask(torch.Size([4096, 64]), 0.25, keys, "cpu"))
 
 
 def test_hash_dropout_checks_p():

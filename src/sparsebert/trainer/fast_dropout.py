@@ -1,4 +1,4 @@
-"""FastDropoutMixin: dropout with cheaper random numbers in compiled runs (``model.fast_dropout``; the module
+"""FastDropoutMixin: dropout with counter-hash random bits in compiled runs (``model.fast_dropout``; the module
 and what it computes are in models/fast_dropout.py).
 
 Applied to the trained model only, like the bf16 residual stream: a distillation teacher keeps its modules.
@@ -24,4 +24,5 @@ class FastDropoutMixin:
         elif not self.args.torch_compile:
             log.info("model.fast_dropout changes nothing without train.torch_compile (eager runs torch's dropout)")
         else:
-            log.info("model.fast_dropout: %d dropout modules draw their random bits from a counter hash", swapped)
+            log.info("model.fast_dropout: %d nn.Dropout modules swapped (those only read for their p, as the "
+                     "attention's, work as before)", swapped)

@@ -12,7 +12,8 @@ taking one keyword argument (None = off) and passing everything else on:
   tuning
 - ``half_precision_residual=`` ResidualPrecisionMixin (residual_precision.py): LayerNorm outputs in the
   autocast dtype
-- ``fast_dropout=``  FastDropoutMixin (fast_dropout.py): dropout with counter-hash random bits under torch.compile
+- ``fast_dropout=`` FastDropoutMixin (trainer/fast_dropout.py): dropout with counter-hash random bits under
+  torch.compile
 - ``drop_last_batch=`` SparseBertTrainer itself: drop each epoch's short last training batch (train.drop_last_batch)
 - always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
 """
