@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from collections.abc import Callable
 from datetime import date
@@ -48,7 +49,7 @@ def time_us(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], grad_ou
     torch.cuda.synchronize()
     out = {}
     for key, call in (("forward_us", forward), ("forward_backward_us", forward_backward)):
-        out[key] = round(1000 * sorted(ms_per_call(call, 50) for _ in range(5))[2], 1)
+        out[key] = round(1000 * statistics.median(ms_per_call(call, 50) for _ in range(5)), 1)
     return out
 
 

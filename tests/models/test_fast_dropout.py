@@ -115,19 +115,18 @@ def test_compiled_model_is_one_graph_and_every_weight_gets_its_gradient():
     """fullgraph: no graph break (CUDA graphs need one replay); new masks every call; and the gradient reaches
     every weight, with a norm close to torch's dropout's (other masks, the same model). aot_eager: the graph as
     the compiler sees it (Inductor's integer code is checked above, and on CUDA in tests/gpu)."""
-    backend = "aot_eager"
     plain, ids, labels = _tiny_mlm(0.1)
     fast = copy.deepcopy(plain)
     use_hash_dropout(fast)
     norms = []
     for model in (plain, fast):
         torch._dynamo.reset()
-        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
         model.zero_grad()
         compiled(input_ids=ids, labels=labels).loss.backward()
         assert [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum()] == []
         norms.append(torch.norm(torch.stack([p.grad.norm() for p in model.parameters()])).item())
-    encode = torch.compile(fast.encode, backend=backend, fullgraph=True)
+    encode = torch.compile(fast.encode, backend="aot_eager", fullgraph=True)
     assert not torch.equal(encode(ids), encode(ids))  # new keys each call
     torch._dynamo.reset()
     assert abs(norms[1] / norms[0] - 1) < 0.15
