@@ -44,6 +44,7 @@ GRAPHS = "train.torch_compile_mode=reduce-overhead"  # CUDA graphs
 AUTOTUNE = "train.torch_compile_mode=max-autotune-no-cudagraphs"
 TUNED = "train.torch_compile_tune_kernels=true"
 FAST_DROPOUT = "model.fast_dropout=true"
+CLIP_OUTSIDE = "train.clip_in_optimizer=false"  # the Trainer's own clipping pass (the default before 2026-11-27)
 # key, experiment, train.torch_compile, further overrides, label
 OURS = [
     ("ours-eager", "bert_100k", False, (), ""),
@@ -93,6 +94,14 @@ OURS = [
     ("ours-sparse-static-half-residual-fast-dropout-tuned", "sparse_80_rigl", True,
      (*HALF, GRAPHS, FAST_DROPOUT, TUNED),
      " + static mask count + CUDA graphs + bf16 residual stream + fast dropout + Inductor kernel tuning"),
+    # the two fast-dropout rows with the Trainer's own clipping pass (a norm, then a multiplication of every
+    # gradient) instead of the clip factor inside the fused AdamW step (train.clip_in_optimizer, the default
+    # since these rows were added; every row above runs with it)
+    ("ours-static-half-residual-fast-dropout-clip-outside", "bert_100k", True, (*HALF, FAST_DROPOUT, CLIP_OUTSIDE),
+     " + static mask count + bf16 residual stream + fast dropout, clipping as a pass of its own"),
+    ("ours-sparse-static-half-residual-fast-dropout-clip-outside", "sparse_80_rigl", True,
+     (*HALF, GRAPHS, FAST_DROPOUT, CLIP_OUTSIDE),
+     " + static mask count + CUDA graphs + bf16 residual stream + fast dropout, clipping as a pass of its own"),
 ]
 
 

@@ -32,12 +32,14 @@ class KillRank(TrainerCallback):
 
 REDUCER_CALLS = [0]  # buckets DDP's reducer all-reduced in this process
 ALL_REDUCE_DTYPES: set[str] = set()  # dtypes of the tensors torch.distributed.all_reduce saw
+NORMS_FROM_ALL_REDUCE = [0]  # clipped steps whose norm the flat all-reduce summed (train.clip_in_optimizer)
 
 
 def count_reducer_calls() -> None:
     """Every DDP model built from now on counts the buckets its reducer all-reduces (with torch's default
     averaging), so a test can tell whether DDP or sparsebert's own sync averaged the gradients; every
-    ``torch.distributed.all_reduce`` records its tensor's dtype (what went on the wire)."""
+    ``torch.distributed.all_reduce`` records its tensor's dtype (what went on the wire); clipping inside the
+    fused AdamW step counts the steps whose norm came from the flat all-reduce."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
@@ -62,6 +64,17 @@ def count_reducer_calls() -> None:
 
     DistributedDataParallel.__init__ = init_and_count
 
+    from sparsebert.trainer.clipping import ClipInOptimizerMixin
+
+    norm_from_all_reduce = ClipInOptimizerMixin._norm_from_all_reduce
+
+    def counted_norm(self, sync):
+        norm = norm_from_all_reduce(self, sync)
+        NORMS_FROM_ALL_REDUCE[0] += norm is not None
+        return norm
+
+    ClipInOptimizerMixin._norm_from_all_reduce = counted_norm
+
 
 class RankDigest(TrainerCallback):
     """At the end of training, each rank writes a digest of every parameter and of every zero pattern."""
@@ -77,11 +90,13 @@ class RankDigest(TrainerCallback):
             weights[name] = hashlib.sha256(data.numpy().tobytes()).hexdigest()
             zeros[name] = hashlib.sha256((data == 0).numpy().tobytes()).hexdigest()
         losses = [h["loss"] for h in state.log_history if "loss" in h]
+        grad_norms = [h["grad_norm"] for h in state.log_history if "grad_norm" in h]
         eval_losses = [h["eval_loss"] for h in state.log_history if "eval_loss" in h]
         (self.out / f"rank{rank}.json").write_text(json.dumps(
             {"weights": weights, "zeros": zeros, "losses": losses, "eval_losses": eval_losses,
              "world": int(os.environ.get("WORLD_SIZE", "1")), "reducer_calls": REDUCER_CALLS[0],
-             "all_reduce_dtypes": sorted(ALL_REDUCE_DTYPES)}))
+             "all_reduce_dtypes": sorted(ALL_REDUCE_DTYPES), "grad_norms": grad_norms,
+             "norms_from_all_reduce": NORMS_FROM_ALL_REDUCE[0]}))
 
 
 def main() -> None:

@@ -79,6 +79,7 @@ def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, wo
         sync = communication.FlatGradientSync(sparse.module, controller if mode == "sparse" else None,
                                               wire_dtype=torch.bfloat16 if mode == "flat_bf16" else None,
                                               pieces=pieces)
+        sync.track_norm = True  # as the Trainer sets it when clipping inside the fused AdamW step
         reducer_calls = []  # DDP's reducer must stay out: averaging twice would not show at 2 ranks
         sparse.register_comm_hook(None, lambda state, bucket: reducer_calls.append(1) or keep(bucket))
         total = sum(p.numel() for p in plain.parameters() if p.requires_grad)
@@ -111,10 +112,19 @@ def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, wo
             side = sparse.module.side
             assert side.grad.stride() == side.stride()  # a fused optimizer's layout, not the flat buffer's
             assert controller._grads_arrive_masked is not sent_dense  # else the controller masks them itself
+            # the norm summed piece by piece is that of the averaged gradients; on a masked call it is also that of
+            # the gradients the optimizer sees (below, after the controller's zeroing)
+            assert sync.masked_last_call is not sent_dense
+            grads_norm = torch.linalg.vector_norm(torch.cat([g.double().flatten() for g in got.values()]))
+            torch.testing.assert_close(sync.gradient_norm.double(), grads_norm, rtol=1e-6, atol=0, msg=str(step))
             active = sum(int(m.sum()) for m in controller.masks.values())
             expected_sent += total if sent_dense else total - masked_numel + active
             for c in controllers:
                 c.before_optimizer_step()
+            if sync.masked_last_call:
+                after = [p.grad.double().flatten() for p in sparse.module.parameters() if p.grad is not None]
+                torch.testing.assert_close(sync.gradient_norm.double(), torch.linalg.vector_norm(torch.cat(after)),
+                                           rtol=1e-6, atol=0, msg=str(step))
             for (name, a), b in zip(plain.module.named_parameters(), sparse.module.parameters()):
                 if a.grad is None or b.grad is None:  # the frozen bias
                     assert a.grad is None and b.grad is None, (step, name)

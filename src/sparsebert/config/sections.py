@@ -163,6 +163,10 @@ class TrainConfig:
     adam_beta2: float = 0.999
     adam_epsilon: float = 1e-6
     max_grad_norm: float = 1.0
+    # clip inside the fused AdamW step (its grad_scale divides each gradient) instead of a separate pass that
+    # multiplies every gradient; the same update up to rounding; only with a fused torch Adam / AdamW and no fp16
+    # loss scaler, elsewhere the Trainer clips as usual (trainer/clipping.py)
+    clip_in_optimizer: bool = True
     optim: str = "auto"  # "auto": fused AdamW on GPU, plain AdamW on CPU; or any transformers optim name
     precision: str = "auto"  # "auto": bf16 where the GPU supports it, else fp32
     eval_steps: int = 1000

@@ -85,6 +85,11 @@ class FlatGradientSync:
 
     ``sent_fraction()``: gradient values on the wire relative to plain DDP, over every call so far (1.0 without
     a controller).
+
+    ``track_norm`` (set by whoever clips): each call also leaves the 2-norm of all averaged gradients in
+    ``gradient_norm``, summed from each piece's squares as the piece arrives, so only the last piece's sum is left
+    after the last all-reduce. ``masked_last_call``: whether that call sent active values only (zeros at masked
+    positions), so the norm is that of the gradients the sparse model's optimizer sees.
     """
 
     def __init__(self, model: nn.Module, controller: SparsityController | None = None,
@@ -109,6 +114,9 @@ class FlatGradientSync:
         self._plans: dict[tuple[torch.dtype, torch.device], _Plan] = {}
         self.sent = 0
         self.dense = 0
+        self.track_norm = False
+        self.gradient_norm: torch.Tensor | None = None
+        self.masked_last_call = False
 
     def sent_fraction(self) -> float:
         return self.sent / self.dense if self.dense else 1.0
@@ -123,17 +131,24 @@ class FlatGradientSync:
                 raise RuntimeError(f"parameter {name} has no gradient after the backward (unused in the forward?): "
                                    "the flat all-reduce needs one for every trainable parameter")
             groups.setdefault((param.grad.dtype, param.grad.device), []).append(param)
+        squares: list[torch.Tensor] = []  # each piece's sum of squared averages (track_norm)
         for group_key, params in groups.items():
             if any(param.numel() for param in params):  # a group of empty parameters has nothing to average
-                self._average(params, self._plan(group_key, params, sparse=not dense), sparse=not dense)
+                self._average(params, self._plan(group_key, params, sparse=not dense), not dense, squares)
         self._plans = {k: plan for k, plan in self._plans.items() if k in groups}
+        self.masked_last_call = self.controller is not None and not dense
         if self.controller is not None:
             self.controller.note_gradients_masked(not dense)
+        self.gradient_norm = None
+        if self.track_norm:
+            device = next(iter(groups))[1] if groups else None
+            self.gradient_norm = torch.stack(squares).sum().sqrt() if squares else torch.zeros((), device=device)
 
-    def _average(self, params: list[nn.Parameter], plan: _Plan, sparse: bool) -> None:
+    def _average(self, params: list[nn.Parameter], plan: _Plan, sparse: bool, squares: list[torch.Tensor]) -> None:
         """Per piece: copy its gradients into the flat buffer (rounded into a ``wire_dtype`` buffer instead when
         every value of it is sent) and start its all-reduce; then, as each finishes, put its averages into the
-        flat buffer, whose views the gradients become."""
+        flat buffer, whose views the gradients become (and, with ``track_norm``, append the sum of their squares
+        to ``squares``: read from the wire, whose values the gradients now hold exactly)."""
         dtype, device = params[0].grad.dtype, params[0].grad.device
         rounded = self.wire_dtype is not None and dtype == torch.float32  # only fp32 gradients are rounded
         flat = torch.empty(plan.pieces[-1].end, dtype=dtype, device=device)
@@ -159,6 +174,9 @@ class FlatGradientSync:
                 flat.index_copy_(0, index, wire.to(dtype))
             elif rounded:  # a batched, casting copy: copy_ back ran a non-vectorized kernel (0.32 ms, BERT-base)
                 torch._foreach_copy_([flat[piece.start:piece.end]], [wire])
+            if self.track_norm and wire.numel():
+                at_least_fp32 = torch.promote_types(wire.dtype, torch.float32)  # bf16 summed in fp32
+                squares.append(torch.linalg.vector_norm(wire, dtype=at_least_fp32).float().square())
         self._use_as_gradients(params, flat)
 
     def _count(self, sent: int, dense: int) -> None:

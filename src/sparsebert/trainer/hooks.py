@@ -31,6 +31,7 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,
                              "tune_kernels": cfg.train.torch_compile_tune_kernels if compiled else None,
                              "drop_last_batch": cfg.train.drop_last_batch,
+                             "clip_in_optimizer": cfg.train.clip_in_optimizer,
                              "half_precision_residual": cfg.model.half_precision_residual,
                              "fast_dropout": cfg.model.fast_dropout}
     if cfg.sparsity is not None:

@@ -14,6 +14,7 @@ taking one keyword argument (None = off) and passing everything else on:
   autocast dtype
 - ``fast_dropout=`` FastDropoutMixin (trainer/fast_dropout.py): dropout with counter-hash random bits under
   torch.compile
+- ``clip_in_optimizer=`` ClipInOptimizerMixin (clipping.py): the clip factor applied inside the fused AdamW step
 - ``drop_last_batch=`` SparseBertTrainer itself: drop each epoch's short last training batch (train.drop_last_batch)
 - always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
 """
@@ -26,6 +27,7 @@ import time
 from transformers import Trainer, TrainerCallback
 
 from sparsebert.errors import SparseBertError
+from sparsebert.trainer.clipping import ClipInOptimizerMixin
 from sparsebert.trainer.compile_options import CompileOptionsMixin
 from sparsebert.trainer.ddp import DDPTuningMixin
 from sparsebert.trainer.distillation import DistillationMixin
@@ -110,8 +112,9 @@ class ThroughputLoggingMixin:
         return metrics
 
 
-class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, CompileOptionsMixin,
-                        ResidualPrecisionMixin, FastDropoutMixin, ThroughputLoggingMixin, Trainer):
+class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, ClipInOptimizerMixin,
+                        CompileOptionsMixin, ResidualPrecisionMixin, FastDropoutMixin, ThroughputLoggingMixin,
+                        Trainer):
     """The Trainer every sparsebert job runs."""
 
     def __init__(self, *args, drop_last_batch: bool = False, **kwargs):

@@ -1,0 +1,109 @@
+"""ClipInOptimizerMixin: gradient clipping folded into the fused AdamW step (``train.clip_in_optimizer``).
+
+``clip_grad_norm_`` computes the gradients' total norm and then multiplies every gradient by
+``min(1, max_norm / (norm + 1e-6))``: one more pass that reads and writes all of them (BERT-base: 440 MB in fp32,
+~0.25 ms per step on an H200). Torch's fused Adam / AdamW kernel already divides each gradient by a
+``grad_scale`` tensor when one is set on the optimizer (the hook torch's GradScaler uses to unscale fp16
+gradients inside the step), so the clip factor goes there instead, as its reciprocal
+``max(1, (norm + 1e-6) / max_norm)``: the same update up to the rounding of a division against a multiplication
+(~1e-7 relative), no pass of its own. The kernel also writes the divided gradients back, so anything reading
+them after the step sees them clipped, as before.
+
+It applies only where it is exact: a fused torch Adam / AdamW (``train.optim=auto`` on GPU), no fp16 loss scaler
+(which uses ``grad_scale`` itself), and DDP or a single process (DeepSpeed and FSDP clip their own way). Elsewhere
+the Trainer clips as usual.
+
+Under sparsebert's flat all-reduce (``train.ddp.comm_hook=flat``, ``flat_bf16``, ``sparse``) the norm comes from
+the all-reduce itself: it squares and sums each averaged piece as soon as that piece arrives, while the next
+piece is still on the wire, so after the last all-reduce only the last piece's sum is left
+(sparsity/communication.py). A sparse run uses that norm only on steps where the sparse all-reduce already left
+zeros at masked positions; on other steps the masked gradients are zeroed after the all-reduce, and the norm is
+taken over the gradients as the optimizer will see them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from transformers import TrainerCallback
+
+log = logging.getLogger(__name__)
+
+# torch.nn.utils.clip_grad_norm_'s guard against a zero norm: the factor is max_norm / (norm + 1e-6)
+_EPS = 1e-6
+
+
+class ClipInOptimizerMixin:
+    def __init__(self, *args, clip_in_optimizer: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clip_in_optimizer = clip_in_optimizer
+        self._clip_target_checked = False
+        self._clip_target: torch.optim.Optimizer | None = None
+        if clip_in_optimizer:
+            self.add_callback(_DropGradScale(self))
+
+    def _fused_adam(self) -> torch.optim.Optimizer | None:
+        """The torch optimizer whose fused step takes the clip factor, or None where the Trainer must clip.
+        Decided once, at the first clipped step (the optimizer and Accelerate's state exist by then)."""
+        if self._clip_target_checked:
+            return self._clip_target
+        self._clip_target_checked = True
+        from accelerate.utils import DistributedType
+
+        optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # under Accelerate's wrapper
+        fused = isinstance(optimizer, torch.optim.Adam | torch.optim.AdamW) and bool(optimizer.defaults.get("fused"))
+        plain = self.accelerator.distributed_type in (DistributedType.NO, DistributedType.MULTI_GPU,
+                                                      DistributedType.MULTI_CPU)
+        scaler = getattr(self.accelerator, "scaler", None) is not None
+        if fused and plain and not scaler:
+            self._clip_target = optimizer
+            log.info("train.clip_in_optimizer: gradients are clipped inside the fused %s step",
+                     type(optimizer).__name__)
+        else:
+            reason = ("the optimizer is not a fused torch Adam / AdamW" if not fused else
+                      "fp16's loss scaler uses the optimizer's grad_scale" if scaler else
+                      f"{self.accelerator.distributed_type} clips its own way")
+            log.info("train.clip_in_optimizer: the Trainer clips as usual (%s)", reason)
+        return self._clip_target
+
+    def _clip_grad_norm(self, model):
+        optimizer = self._fused_adam() if self.clip_in_optimizer else None
+        if optimizer is None:
+            return super()._clip_grad_norm(model)
+        sync = getattr(self, "gradient_sync", None)
+        if sync is not None:
+            sync.track_norm = True  # from the next step on, the flat all-reduce sums the norm as pieces arrive
+        norm = self._norm_from_all_reduce(sync)
+        if norm is None:
+            grads = [p.grad for p in model.parameters() if p.grad is not None]
+            norm = total_norm(grads)
+        # the fused kernel divides each gradient by this: the reciprocal of clip_grad_norm_'s clamped factor
+        optimizer.grad_scale = torch.clamp((norm + _EPS) / self.args.max_grad_norm, min=1.0).float()
+        return norm
+
+    def _norm_from_all_reduce(self, sync) -> torch.Tensor | None:
+        if sync is None or sync.gradient_norm is None:
+            return None
+        if getattr(self, "sparsity", None) is not None and not sync.masked_last_call:
+            return None  # the sparsity hook zeroes the masked gradients after the all-reduce
+        return sync.gradient_norm
+
+
+def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The 2-norm of all ``grads`` together, as clip_grad_norm_ computes it (one norm per tensor, then theirs)."""
+    if not grads:
+        return torch.tensor(0.0)
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+
+
+class _DropGradScale(TrainerCallback):
+    """Takes the clip factor off the optimizer after its step, so nothing else reads it as a loss scale."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        optimizer = self.trainer._clip_target
+        if optimizer is not None and hasattr(optimizer, "grad_scale"):
+            del optimizer.grad_scale
