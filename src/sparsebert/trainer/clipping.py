@@ -78,8 +78,7 @@ class ClipInOptimizerMixin:
         if norm is None:
             grads = [p.grad for p in model.parameters() if p.grad is not None]
             norm = total_norm(grads)
-        # the fused kernel divides each gradient by this: the reciprocal of clip_grad_norm_'s clamped factor
-        optimizer.grad_scale = torch.clamp((norm + _EPS) / self.args.max_grad_norm, min=1.0).float()
+        optimizer.grad_scale = clip_divisor(norm, self.args.max_grad_norm)
         return norm
 
     def _norm_from_all_reduce(self, sync) -> torch.Tensor | None:
@@ -88,6 +87,12 @@ class ClipInOptimizerMixin:
         if getattr(self, "sparsity", None) is not None and not sync.masked_last_call:
             return None  # the sparsity hook zeroes the masked gradients after the all-reduce
         return sync.gradient_norm
+
+
+def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """What the fused kernel divides each gradient by: the reciprocal of clip_grad_norm_'s clamped factor
+    ``min(1, max_norm / (norm + 1e-6))``, as the fp32 tensor the kernel reads."""
+    return torch.clamp((norm + _EPS) / max_norm, min=1.0).float()
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
