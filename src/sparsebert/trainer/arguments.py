@@ -98,9 +98,24 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=not os.isatty(2),
     )
+    one_gpu_per_process(args)
     if cfg.torch_compile:
         settle_matmul_precision()
     return args
+
+
+def one_gpu_per_process(args: TrainingArguments) -> None:
+    """A process outside a launcher that sees several GPUs trains on the first alone.
+
+    The Transformers Trainer would wrap the model in ``nn.DataParallel`` over all of them and multiply the
+    per-device batch by their number, so the global batch would no longer be the experiment's, and the step is
+    slow: BERT-base pretraining ran at 0.54x of one GPU on 2 x H200 that way (docs/benchmarks.md). Several GPUs
+    train through DDP: ``--gpus N``, ``accelerate launch`` or ``torchrun``."""
+    if args.n_gpu > 1:
+        log.warning("%d GPUs are visible to this one process: it trains on %s alone (the Trainer would split each "
+                    "batch over them with nn.DataParallel); for several GPUs use --gpus N, accelerate launch or "
+                    "torchrun", args.n_gpu, args.device)
+        args._n_gpu = 1  # what TrainingArguments itself sets for one device; n_gpu reads it
 
 
 def settle_matmul_precision() -> None:
