@@ -264,8 +264,10 @@ def worker(args: argparse.Namespace) -> None:
     variants = args.variant.split(",")
     if args.untimed_first:
         # a freshly started machine's first training run can be slow for reasons outside the step (call I in
-        # docs/benchmarks.md: 3 398 samples/s at 502 W, then 4 501 at 691 W; cause not found): one run of the
-        # first variant before the timed ones, kept in the JSON as "untimed" and left out of every median
+        # docs/benchmarks.md: 3 398 samples/s at 502 W, then 4 501 at 691 W; cause not found), and so is the first
+        # run of a multi-GPU launch (4 GPUs: ~34 ms per step instead of ~29.7 over 80 steps, in every call that
+        # timed one; a 380-step first run averaged 30.2 ms, so it passes within the first ~100 steps): one run of
+        # the first variant before the timed ones, kept in the JSON as "untimed" and left out of every median
         results.append({**run_once(variants[0]), "repeat": -1, "untimed": True})
     for repeat in range(args.repeats):
         for variant in variants:
@@ -381,7 +383,8 @@ def main() -> None:
     p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                    help="set in every launch's environment (e.g. NCCL_PROTO=Simple); repeatable; kept in the JSON")
     p.add_argument("--no-untimed-first", dest="untimed_first", action="store_false",
-                   help="skip the untimed run that the first launch makes before its timed ones")
+                   help="skip the untimed run that the first launch and every multi-GPU launch make before their "
+                        "timed ones")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--variant", default="bert_100k", help=argparse.SUPPRESS)
@@ -397,7 +400,7 @@ def main() -> None:
     env = {**os.environ, **env_pairs(args.env, "--env")}
 
     runs: list[dict] = []
-    untimed_first = args.untimed_first  # first launch of this call only
+    first_launch = True
     with tempfile.TemporaryDirectory() as tmp:
         for batch in map(int, args.per_gpu_batch.split(",")):
             for n in map(int, args.gpus.split(",")):
@@ -409,10 +412,10 @@ def main() -> None:
                        "--batch", str(batch), "--steps", str(args.steps), "--warmup", str(args.warmup),
                        "--repeats", str(args.repeats), "--tokenizer", args.tokenizer, "--size", args.size,
                        "--result", str(out), *(["--compile"] if args.compile else []),
-                       *([] if untimed_first else ["--no-untimed-first"]),
+                       *([] if args.untimed_first and (first_launch or n > 1) else ["--no-untimed-first"]),
                        *(["--profile", str(Path(args.profile).resolve())] if profile_here else [])]
                 done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-                untimed_first = False
+                first_launch = False
                 if done.returncode != 0 or not out.is_file():
                     if args.out:  # the workers' own traceback is far above torchrun's summary: keep all of it
                         args.out.with_suffix(f".{n}gpu.stderr.txt").write_text(done.stderr)
