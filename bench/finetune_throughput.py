@@ -31,8 +31,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 # a one-GPU bench: on a machine with several, the baseline's plain Trainer would spread its one process over all
-# of them with nn.DataParallel (sparsebert's own runs keep to one GPU by themselves); set before CUDA starts
-os.environ.setdefault("CUDA_VISIBLE_DEVICES", "0")
+# of them with nn.DataParallel (sparsebert's own runs keep to one GPU by themselves); the first of those visible,
+# set before CUDA starts
+os.environ["CUDA_VISIBLE_DEVICES"] = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0]
 
 COMPILE = ["train.torch_compile=true"]
 CUDA_GRAPHS = [*COMPILE, "train.torch_compile_mode=reduce-overhead"]

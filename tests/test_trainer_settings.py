@@ -42,6 +42,22 @@ def test_train_ddp_section_reaches_training_arguments(registry, tmp_path):
     assert args.ddp_static_graph is True
 
 
+def test_one_process_seeing_several_gpus_trains_on_one(registry, tmp_path, caplog):
+    """What TrainingArguments computes for one process that sees 2 GPUs (n_gpu 2: nn.DataParallel, twice the
+    batch) is taken back to one device; tests/gpu checks it on 2 real GPUs."""
+    from sparsebert.trainer.arguments import one_gpu_per_process
+
+    cfg = registry.build("bert_tiny_quick", ["train.global_batch_size=8"])
+    args = training_arguments(cfg.train, tmp_path, cfg.seed, "x")
+    assert args.n_gpu in (0, 1) and args.train_batch_size == 8
+    args._n_gpu = 2  # as TrainingArguments sets it on a 2-GPU machine without a launcher
+    assert args.train_batch_size == 16
+    with caplog.at_level("WARNING", logger="sparsebert.trainer.arguments"):
+        one_gpu_per_process(args)
+    assert args.n_gpu == 1 and args.train_batch_size == 8
+    assert "2 GPUs are visible to this one process" in caplog.text and "--gpus N" in caplog.text
+
+
 def test_bad_bucket_size_is_refused(registry):
     with pytest.raises(ConfigError, match="train.ddp.bucket_cap_mb"):
         registry.build("bert_tiny_quick", ["train.ddp.bucket_cap_mb=0"])

@@ -33,13 +33,15 @@ class KillRank(TrainerCallback):
 REDUCER_CALLS = [0]  # buckets DDP's reducer all-reduced in this process
 ALL_REDUCE_DTYPES: set[str] = set()  # dtypes of the tensors torch.distributed.all_reduce saw
 NORMS_FROM_ALL_REDUCE = [0]  # clipped steps whose norm the flat all-reduce summed (train.clip_in_optimizer)
+NORM_ERRORS: list[float] = []  # on those steps: |that norm / the gradients' norm in float64 - 1|
 
 
-def count_reducer_calls() -> None:
+def record_communication() -> None:
     """Every DDP model built from now on counts the buckets its reducer all-reduces (with torch's default
     averaging), so a test can tell whether DDP or sparsebert's own sync averaged the gradients; every
     ``torch.distributed.all_reduce`` records its tensor's dtype (what went on the wire); clipping inside the
-    fused AdamW step counts the steps whose norm came from the flat all-reduce."""
+    fused AdamW step counts the steps whose norm came from the flat all-reduce and how far it is from the norm of
+    the gradients the optimizer then sees, taken in float64."""
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from torch.nn.parallel import DistributedDataParallel
@@ -64,13 +66,18 @@ def count_reducer_calls() -> None:
 
     DistributedDataParallel.__init__ = init_and_count
 
+    import torch
+
     from sparsebert.trainer.clipping import ClipInOptimizerMixin
 
     norm_from_all_reduce = ClipInOptimizerMixin._norm_from_all_reduce
 
     def counted_norm(self, sync):
         norm = norm_from_all_reduce(self, sync)
-        NORMS_FROM_ALL_REDUCE[0] += norm is not None
+        if norm is not None:
+            NORMS_FROM_ALL_REDUCE[0] += 1
+            grads = [p.grad.double().flatten() for p in self.model.parameters() if p.grad is not None]
+            NORM_ERRORS.append(abs(float(norm) / float(torch.linalg.vector_norm(torch.cat(grads))) - 1))
         return norm
 
     ClipInOptimizerMixin._norm_from_all_reduce = counted_norm
@@ -96,13 +103,13 @@ class RankDigest(TrainerCallback):
             {"weights": weights, "zeros": zeros, "losses": losses, "eval_losses": eval_losses,
              "world": int(os.environ.get("WORLD_SIZE", "1")), "reducer_calls": REDUCER_CALLS[0],
              "all_reduce_dtypes": sorted(ALL_REDUCE_DTYPES), "grad_norms": grad_norms,
-             "norms_from_all_reduce": NORMS_FROM_ALL_REDUCE[0]}))
+             "norms_from_all_reduce": NORMS_FROM_ALL_REDUCE[0], "norm_errors": NORM_ERRORS}))
 
 
 def main() -> None:
     out, data_dir, name, *overrides = sys.argv[1:]
     if os.environ.get("COUNT_REDUCER_CALLS") == "1":
-        count_reducer_calls()
+        record_communication()
     out_root = Path(out)
     cfg = Registry.from_directory(ROOT / "experiments").build(name, overrides)
     run_experiment(cfg, RunOptions(output_root=out_root, data_dir=Path(data_dir)),
