@@ -44,7 +44,7 @@ GRAPHS = "train.torch_compile_mode=reduce-overhead"  # CUDA graphs
 AUTOTUNE = "train.torch_compile_mode=max-autotune-no-cudagraphs"
 TUNED = "train.torch_compile_tune_kernels=true"
 FAST_DROPOUT = "model.fast_dropout=true"
-CLIP_OUTSIDE = "train.clip_in_optimizer=false"  # the Trainer's own clipping pass (the default before 2026-11-27)
+CLIP_OUTSIDE = "train.clip_in_optimizer=false"  # the Trainer's own clipping pass (the default before 982af3f)
 # key, experiment, train.torch_compile, further overrides, label
 OURS = [
     ("ours-eager", "bert_100k", False, (), ""),

@@ -53,7 +53,7 @@ VARIANTS = {
     "bert_100k_static_cudagraphs_blocking_copy": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
                                                                 "train.async_batch_copy=false"]),
     # the Trainer's own clipping pass instead of the clip factor inside the fused AdamW step
-    # (train.clip_in_optimizer, the default since 2026-11-27: every variant here runs with it unless it says not)
+    # (train.clip_in_optimizer, the default since 982af3f: every variant here runs with it unless it says not)
     "bert_100k_static_cudagraphs_clip_outside": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
                                                                "train.clip_in_optimizer=false"]),
     "sparse_80_rigl_static_cudagraphs_clip_outside": ("sparse_80_rigl", ["train.torch_compile=true", *STATIC,
