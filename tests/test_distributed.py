@@ -93,20 +93,19 @@ def test_flat_all_reduces_train_the_same_model_bit_for_bit(data_dir, tmp_path, a
     """train.ddp.comm_hook=flat averages every gradient, and sparse only active weights' gradients (dense ones on
     RigL steps), in one all-reduce after the last micro-batch, without DDP's reducer: the weights and masks after
     12 steps with 2 RigL updates are those of plain DDP, bit for bit, with fewer values sent by sparse; flat_bf16
-    sends bf16 values, and its ranks agree. The flat all-reduces run in 3 pieces (the default); sparse also in one
-    (train.ddp.flat_pieces=1). With 2 micro-batches per step (the sync after the last one) sparse alone: the
-    other hooks share its code after the backward."""
+    sends bf16 values, and its ranks agree. The flat all-reduces run in 3 pieces (the default; one piece is
+    checked against plain DDP on a toy model in tests/sparsity/test_sparsity_communication.py). With 2
+    micro-batches per step (the sync after the last one) sparse alone: the other hooks share its code after the
+    backward."""
     hooks = ("none", "sparse", "flat", "flat_bf16") if accumulation == 1 else ("none", "sparse")
     runs = {hook: [f"train.ddp.comm_hook={hook}"] for hook in hooks}
-    if accumulation == 1:
-        runs["sparse_one_piece"] = ["train.ddp.comm_hook=sparse", "train.ddp.flat_pieces=1"]
     digests = two_rank_runs(data_dir, tmp_path, {name: [*overrides, f"train.per_device_batch_size={6 // accumulation}"]
                                                  for name, overrides in runs.items()})
     plain = digests["none"][0]
     # DDP's reducer averaged plain DDP's gradients, and none of the flat runs' (averaging twice would give the
     # same bits at 2 ranks, so the weights alone cannot tell)
     assert plain["reducer_calls"] > 0
-    for hook in (h for h in ("sparse", "flat", "sparse_one_piece") if h in digests):
+    for hook in (h for h in ("sparse", "flat") if h in digests):
         rank0, rank1 = digests[hook]
         assert rank0["reducer_calls"] == 0, hook
         assert rank1["weights"] == rank0["weights"], hook  # both ranks agree
@@ -193,27 +192,21 @@ def test_clipping_inside_fused_adamw_takes_the_norm_from_the_flat_all_reduces(da
     """train.clip_in_optimizer with a fused AdamW (as on GPUs) under comm_hook=sparse (sparse_tiny_rigl) and
     flat_bf16 (the dense bert_tiny_quick, 2 micro-batches per step): the clipped norm is the one the all-reduce
     summed piece by piece, equal to the Trainer's norm of the same gradients; sparse takes it on steps that sent
-    active values only and the Trainer's own on RigL steps (dense gradients, masked afterwards). The sparse run's
-    logged norms and losses are plain DDP's with the same optimizer up to rounding, at a clip (0.05) every step
-    hits."""
+    active values only and the Trainer's own on RigL steps (dense gradients, masked afterwards); at a clip (0.05)
+    every step hits. (That clipping inside the fused step updates as the Trainer's clipping does:
+    tests/trainer/test_clip_in_optimizer.py.)"""
     fused = ["train.optim=adamw_torch_fused", "train.max_grad_norm=0.05"]
-    digests = two_rank_runs(data_dir, tmp_path, {"plain": fused, "sparse": [*fused, "train.ddp.comm_hook=sparse"]})
+    digests = two_rank_runs(data_dir, tmp_path, {"sparse": [*fused, "train.ddp.comm_hook=sparse"]})
     digests |= two_rank_runs(data_dir, tmp_path, {
         "flat_bf16": [*fused, "train.ddp.comm_hook=flat_bf16", "train.per_device_batch_size=3"]}, "bert_tiny_quick")
-    plain, (rank0, rank1) = digests["plain"][0], digests["sparse"]
-    assert rank1["weights"] == rank0["weights"] and rank0["zeros"] == plain["zeros"]
+    rank0, rank1 = digests["sparse"]
+    assert rank1["weights"] == rank0["weights"] and rank1["zeros"] == rank0["zeros"]
     # of 12 steps, the first (the all-reduce learns that it is asked) and RigL's 2 dense-gradient steps (3 and 6;
     # RigL's updates end at 75 % of the run) use the Trainer's norm
-    assert rank0["norms_from_all_reduce"] == 12 - 1 - 2 and plain["norms_from_all_reduce"] == 0
+    assert rank0["norms_from_all_reduce"] == 12 - 1 - 2
     bf16_rank0, bf16_rank1 = digests["flat_bf16"]
     assert bf16_rank0["norms_from_all_reduce"] == 12 - 1 and bf16_rank1["weights"] == bf16_rank0["weights"]
     # the norm of the gradients the optimizer sees: a float32 sum of squares over the tiny BERT's 4.4 M values on
     # a CPU is off by ~1e-4 (the Trainer's own norm as much), while a piece left out would be off by percents
     assert max(rank0["norm_errors"] + bf16_rank0["norm_errors"]) < 5e-4
-    assert min(rank0["grad_norms"]) > 0.05
-    # the two norms differ in rounding only (summed in another order), but Adam turns last-bit differences of
-    # near-zero gradients into lr-sized steps, so the courses part slowly: 2e-4 relative after 12 steps here,
-    # where a norm missing a piece of the buffer would be off by percents at once
-    assert rank0["grad_norms"][0] == pytest.approx(plain["grad_norms"][0], rel=1e-6)
-    assert rank0["grad_norms"] == pytest.approx(plain["grad_norms"], rel=1e-3)
-    assert rank0["losses"] == pytest.approx(plain["losses"], abs=1e-3)
+    assert min(rank0["grad_norms"] + bf16_rank0["grad_norms"]) > 0.05
