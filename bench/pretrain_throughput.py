@@ -94,15 +94,14 @@ OURS = [
     ("ours-sparse-static-half-residual-fast-dropout-tuned", "sparse_80_rigl", True,
      (*HALF, GRAPHS, FAST_DROPOUT, TUNED),
      " + static mask count + CUDA graphs + bf16 residual stream + fast dropout + Inductor kernel tuning"),
-    # the two fast-dropout rows with the Trainer's own clipping pass (a norm, then a multiplication of every
-    # gradient) instead of the clip factor inside the fused AdamW step (train.clip_in_optimizer, the default
-    # since these rows were added; every row above runs with it)
-    ("ours-static-half-residual-fast-dropout-clip-outside", "bert_100k", True, (*HALF, FAST_DROPOUT, CLIP_OUTSIDE),
-     " + static mask count + bf16 residual stream + fast dropout, clipping as a pass of its own"),
-    ("ours-sparse-static-half-residual-fast-dropout-clip-outside", "sparse_80_rigl", True,
-     (*HALF, GRAPHS, FAST_DROPOUT, CLIP_OUTSIDE),
-     " + static mask count + CUDA graphs + bf16 residual stream + fast dropout, clipping as a pass of its own"),
 ]
+# the two fast-dropout rows with the Trainer's own clipping pass (a norm, then a multiplication of every gradient)
+# instead of the clip factor inside the fused AdamW step (train.clip_in_optimizer, the default since these rows
+# were added; every row above runs with it)
+OURS += [(f"{key}-clip-outside", experiment, compiled, (*overrides, CLIP_OUTSIDE),
+          f"{label}, clipping as a pass of its own")
+         for key, experiment, compiled, overrides, label in OURS
+         if key in ("ours-static-half-residual-fast-dropout", "ours-sparse-static-half-residual-fast-dropout")]
 
 
 INDUCTOR_PATCHES = {"ours-static-half-residual-combo": {"combo_kernels": True},

@@ -52,15 +52,14 @@ VARIANTS = {
     # the previous one (train.async_batch_copy=false)
     "bert_100k_static_cudagraphs_blocking_copy": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
                                                                 "train.async_batch_copy=false"]),
-    # the Trainer's own clipping pass instead of the clip factor inside the fused AdamW step
-    # (train.clip_in_optimizer, the default since 982af3f: every variant here runs with it unless it says not)
-    "bert_100k_static_cudagraphs_clip_outside": ("bert_100k", ["train.torch_compile=true", *STATIC, *CUDAGRAPHS,
-                                                               "train.clip_in_optimizer=false"]),
-    "sparse_80_rigl_static_cudagraphs_clip_outside": ("sparse_80_rigl", ["train.torch_compile=true", *STATIC,
-                                                                         *CUDAGRAPHS, "train.clip_in_optimizer=false"]),
     "bert_100k_layers_static_cudagraphs": ("bert_100k", [*LAYERS, *STATIC, *CUDAGRAPHS]),
     "sparse_80_rigl_layers_static_cudagraphs": ("sparse_80_rigl", [*LAYERS, *STATIC, *CUDAGRAPHS]),
 }
+# the Trainer's own clipping pass instead of the clip factor inside the fused AdamW step (train.clip_in_optimizer,
+# the default since 982af3f: every variant here runs with it unless its name ends in _clip_outside)
+CLIP_OUTSIDE = "_clip_outside"
+for _name in ("bert_100k_static_cudagraphs", "sparse_80_rigl_static_cudagraphs"):
+    VARIANTS[_name + CLIP_OUTSIDE] = (VARIANTS[_name][0], [*VARIANTS[_name][1], "train.clip_in_optimizer=false"])
 # Variants that change DDP settings only: variant -> (the variant they change, DDP overrides). One process has no
 # DDP, so their 1-GPU reference is that variant's 1-GPU run.
 DDP_LEVERS = {
@@ -120,15 +119,12 @@ DDP_LEVERS = {
                                       ("static_cudagraphs_nosplit_flat_bf16", "bert_100k_static_cudagraphs", "flat_bf16"),
                                       ("sparse_static_cudagraphs_nosplit_sparse_allreduce",
                                        "sparse_80_rigl_static_cudagraphs", "sparse"))},
-    # the 3-piece flat all-reduces with the Trainer's own clipping pass, as measured before clip_in_optimizer
-    # (which with the flat all-reduce also takes the gradients' norm from it, summed piece by piece)
-    "static_cudagraphs_nosplit_flat_bf16_p3_clip_outside": ("bert_100k_static_cudagraphs_clip_outside",
-                                                            [*NOSPLIT, "train.ddp.comm_hook=flat_bf16",
-                                                             "train.ddp.flat_pieces=3"]),
-    "sparse_static_cudagraphs_nosplit_sparse_allreduce_p3_clip_outside": (
-        "sparse_80_rigl_static_cudagraphs_clip_outside",
-        [*NOSPLIT, "train.ddp.comm_hook=sparse", "train.ddp.flat_pieces=3"]),
 }
+# the 3-piece flat all-reduces with the Trainer's own clipping pass, as measured before clip_in_optimizer (which
+# with the flat all-reduce also takes the gradients' norm from it, summed piece by piece)
+for _name in ("static_cudagraphs_nosplit_flat_bf16_p3", "sparse_static_cudagraphs_nosplit_sparse_allreduce_p3"):
+    _reference, _ddp = DDP_LEVERS[_name]
+    DDP_LEVERS[_name + CLIP_OUTSIDE] = (_reference + CLIP_OUTSIDE, _ddp)
 # A diagnostic, not a setting: DDP with a communication hook that returns every bucket as it is, so the step
 # does all of DDP's work (graph split, bucket copies, hooks) except the all-reduce itself; the gradients are then
 # not averaged, so only its time means anything. With the 1-GPU run it splits the multi-GPU loss into the

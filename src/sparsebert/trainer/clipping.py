@@ -106,7 +106,11 @@ def clip_divisor(norm: torch.Tensor, max_norm: float) -> torch.Tensor:
 
 
 def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The 2-norm of all ``grads`` together, as clip_grad_norm_ computes it (one norm per tensor, then theirs)."""
+    """The 2-norm of all ``grads`` together, as clip_grad_norm_ computes it: torch's own ``get_total_norm``
+    (torch >= 2.6), or its computation (one norm per tensor, then theirs) on older versions."""
+    get_total_norm = getattr(torch.nn.utils, "get_total_norm", None)
+    if get_total_norm is not None:
+        return get_total_norm(grads, 2.0)
     if not grads:
         return torch.tensor(0.0)
     return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
