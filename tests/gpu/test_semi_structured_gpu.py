@@ -1,4 +1,5 @@
-"""2:4 export on a GPU: the semi-structured model computes what the masked dense model computes (bf16).
+"""2:4 export on a GPU: the semi-structured model computes what the masked dense model computes (bf16), with
+row-major and column-major results.
 
 Skipped, with the reason, where there is no CUDA GPU of compute capability 8.0 or newer (CI has none).
 """
@@ -11,7 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from sparsebert.sparsity import SemiStructuredLinear, nm_mask, to_semi_structured
+from sparsebert.sparsity import (
+    SemiStructuredLinear,
+    SparsityConfig,
+    SparsityController,
+    nm_mask,
+    to_semi_structured,
+)
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
@@ -42,22 +49,34 @@ def _close(out: torch.Tensor, ref: torch.Tensor) -> None:
     assert error <= 2e-2 * ref.float().abs().max().item(), error
 
 
+@pytest.mark.parametrize("column_major", [(), ("0",)])
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_exported_model_matches_masked_dense(backend):
+def test_exported_model_matches_masked_dense(backend, column_major):
     dense = _masked_ffn()
     sparse = copy.deepcopy(dense)
-    assert to_semi_structured(sparse, backend=backend) == ["0", "2"]
+    assert to_semi_structured(sparse, backend=backend, column_major=column_major) == ["0", "2"]
     assert isinstance(sparse[0], SemiStructuredLinear) and isinstance(sparse[2], SemiStructuredLinear)
     assert type(sparse[3]) is nn.Linear and type(sparse[4]) is nn.Linear  # not 2:4; 2 rows are too few
+    cusparselt = type(sparse[0].weight).BACKEND == "cusparselt"
+    assert sparse[0].column_major_output == (cusparselt and column_major == ("0",))
+    assert not sparse[2].column_major_output
     generator = torch.Generator(device="cuda").manual_seed(0)
     inputs = [
         torch.randn(64, 768, device="cuda", dtype=torch.bfloat16, generator=generator),
         torch.randn(4, 128, 768, device="cuda", dtype=torch.bfloat16, generator=generator),
         torch.randn(768, 4, 24, device="cuda", dtype=torch.bfloat16, generator=generator).permute(1, 2, 0),
-    ]  # 2-D, 3-D, and 3-D non-contiguous with a row count (96) that is not a multiple of the kernel tile
+        torch.randn(3, 33, 768, device="cuda", dtype=torch.bfloat16, generator=generator),
+    ]  # 2-D, 3-D, 3-D non-contiguous, and 99 rows: not a multiple of the 8 cuSPARSELt wants (padded)
     with torch.inference_mode():
         for x in inputs:
             _close(sparse(x), dense(x))
+            up = sparse[0](x)
+            _close(up, dense[0](x))
+            rows = up.numel() // up.shape[-1]
+            if sparse[0].column_major_output:  # a transposed view: rows are adjacent in memory
+                assert up.reshape(rows, -1).stride() == (1, rows)
+            else:
+                assert up.is_contiguous()
 
 
 def test_fp32_model_keeps_its_dtype_around_bf16_sparse_layers():
@@ -68,3 +87,36 @@ def test_fp32_model_keeps_its_dtype_around_bf16_sparse_layers():
     x = torch.randn(8, 16, 768, device="cuda")
     with torch.inference_mode():
         _close(sparse(x), dense(x))
+
+
+def test_bert_export_keeps_attention_row_major_and_the_feed_forward_column_major():
+    """A small BERT classifier with magnitude 2:4 masks: with the default layouts the exported logits match the
+    masked dense model's, the up-projections hand GELU a column-major result and everything else is row-major."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512
+    )
+    dense = BertForSequenceClassification(config).cuda().eval()
+    SparsityController(dense, SparsityConfig(sparsity=0.5, pattern="2:4", init="magnitude"))
+    dense = dense.to(torch.bfloat16)
+    sparse = copy.deepcopy(dense)
+    converted = to_semi_structured(sparse)
+    assert len(converted) == 12  # 6 encoder Linear layers per layer; pooler and classifier have no 2:4 masks
+    layouts: dict[str, bool] = {}
+
+    def record(name):
+        def hook(module, args, out):
+            layouts[name] = out.reshape(-1, out.shape[-1]).is_contiguous()
+
+        return hook
+
+    for name in converted:
+        sparse.get_submodule(name).register_forward_hook(record(name))
+    ids = torch.randint(0, 512, (4, 40), device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    with torch.inference_mode():
+        _close(sparse(input_ids=ids).logits, dense(input_ids=ids).logits)
+    cusparselt = type(sparse.get_submodule(converted[0]).weight).BACKEND == "cusparselt"
+    for name in converted:
+        assert layouts[name] == (not (cusparselt and name.endswith("intermediate.dense"))), name

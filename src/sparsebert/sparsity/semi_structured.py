@@ -11,13 +11,18 @@ with cuSPARSELt and (32, 64) with CUTLASS; float32 runs only on CUTLASS, (32, 32
 only on sm8x (Ampere/Ada): on Hopper and newer only cuSPARSELt works. The sparse matmul itself is 2-D only, so
 ``SemiStructuredLinear`` flattens leading (batch, seq) dimensions around it.
 
-Faster is not guaranteed: on an H200 (torch 2.11, cuSPARSELt 0.8) every 2:4 matmul took about 0.45 ms whatever
-its size (dense: 0.02-0.2 ms for BERT-base layers), so the exported BERT ran 5-15x slower than the same masked
-weights run dense (``bench/semi_structured.py``; pytorch/pytorch#153825). Upstream profiles put that time on
-the host, between kernels: torch's ``_cslt_sparse_mm`` builds and destroys its cuSPARSELt descriptors and matmul
-plan on every call (plan caching was proposed after torch 2.11: pytorch/pytorch#177866, #179642), so no choice
-of kernel (alg_id) or layout made from Python removes it; a CUDA graph, which replays only the kernels, might.
-Measure on the target card.
+Layouts: cuSPARSELt multiplies the transposed problem, sparse weight first (``W @ x^T``), and its speed depends on
+which operands are transposed. Row-major activations in and row-major results out is its slowest combination for
+BERT-base's shapes on an H100 (torch 2.11); a column-major result, or a column-major input, is up to 1.7x faster
+(``bench/semi_structured.py --kernels``). So a layer listed in ``column_major`` returns its result column-major
+(a transposed view, no copy): BERT's feed-forward up-projection, whose output goes only through GELU (elementwise,
+keeps the layout) into the down-projection, which then reads it as a contiguous transposed operand and writes a
+row-major result again. Every other layer returns row-major results, as attention's head split and LayerNorm want.
+The values are the same either way.
+
+Torch's own semi-structured ``F.linear`` (2.11) is not used for cuSPARSELt weights: it sets up its cuSPARSELt plan
+on the host at every call (pytorch/pytorch#153825; eager inference is host-bound, a CUDA graph removes that) and
+leaves the layout to the torch version. Measure on the target card.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from .masks import nm_violations
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "cutlass", "cusparselt")
+# Name suffixes of the Linear layers whose result stays column-major by default: BERT-family feed-forward
+# up-projections (BERT, RoBERTa, ELECTRA, MiniLM all call them "intermediate.dense").
+COLUMN_MAJOR_DEFAULT = ("intermediate.dense",)
 # int8 / float8 need scaled matmuls with their own scales: out of scope for a drop-in Linear.
 _FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -56,16 +64,22 @@ def is_two_four(weight: torch.Tensor) -> bool:
 class SemiStructuredLinear(nn.Linear):
     """An ``nn.Linear`` whose weight is a ``SparseSemiStructuredTensor``; inference only.
 
-    The subclass's matmul raises "Broadcasting is not implemented" for N-D operands, and its own ``linear``
-    handler flattens with ``view``, which fails on non-contiguous activations; ``reshape`` here is a free view
-    for contiguous inputs and a copy otherwise. Inputs are cast to the weight's dtype and the output back to the
-    input's dtype, so converting some layers of an fp32 model leaves the rest of it as it was (both casts are
-    no-ops when the model already runs in the export dtype).
+    The sparse matmul is 2-D only, so leading (batch, seq) dimensions are flattened around it (``reshape``: a
+    free view for contiguous or column-major inputs, a copy otherwise). Inputs are cast to the weight's dtype and
+    the output back to the input's dtype, so converting some layers of an fp32 model leaves the rest of it as it
+    was (both casts are no-ops when the model already runs in the export dtype). ``column_major_output``: the
+    result is a column-major view instead of row-major (cuSPARSELt weights only; see the module docstring).
     """
+
+    column_major_output: bool = False
 
     @classmethod
     def from_linear(
-        cls, linear: nn.Linear, dtype: torch.dtype, sparse_cls: type[SparseSemiStructuredTensor]
+        cls,
+        linear: nn.Linear,
+        dtype: torch.dtype,
+        sparse_cls: type[SparseSemiStructuredTensor],
+        column_major_output: bool = False,
     ) -> SemiStructuredLinear:
         # Built on the meta device so no dense weight is allocated only to be replaced.
         new = cls(linear.in_features, linear.out_features, bias=linear.bias is not None, device="meta")
@@ -74,13 +88,43 @@ class SemiStructuredLinear(nn.Linear):
         if linear.bias is not None:
             # cuSPARSELt fuses the bias only in the weight's dtype.
             new.bias = nn.Parameter(linear.bias.detach().to(dtype), requires_grad=False)
+        new.column_major_output = column_major_output and sparse_cls is SparseSemiStructuredTensorCUSPARSELT
         new.train(linear.training)
         return new
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        out = F.linear(x.reshape(-1, x.shape[-1]).to(self.weight.dtype), self.weight, self.bias)
+        x2d = x.reshape(-1, x.shape[-1]).to(self.weight.dtype)
+        if isinstance(self.weight, SparseSemiStructuredTensorCUSPARSELT):
+            out = cusparselt_linear(x2d, self.weight, self.bias, self.column_major_output)
+        else:
+            out = F.linear(x2d, self.weight, self.bias)
         return out.view(*lead, out.shape[-1]).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", column_major_output=True" if self.column_major_output else "")
+
+
+def cusparselt_linear(
+    x: torch.Tensor,
+    weight: SparseSemiStructuredTensorCUSPARSELT,
+    bias: torch.Tensor | None,
+    column_major_output: bool = False,
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a 2-D ``x`` as one cuSPARSELt call: ``W @ x^T``, with ``x^T`` passed as
+    a view (cuSPARSELt reads either layout of ``x`` without a copy). The result is row-major [rows, out]
+    (cuSPARSELt writes it transposed), or with ``column_major_output`` the [out, rows] result's transposed view."""
+    rows = x.shape[0]
+    # cuSPARSELt wants the dense operand's row count to be a multiple of the dtype's minimum (8 for bf16/fp16)
+    pad = -rows % weight._DTYPE_SHAPE_CONSTRAINTS[x.dtype].dense_min_rows
+    if pad:
+        x = F.pad(x, (0, 0, 0, pad))
+    out = torch._cslt_sparse_mm(
+        weight.packed, x.t(), bias, transpose_result=not column_major_output, alg_id=weight.alg_id_cusparselt
+    )
+    if column_major_output:
+        out = out.t()
+    return out[:rows] if pad else out
 
 
 def to_semi_structured(
@@ -88,6 +132,7 @@ def to_semi_structured(
     dtype: torch.dtype = torch.bfloat16,
     names: Iterable[str] | None = None,
     backend: str = "auto",
+    column_major: Iterable[str] = COLUMN_MAJOR_DEFAULT,
 ) -> list[str]:
     """Replace each eligible ``nn.Linear`` of ``model`` (on a CUDA sm80+ GPU) by a ``SemiStructuredLinear``.
 
@@ -97,8 +142,11 @@ def to_semi_structured(
     "cutlass" (what ``SparseSemiStructuredTensor._FORCE_CUTLASS`` selects; sm8x only), or "auto" (cuSPARSELt
     where this torch build has it, else CUTLASS). The chosen class is called directly rather than flipping the
     global flag. The capability check uses the current CUDA device, where the model is expected to be.
-    Returns the names of the converted modules; the rest of the model is untouched.
+    ``column_major``: name suffixes (whole dotted parts) of the layers that return column-major results
+    (cuSPARSELt only; see the module docstring); ``()`` keeps every result row-major. Returns the names of the
+    converted modules; the rest of the model is untouched.
     """
+    suffixes = tuple(column_major)
     if not torch.cuda.is_available():
         raise RuntimeError("semi-structured sparse kernels need a CUDA GPU (sm80+); CUDA is not available here")
     sparse_cls = _backend_class(backend, torch.cuda.get_device_capability())
@@ -134,7 +182,8 @@ def to_semi_structured(
             skipped.append(f"{name} (shape {rows}x{cols} is not a multiple of ({min_rows}, {min_cols}))")
         else:
             parent, _, child = name.rpartition(".")
-            sparse = SemiStructuredLinear.from_linear(linear, dtype, sparse_cls)
+            transposed = any(name == suffix or name.endswith("." + suffix) for suffix in suffixes)
+            sparse = SemiStructuredLinear.from_linear(linear, dtype, sparse_cls, column_major_output=transposed)
             setattr(model.get_submodule(parent), child, sparse)
             converted.append(name)
     if skipped:
