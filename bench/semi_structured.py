@@ -15,6 +15,8 @@ only a ``config.json``: its architecture, randomly initialised (speed does not d
 
 ``--cuda-graph`` times the variants as CUDA graph replays, which leaves out all host-side work between kernels:
 what the sparse kernels themselves gain once per-call set-up (see sparsity/semi_structured.py) is gone.
+``--compile`` compiles every variant's forward first (torch.compile, static shapes); ``--profile`` adds each
+variant's GPU time by kernel at the largest batch.
 
 ``--kernels`` times single Linear layers instead of models (BERT-base's and MiniLM's shapes, and BERT-base's
 query/key/value fused into one 2304 x 768 weight; M = batch x seq rows): dense ``F.linear`` against the cuSPARSELt
@@ -107,17 +109,33 @@ def check_logits(dense: nn.Module, sparse: nn.Module, ids: torch.Tensor) -> dict
             "within_tolerance": diff <= LOGIT_RTOL * scale}
 
 
-def eager(model: nn.Module, ids: torch.Tensor) -> Callable[[], object]:
+def eager(forward: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor) -> Callable[[], object]:
     def step() -> object:
         with torch.inference_mode():
-            return unmasked_logits(model, ids)
+            return forward(ids)
     return step
 
 
-def graphed(model: nn.Module, ids: torch.Tensor) -> Callable[[], object]:
+def graphed(forward: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor) -> Callable[[], object]:
     """The forward pass captured in a CUDA graph: host-side work between kernels (Python, dispatch,
     cuSPARSELt's per-call plan set-up) drops out of the time. The graph reads ``ids`` in place."""
-    return capture(eager(model, ids))
+    return capture(eager(forward, ids))
+
+
+def kernel_profile(step: Callable[[], object], calls: int = 5, top: int = 12) -> dict:
+    """GPU time per call of ``step`` by kernel (torch.profiler; CUDA graph replays show their kernels too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    kernels = sorted(((e.key, e.device_time_total / calls / 1000, e.count // calls)
+                      for e in prof.key_averages() if e.device_time_total > 0), key=lambda k: -k[1])
+    return {"total_ms": sum(k[1] for k in kernels),
+            "top": [{"kernel": name[:120], "ms": ms, "calls": n} for name, ms, n in kernels[:top]]}
 
 
 def seqs_per_second(step: Callable[[], object], batch_size: int, warmup: int, iters: int) -> float:
@@ -169,13 +187,16 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         models[variant] = sparse
         exported[variant] = {"converted_layers": len(converted), "column_major_layers": column, "kernel": kernel,
                              "logits_check": check}
+    forwards = {variant: partial(unmasked_logits, model) for variant, model in models.items()}
+    if args.compile:  # one static-shape graph per batch size (dynamic=False), the same for every variant
+        forwards = {variant: torch.compile(f, dynamic=False) for variant, f in forwards.items()}
     rows = []
     for batch_size in args.batches:
         ids = token_ids(batch_size, args.seq, vocab)
         steps = {}
-        for variant, model in models.items():
+        for variant, forward in forwards.items():
             try:
-                steps[variant] = graphed(model, ids) if args.cuda_graph else eager(model, ids)
+                steps[variant] = graphed(forward, ids) if args.cuda_graph else eager(forward, ids)
             except RuntimeError as e:  # e.g. a kernel that cannot be captured: report it, keep the other rows
                 print(f"{name} batch {batch_size} {variant}: CUDA graph capture failed: {e}", file=sys.stderr)
                 steps = {}
@@ -190,8 +211,13 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         median = {variant: statistics.median(r) for variant, r in runs.items()}
         rows.append({"batch": batch_size, "seq_per_s": median,
                      "speedup": {v: median[v] / median["dense"] for v in median if v != "dense"}, "runs": runs})
+        if args.profile and batch_size == max(args.batches):
+            rows[-1]["profile"] = {variant: kernel_profile(step) for variant, step in steps.items()}
+            for variant, prof in rows[-1]["profile"].items():
+                print(f"{name} batch {batch_size} {variant}: {prof['total_ms']:.3f} ms of kernels per forward; "
+                      + "; ".join(f"{k['ms']:.3f} x{k['calls']} {k['kernel'][:60]}" for k in prof["top"][:6]))
         del steps
-    del dense, models
+    del dense, models, forwards
     torch.cuda.empty_cache()
     return {"model": name, "sparsity": headline, "variants": exported, "results": rows}
 
@@ -292,6 +318,10 @@ def main() -> None:
                    help="the 2:4 variants timed against dense")
     p.add_argument("--algorithms", type=int, default=1,
                    help="--kernels: time cuSPARSELt algorithms 0 .. N-1 per layout (torch's default is 0)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile every variant's forward (static shapes) before timing it")
+    p.add_argument("--profile", action="store_true",
+                   help="at the largest batch, print and save each variant's GPU time by kernel")
     p.add_argument("--cuda-graph", action="store_true",
                    help="time the variants as CUDA graph replays (no host work between kernels)")
     p.add_argument("--kernels", action="store_true",
@@ -338,7 +368,7 @@ def main() -> None:
             print(f"| {r['model']} | {row['batch']} | {row['seq_per_s']['dense']:.0f} | " + " | ".join(cells) + " |")
     summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT), "torch": torch.__version__,
                "transformers": transformers.__version__, "cusparselt": torch.backends.cusparselt.is_available(),
-               "backend": args.backend, "cuda_graph": args.cuda_graph, "seq": args.seq, "iters": args.iters, "warmup": args.warmup,
+               "backend": args.backend, "cuda_graph": args.cuda_graph, "compile": args.compile, "seq": args.seq, "iters": args.iters, "warmup": args.warmup,
                "repeats": args.repeats, "logit_rtol": LOGIT_RTOL, "models": results}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
