@@ -188,11 +188,16 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         exported[variant] = {"converted_layers": len(converted), "column_major_layers": column, "kernel": kernel,
                              "logits_check": check}
     forwards = {variant: partial(unmasked_logits, model) for variant, model in models.items()}
-    if args.compile:  # one static-shape graph per batch size (dynamic=False), the same for every variant
-        forwards = {variant: torch.compile(f, dynamic=False) for variant, f in forwards.items()}
     rows = []
     for batch_size in args.batches:
         ids = token_ids(batch_size, args.seq, vocab)
+        if args.compile:
+            # one static-shape graph per variant and batch size. Every variant runs the same code object, and
+            # dynamo keeps only torch._dynamo.config.cache_size_limit (8) graphs per code object before it
+            # silently runs the rest eagerly: start afresh for each batch size.
+            torch._dynamo.reset()
+            forwards = {variant: torch.compile(partial(unmasked_logits, model), dynamic=False)
+                        for variant, model in models.items()}
         steps = {}
         for variant, forward in forwards.items():
             try:
