@@ -203,16 +203,15 @@ def main() -> None:
                                                   args.warmup, *v[1:], inductor=INDUCTOR_PATCHES.get(key, {})))
              for key, *v in OURS]
     profile = {key.strip() for key in args.profile.split(",")} - {""}
-    only_order = [key.strip() for key in args.only.split(",") if key.strip()]
-    only = set(only_order)
-    for flag, keys, known in (("--skip", skip, [k for k, _ in plan]), ("--only", only, [k for k, _ in plan]),
+    only = list(dict.fromkeys(key.strip() for key in args.only.split(",") if key.strip()))  # ordered, unique
+    for flag, keys, known in (("--skip", skip, [k for k, _ in plan]), ("--only", set(only), [k for k, _ in plan]),
                               ("--profile", profile, [k for k, *_ in OURS])):
         unknown = keys - set(known) - {""}
         if unknown:  # before the first variant's minutes are spent
             raise SystemExit(f"{flag}: unknown variant key(s) {sorted(unknown)}; known: {', '.join(known)}")
     timed = plan
     if only:  # the listed order: which variant runs (and compiles) first is part of an experiment
-        timed = sorted((item for item in plan if item[0] in only), key=lambda item: only_order.index(item[0]))
+        timed = sorted((item for item in plan if item[0] in only), key=lambda item: only.index(item[0]))
     for key, fn in timed:
         if key in skip:
             continue

@@ -55,7 +55,7 @@ from cuda_timing import capture, ms_per_call  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
-from sparsebert.sparsity.semi_structured import cusparselt_linear  # noqa: E402
+from sparsebert.sparsity.semi_structured import COLUMN_MAJOR_DEFAULT, cusparselt_linear  # noqa: E402
 
 # Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
 # another order, so a few bf16 ulps per layer add up over the encoder; a wrong weight layout would be O(1).
@@ -144,22 +144,22 @@ def seqs_per_second(step: Callable[[], object], batch_size: int, warmup: int, it
     return batch_size / (ms_per_call(step, iters) / 1000)
 
 
-def feed_forward_layers(model: nn.Module) -> list[str]:
-    """The encoder's feed-forward Linear layers: BERT's ``intermediate.dense`` and the ``output.dense`` after it
-    (not ``attention.output.dense``)."""
-    return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".encoder." in f".{n}"
-            and (n.endswith("intermediate.dense") or (n.endswith(".output.dense") and ".attention." not in n))]
-
-
 def encoder_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".encoder." in f".{n}"]
 
 
-# variant -> (which Linear layers to export, the to_semi_structured column_major argument; None: its default)
-VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]], tuple[str, ...] | None]] = {
-    "2:4": (encoder_layers, None),
+def feed_forward_layers(model: nn.Module) -> list[str]:
+    """The encoder's feed-forward Linear layers: BERT's ``intermediate.dense`` and the ``output.dense`` after it
+    (not ``attention.output.dense``)."""
+    return [n for n in encoder_layers(model) if n.endswith(".intermediate.dense")
+            or (n.endswith(".output.dense") and ".attention." not in n)]
+
+
+# variant -> (which Linear layers to export, the to_semi_structured column_major argument)
+VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]], tuple[str, ...]]] = {
+    "2:4": (encoder_layers, COLUMN_MAJOR_DEFAULT),
     "2:4 row-major": (encoder_layers, ()),
-    "2:4 feed-forward": (feed_forward_layers, None),
+    "2:4 feed-forward": (feed_forward_layers, COLUMN_MAJOR_DEFAULT),
 }
 
 
@@ -171,9 +171,11 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
     for variant in args.variants:
         select, column_major = VARIANTS[variant]
         sparse = copy.deepcopy(dense)
-        layout = {} if column_major is None else {"column_major": column_major}
-        converted = to_semi_structured(sparse, dtype=torch.bfloat16, names=select(sparse), backend=args.backend,
-                                       **layout)
+        names = select(sparse)
+        if not names:
+            sys.exit(f"{name} {variant}: the model has no such Linear layers (BERT-style names expected)")
+        converted = to_semi_structured(sparse, dtype=torch.bfloat16, names=names, backend=args.backend,
+                                       column_major=column_major)
         if not converted:
             sys.exit(f"{name} {variant}: no Linear layer could be exported (see the log); nothing to compare")
         check = check_logits(dense, sparse, token_ids(16, args.seq, vocab))
@@ -199,15 +201,21 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
             forwards = {variant: torch.compile(partial(unmasked_logits, model), dynamic=False)
                         for variant, model in models.items()}
         steps = {}
+        compiled_error: dict[str, float] = {}
         for variant, forward in forwards.items():
             try:
+                if args.compile:  # the compiled forward against the variant's eager one, before it is timed
+                    with torch.inference_mode():
+                        compiled_error[variant] = (forward(ids).float()
+                                                   - unmasked_logits(models[variant], ids).float()).abs().max().item()
                 steps[variant] = graphed(forward, ids) if args.cuda_graph else eager(forward, ids)
-            except RuntimeError as e:  # e.g. a kernel that cannot be captured: report it, keep the other rows
-                print(f"{name} batch {batch_size} {variant}: CUDA graph capture failed: {e}", file=sys.stderr)
+            except Exception as e:  # a compile or CUDA graph capture failure: report it, keep the other rows
+                print(f"{name} batch {batch_size} {variant}: compile or CUDA graph capture failed: {e}",
+                      file=sys.stderr)
+                rows.append({"batch": batch_size, "error": f"{variant}: {type(e).__name__}: {str(e)[:200]}"})
                 steps = {}
                 break
         if not steps:
-            rows.append({"batch": batch_size, "error": "CUDA graph capture failed"})
             continue
         runs: dict[str, list[float]] = {variant: [] for variant in steps}
         for _ in range(args.repeats):
@@ -216,6 +224,8 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         median = {variant: statistics.median(r) for variant, r in runs.items()}
         rows.append({"batch": batch_size, "seq_per_s": median,
                      "speedup": {v: median[v] / median["dense"] for v in median if v != "dense"}, "runs": runs})
+        if compiled_error:
+            rows[-1]["compiled_vs_eager_max_abs_diff"] = compiled_error
         if args.profile and batch_size == max(args.batches):
             rows[-1]["profile"] = {variant: kernel_profile(step) for variant, step in steps.items()}
             for variant, prof in rows[-1]["profile"].items():
@@ -373,8 +383,8 @@ def main() -> None:
             print(f"| {r['model']} | {row['batch']} | {row['seq_per_s']['dense']:.0f} | " + " | ".join(cells) + " |")
     summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT), "torch": torch.__version__,
                "transformers": transformers.__version__, "cusparselt": torch.backends.cusparselt.is_available(),
-               "backend": args.backend, "cuda_graph": args.cuda_graph, "compile": args.compile, "seq": args.seq, "iters": args.iters, "warmup": args.warmup,
-               "repeats": args.repeats, "logit_rtol": LOGIT_RTOL, "models": results}
+               "backend": args.backend, "cuda_graph": args.cuda_graph, "compile": args.compile, "seq": args.seq,
+               "iters": args.iters, "warmup": args.warmup, "repeats": args.repeats, "logit_rtol": LOGIT_RTOL, "models": results}
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(summary, indent=2) + "\n")

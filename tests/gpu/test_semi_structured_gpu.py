@@ -66,7 +66,10 @@ def test_exported_model_matches_masked_dense(backend, column_major):
         torch.randn(4, 128, 768, device="cuda", dtype=torch.bfloat16, generator=generator),
         torch.randn(768, 4, 24, device="cuda", dtype=torch.bfloat16, generator=generator).permute(1, 2, 0),
         torch.randn(3, 33, 768, device="cuda", dtype=torch.bfloat16, generator=generator),
-    ]  # 2-D, 3-D, 3-D non-contiguous, and 99 rows: not a multiple of the 8 cuSPARSELt wants (padded)
+        torch.randn(16, 8, 768, device="cuda", dtype=torch.bfloat16, generator=generator)[:, 0],
+        torch.randn(3, 768, device="cuda", dtype=torch.bfloat16, generator=generator),
+    ]  # 2-D, 3-D, 3-D column-major, 99 rows (not a multiple of the 8 cuSPARSELt wants: padded), a slice that is
+    # neither row- nor column-major (16 rows, no padding: copied first), and fewer rows than 8
     with torch.inference_mode():
         for x in inputs:
             _close(sparse(x), dense(x))
@@ -119,3 +122,33 @@ def test_bert_export_keeps_attention_row_major_and_the_feed_forward_column_major
     cusparselt = type(sparse.get_submodule(converted[0]).weight).BACKEND == "cusparselt"
     for name in converted:
         assert layouts[name] == (not (cusparselt and name.endswith("intermediate.dense"))), name
+
+
+def test_cusparselt_linear_checks_its_input_and_handles_no_rows():
+    from sparsebert.sparsity.semi_structured import cusparselt_linear
+
+    if not torch.backends.cusparselt.is_available():
+        pytest.skip("this torch build has no cuSPARSELt")
+    sparse = copy.deepcopy(_masked_ffn())
+    to_semi_structured(sparse, backend="cusparselt")
+    layer = sparse[0]
+    with pytest.raises(ValueError, match=r"x must be 2-D \[rows, 768\] in torch.bfloat16"):
+        cusparselt_linear(torch.randn(4, 768, device="cuda"), layer.weight, layer.bias)
+    with pytest.raises(ValueError, match=r"got \(4, 384\)"):
+        cusparselt_linear(torch.randn(4, 384, device="cuda", dtype=torch.bfloat16), layer.weight, layer.bias)
+    with torch.inference_mode():
+        assert layer(torch.empty(0, 768, device="cuda", dtype=torch.bfloat16)).shape == (0, 3072)
+
+
+def test_exported_model_compiles_as_one_graph():
+    """torch.compile traces the cuSPARSELt calls (the compressed weight is handed over as [out, -1], which
+    torch's shape function needs) and computes what the eager export computes."""
+    dense = _masked_ffn()
+    sparse = copy.deepcopy(dense)
+    to_semi_structured(sparse, column_major=("0",))
+    compiled = torch.compile(sparse, fullgraph=True)
+    x = torch.randn(4, 128, 768, device="cuda", dtype=torch.bfloat16)
+    with torch.inference_mode():
+        out = compiled(x)
+        _close(out, sparse(x))
+        _close(out, dense(x))

@@ -20,6 +20,7 @@ from sparsebert.sparsity import (
     nm_mask,
     to_semi_structured,
 )
+from sparsebert.sparsity.semi_structured import ends_with_any
 
 
 def _two_four(**kwargs) -> SparsityConfig:
@@ -179,3 +180,17 @@ def test_to_semi_structured_wants_the_model_on_the_gpu(monkeypatch, mlp):
     SparsityController(mlp, _two_four())
     with pytest.raises(RuntimeError, match="0 is on cpu: move the model to the CUDA GPU before exporting"):
         to_semi_structured(mlp)
+
+
+def test_column_major_suffixes_match_whole_dotted_parts():
+    name = "bert.encoder.layer.0.intermediate.dense"
+    assert ends_with_any(name, ("intermediate.dense",)) and ends_with_any(name, ("dense",))
+    assert ends_with_any(name, (name,))
+    assert not ends_with_any(name, ("ense",)) and not ends_with_any(name, ("output.dense",))
+    assert not ends_with_any("bert.encoder.layer.0.attention.output.dense", ("intermediate.dense",))
+    assert not ends_with_any(name, ())
+
+
+def test_to_semi_structured_refuses_a_bare_string_of_suffixes(mlp):
+    with pytest.raises(TypeError, match=r"sequence of name suffixes, e.g. \('intermediate.dense',\)"):
+        to_semi_structured(mlp, column_major="intermediate.dense")

@@ -16,13 +16,15 @@ which operands are transposed. Row-major activations in and row-major results ou
 BERT-base's shapes on an H100 (torch 2.11); a column-major result, or a column-major input, is up to 1.7x faster
 (``bench/semi_structured.py --kernels``). So a layer listed in ``column_major`` returns its result column-major
 (a transposed view, no copy): BERT's feed-forward up-projection, whose output goes only through GELU (elementwise,
-keeps the layout) into the down-projection, which then reads it as a contiguous transposed operand and writes a
-row-major result again. Every other layer returns row-major results, as attention's head split and LayerNorm want.
-The values are the same either way.
+keeps the layout) into the down-projection, which then reads it as a contiguous transposed operand (when the row
+count needs no padding; padding copies it to row-major) and writes a row-major result again. Every other layer
+returns row-major results, as attention's head split and LayerNorm want. The values are the same either way.
 
-Torch's own semi-structured ``F.linear`` (2.11) is not used for cuSPARSELt weights: it sets up its cuSPARSELt plan
-on the host at every call (pytorch/pytorch#153825; eager inference is host-bound, a CUDA graph removes that) and
-leaves the layout to the torch version. Measure on the target card.
+``SemiStructuredLinear`` calls ``torch._cslt_sparse_mm`` itself rather than torch's semi-structured ``F.linear``
+so that it, not the torch version, decides the layouts: torch 2.11's ``F.linear`` returns the result as a
+transposed view everywhere. Either way cuSPARSELt sets up its plan on the host at every call
+(pytorch/pytorch#153825), so eager 2:4 inference is host-bound; a CUDA graph removes that. Measure on the target
+card.
 """
 
 from __future__ import annotations
@@ -112,15 +114,31 @@ def cusparselt_linear(
     column_major_output: bool = False,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D ``x`` as one cuSPARSELt call: ``W @ x^T``, with ``x^T`` passed as
-    a view (cuSPARSELt reads either layout of ``x`` without a copy). The result is row-major [rows, out]
-    (cuSPARSELt writes it transposed), or with ``column_major_output`` the [out, rows] result's transposed view."""
+    a view. cuSPARSELt reads a row-major or a column-major ``x`` without a copy; any other strides (a slice such
+    as ``hidden[:, 0]``) are copied first, since torch's op tells the two layouts apart by ``is_contiguous`` alone
+    and would read other strides wrongly. The result is row-major [rows, out] (cuSPARSELt writes it transposed),
+    or with ``column_major_output`` the [out, rows] result's transposed view."""
+    if x.dim() != 2 or x.shape[1] != weight.shape[1] or x.dtype != weight.dtype:
+        raise ValueError(
+            f"cusparselt_linear: x must be 2-D [rows, {weight.shape[1]}] in {weight.dtype}; "
+            f"got {tuple(x.shape)} in {x.dtype}"
+        )
     rows = x.shape[0]
+    if rows == 0:
+        return x.new_empty((0, weight.shape[0]))
+    if not (x.is_contiguous() or x.t().is_contiguous()):
+        x = x.contiguous()
     # cuSPARSELt wants the dense operand's row count to be a multiple of the dtype's minimum (8 for bf16/fp16)
     pad = -rows % weight._DTYPE_SHAPE_CONSTRAINTS[x.dtype].dense_min_rows
     if pad:
         x = F.pad(x, (0, 0, 0, pad))
+    # torch's shape function takes the output size from the compressed weight's first dimension: give it
+    # [out, -1] (the kernel reads only the storage), so torch.compile traces the right shapes
+    packed = weight.packed
+    if packed.dim() == 1 and packed.numel() % weight.shape[0] == 0:
+        packed = packed.view(weight.shape[0], -1)
     out = torch._cslt_sparse_mm(
-        weight.packed, x.t(), bias, transpose_result=not column_major_output, alg_id=weight.alg_id_cusparselt
+        packed, x.t(), bias, transpose_result=not column_major_output, alg_id=weight.alg_id_cusparselt
     )
     if column_major_output:
         out = out.t()
@@ -147,6 +165,8 @@ def to_semi_structured(
     converted modules; the rest of the model is untouched.
     """
     suffixes = tuple(column_major)
+    if isinstance(column_major, str):  # a bare string would be taken as a sequence of one-letter suffixes
+        raise TypeError(f"column_major must be a sequence of name suffixes, e.g. ({column_major!r},)")
     if not torch.cuda.is_available():
         raise RuntimeError("semi-structured sparse kernels need a CUDA GPU (sm80+); CUDA is not available here")
     sparse_cls = _backend_class(backend, torch.cuda.get_device_capability())
@@ -182,8 +202,9 @@ def to_semi_structured(
             skipped.append(f"{name} (shape {rows}x{cols} is not a multiple of ({min_rows}, {min_cols}))")
         else:
             parent, _, child = name.rpartition(".")
-            transposed = any(name == suffix or name.endswith("." + suffix) for suffix in suffixes)
-            sparse = SemiStructuredLinear.from_linear(linear, dtype, sparse_cls, column_major_output=transposed)
+            sparse = SemiStructuredLinear.from_linear(
+                linear, dtype, sparse_cls, column_major_output=ends_with_any(name, suffixes)
+            )
             setattr(model.get_submodule(parent), child, sparse)
             converted.append(name)
     if skipped:
@@ -194,6 +215,12 @@ def to_semi_structured(
             ", ".join(skipped),
         )
     return converted
+
+
+def ends_with_any(name: str, suffixes: Iterable[str]) -> bool:
+    """True if the dotted module ``name`` ends with one of ``suffixes`` as whole dotted parts:
+    ``"layer.0.intermediate.dense"`` ends with ``"intermediate.dense"`` and ``"dense"``, not with ``"ense"``."""
+    return any(name == suffix or name.endswith("." + suffix) for suffix in suffixes)
 
 
 def _backend_class(backend: str, capability: tuple[int, int]) -> type[SparseSemiStructuredTensor]:
