@@ -90,8 +90,9 @@ def unmasked_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
     ``model(input_ids=ids)`` would build one while a CUDA graph is being captured (or under torch.compile):
     transformers 5.x cannot look at a mask's values then, so it hands attention an all-true 4-D mask, and sdpa
-    falls back to its unfused math kernels, in fp32 (measured: about a third of the graphed model's time, the
-    same for every variant, which hid the Linear layers' share). Eagerly a mask of ones is dropped anyway."""
+    falls back to its unfused math kernels, in fp32 (measured for dense BERT-base at batch 256 on an H100: 39.3
+    against 14.2 ms of kernels per forward, in every variant alike, which hid the Linear layers' share). Eagerly
+    a mask of ones is dropped anyway."""
     bert = model.bert
     hidden = bert.encoder(bert.embeddings(input_ids=ids), attention_mask=None).last_hidden_state
     return model.classifier(model.dropout(bert.pooler(hidden)))

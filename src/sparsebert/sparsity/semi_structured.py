@@ -164,9 +164,9 @@ def to_semi_structured(
     (cuSPARSELt only; see the module docstring); ``()`` keeps every result row-major. Returns the names of the
     converted modules; the rest of the model is untouched.
     """
-    suffixes = tuple(column_major)
     if isinstance(column_major, str):  # a bare string would be taken as a sequence of one-letter suffixes
         raise TypeError(f"column_major must be a sequence of name suffixes, e.g. ({column_major!r},)")
+    suffixes = tuple(column_major)
     if not torch.cuda.is_available():
         raise RuntimeError("semi-structured sparse kernels need a CUDA GPU (sm80+); CUDA is not available here")
     sparse_cls = _backend_class(backend, torch.cuda.get_device_capability())
