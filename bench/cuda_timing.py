@@ -1,4 +1,4 @@
-"""CUDA-event timing and CUDA-graph capture shared by the GPU benches."""
+"""CUDA-event timing, CUDA-graph capture and a per-kernel GPU-time profile shared by the GPU benches."""
 
 from __future__ import annotations
 
@@ -32,3 +32,19 @@ def capture(fn: Callable[[], object], warmup: int = 3) -> Callable[[], None]:
     with torch.cuda.graph(graph):
         fn()
     return graph.replay
+
+
+def kernel_profile(step: Callable[[], object], calls: int = 5, top: int = 12) -> dict:
+    """GPU time per call of ``step`` by kernel (torch.profiler; CUDA graph replays show their kernels too)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            step()
+        torch.cuda.synchronize()
+    kernels = sorted(((e.key, e.device_time_total / calls / 1000, e.count // calls)
+                      for e in prof.key_averages() if e.device_time_total > 0), key=lambda k: -k[1])
+    return {"total_ms": sum(k[1] for k in kernels),
+            "top": [{"kernel": name[:120], "ms": ms, "calls": n} for name, ms, n in kernels[:top]]}

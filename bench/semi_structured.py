@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cuda_timing import capture, ms_per_call  # noqa: E402
+from cuda_timing import capture, kernel_profile, ms_per_call  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
@@ -121,22 +121,6 @@ def graphed(forward: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor) 
     """The forward pass captured in a CUDA graph: host-side work between kernels (Python, dispatch,
     cuSPARSELt's per-call plan set-up) drops out of the time. The graph reads ``ids`` in place."""
     return capture(eager(forward, ids))
-
-
-def kernel_profile(step: Callable[[], object], calls: int = 5, top: int = 12) -> dict:
-    """GPU time per call of ``step`` by kernel (torch.profiler; CUDA graph replays show their kernels too)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            step()
-        torch.cuda.synchronize()
-    kernels = sorted(((e.key, e.device_time_total / calls / 1000, e.count // calls)
-                      for e in prof.key_averages() if e.device_time_total > 0), key=lambda k: -k[1])
-    return {"total_ms": sum(k[1] for k in kernels),
-            "top": [{"kernel": name[:120], "ms": ms, "calls": n} for name, ms, n in kernels[:top]]}
 
 
 def seqs_per_second(step: Callable[[], object], batch_size: int, warmup: int, iters: int) -> float:
