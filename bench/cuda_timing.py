@@ -35,7 +35,13 @@ def capture(fn: Callable[[], object], warmup: int = 3) -> Callable[[], None]:
 
 
 def kernel_profile(step: Callable[[], object], calls: int = 5, top: int = 12) -> dict:
-    """GPU time per call of ``step`` by kernel (torch.profiler; CUDA graph replays show their kernels too)."""
+    """GPU time per call of ``step`` by kernel (torch.profiler; CUDA graph replays show their kernels too).
+
+    Also the GPU's timeline per call: ``span_ms`` from the first kernel's start to the last one's end, ``idle_ms``
+    the gaps in it where no kernel ran, ``overlap_ms`` where a kernel started before the one before it had ended
+    (programmatic dependent launch), and ``idle_before`` the gaps summed by the kernel that ran after them: which
+    kernels wait to start."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     step()
@@ -46,5 +52,20 @@ def kernel_profile(step: Callable[[], object], calls: int = 5, top: int = 12) ->
         torch.cuda.synchronize()
     kernels = sorted(((e.key, e.device_time_total / calls / 1000, e.count // calls)
                       for e in prof.key_averages() if e.device_time_total > 0), key=lambda k: -k[1])
-    return {"total_ms": sum(k[1] for k in kernels),
-            "top": [{"kernel": name[:120], "ms": ms, "calls": n} for name, ms, n in kernels[:top]]}
+    timeline = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
+                      key=lambda e: e.time_range.start)
+    idle, overlap, idle_before = 0.0, 0.0, {}
+    for before, after in zip(timeline, timeline[1:]):
+        gap = after.time_range.start - before.time_range.end  # microseconds
+        if gap > 0:
+            idle += gap
+            idle_before[after.name[:120]] = idle_before.get(after.name[:120], 0.0) + gap
+        else:
+            overlap -= gap
+    span = timeline[-1].time_range.end - timeline[0].time_range.start if timeline else 0.0
+    to_ms = 1 / calls / 1000
+    return {"total_ms": sum(k[1] for k in kernels), "span_ms": span * to_ms, "idle_ms": idle * to_ms,
+            "overlap_ms": overlap * to_ms,
+            "top": [{"kernel": name[:120], "ms": ms, "calls": n} for name, ms, n in kernels[:top]],
+            "idle_before": [{"kernel": name, "ms": us * to_ms}
+                            for name, us in sorted(idle_before.items(), key=lambda kv: -kv[1])[:top]]}

