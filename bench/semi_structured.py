@@ -21,7 +21,8 @@ variant's GPU time by kernel at the largest batch.
 
 ``--kernels`` times single Linear layers instead of models (the shapes of ``--kernel-models``: BERT-base,
 BERT-large, MiniLM, and BERT-base's query/key/value fused into one 2304 x 768 weight; M = batch x seq rows): dense ``F.linear`` against the cuSPARSELt
-2:4 matmul in three layouts (activations in -> result out: row -> row, row -> column, column -> row), each as a
+2:4 matmul in four layouts (activations in -> result out: row -> row, row -> column, column -> row, column ->
+column: what a model keeping every activation transposed would run), each as a
 CUDA graph of 20 calls (kernels only), with cuSPARSELt's algorithms 0 .. ``--algorithms`` - 1. It answers whether
 the kernels alone could reach the model-level target before anything around them matters.
 """
@@ -234,7 +235,7 @@ KERNEL_SHAPES = [("bert-base", "q/k/v/out", 768, 768), ("bert-base", "qkv fused"
                  ("minilm", "q/k/v/out", 384, 384), ("minilm", "up", 1536, 384), ("minilm", "down", 384, 1536)]
 BERT_LARGE = {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096}
 # activations in -> result out; what the export runs (sparsity/semi_structured.py ``cusparselt_linear``)
-LAYOUTS = ("row->row", "row->col", "col->row")
+LAYOUTS = ("row->row", "row->col", "col->row", "col->col")
 CALLS_PER_GRAPH = 20
 
 
@@ -333,7 +334,7 @@ def main() -> None:
     p.add_argument("--cuda-graph", action="store_true",
                    help="time the variants as CUDA graph replays (no host work between kernels)")
     p.add_argument("--kernels", action="store_true",
-                   help="time single Linear shapes (dense vs cuSPARSELt 2:4 in three layouts) instead of models")
+                   help="time single Linear shapes (dense vs cuSPARSELt 2:4 in four layouts) instead of models")
     kernel_models = sorted({shape[0] for shape in KERNEL_SHAPES})
     p.add_argument("--kernel-models", nargs="+", choices=kernel_models, default=kernel_models,
                    help="--kernels: whose Linear shapes to time")
@@ -345,7 +346,8 @@ def main() -> None:
     if args.kernels:
         print(f"{card}, speedup of the 2:4 matmul over dense: algorithm 0, then the best of {args.algorithms} "
               "(its id)\n| model | layer | batch | dense ms | " + " | ".join(LAYOUTS) + " | "
-              + " | ".join(f"best {lay}" for lay in LAYOUTS) + " |\n|---|---|---|---|" + "---|" * 6, flush=True)
+              + " | ".join(f"best {lay}" for lay in LAYOUTS) + " |\n|---|---|---|---|" + "---|" * 2 * len(LAYOUTS),
+              flush=True)
         rows = bench_kernels(args)
         if args.out:
             args.out.parent.mkdir(parents=True, exist_ok=True)
