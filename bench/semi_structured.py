@@ -7,7 +7,8 @@ feed-forward up-projection's result column-major), "2:4 row-major" every result 
 the feed-forward layers (attention's four projections stay dense). Per variant the exported logits are first
 checked against the dense model's. Inputs are random token ids at full length, run without an attention mask
 (nothing is padded; see ``unmasked_logits``); variants alternate within each repeat to spread clock drift; the
-table shows the median over repeats. ``--bert-base`` and ``--bert-large`` add a randomly initialised BERT-base
+table shows the median over repeats, and the JSON GPU 0's SM clock and power in each timed run (NVML, where
+present). ``--bert-base`` and ``--bert-large`` add a randomly initialised BERT-base
 (``BertConfig()`` defaults) and BERT-large (24 layers, 1024 wide), since MiniLM's 384-wide layers are small for
 the sparse kernels. ``--model`` may be a directory with only a ``config.json``: its architecture, randomly
 initialised (speed does not depend on the values); ``--model ''`` leaves MiniLM out.
@@ -34,6 +35,7 @@ import copy
 import json
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from datetime import date
 from functools import partial
@@ -54,6 +56,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from cuda_timing import capture, kernel_profile, ms_per_call  # noqa: E402
+from gpu_clocks import ClockSampler  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
@@ -125,10 +128,25 @@ def graphed(forward: Callable[[torch.Tensor], torch.Tensor], ids: torch.Tensor) 
     return capture(eager(forward, ids))
 
 
-def seqs_per_second(step: Callable[[], object], batch_size: int, warmup: int, iters: int) -> float:
+def seqs_per_second(step: Callable[[], object], batch_size: int, warmup: int, iters: int,
+                    windows: list[tuple[float, float]] | None = None) -> float:
+    """Sequences per second over ``iters`` calls after ``warmup``; the timed calls' perf_counter window is
+    appended to ``windows`` (for the GPU clock and power over them)."""
     for _ in range(warmup):
         step()
-    return batch_size / (ms_per_call(step, iters) / 1000)
+    torch.cuda.synchronize()
+    began = time.perf_counter()
+    ms = ms_per_call(step, iters)
+    if windows is not None:
+        windows.append((began, time.perf_counter()))
+    return batch_size / (ms / 1000)
+
+
+def clocks_over(sampler: ClockSampler, windows: list[tuple[float, float]]) -> dict[str, list[int]]:
+    """GPU 0's median SM clock (MHz) and power (W) in each timed window: a card held below its top clock by its
+    power limit runs every kernel slower, which isolated kernel timings (short bursts) do not show."""
+    per_window = [sampler.summary(w) for w in windows]
+    return {key: [s[key][0] for s in per_window if s] for key in ("sm_clock_mhz", "power_w")}
 
 
 def encoder_layers(model: nn.Module) -> list[str]:
@@ -205,12 +223,15 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         if not steps:
             continue
         runs: dict[str, list[float]] = {variant: [] for variant in steps}
-        for _ in range(args.repeats):
-            for variant, step in steps.items():
-                runs[variant].append(seqs_per_second(step, batch_size, args.warmup, args.iters))
+        windows: dict[str, list[tuple[float, float]]] = {variant: [] for variant in steps}
+        with ClockSampler(interval=0.05) as sampler:
+            for _ in range(args.repeats):
+                for variant, step in steps.items():
+                    runs[variant].append(seqs_per_second(step, batch_size, args.warmup, args.iters, windows[variant]))
         median = {variant: statistics.median(r) for variant, r in runs.items()}
         rows.append({"batch": batch_size, "seq_per_s": median,
-                     "speedup": {v: median[v] / median["dense"] for v in median if v != "dense"}, "runs": runs})
+                     "speedup": {v: median[v] / median["dense"] for v in median if v != "dense"}, "runs": runs,
+                     "gpu": {variant: clocks_over(sampler, w) for variant, w in windows.items()}})
         if compiled_error:
             rows[-1]["compiled_vs_eager_max_abs_diff"] = compiled_error
         if args.profile and batch_size == max(args.batches):
@@ -382,6 +403,10 @@ def main() -> None:
                 continue
             cells = [f"{row['seq_per_s'][v]:.0f} ({row['speedup'][v]:.2f})" for v in args.variants]
             print(f"| {r['model']} | {row['batch']} | {row['seq_per_s']['dense']:.0f} | " + " | ".join(cells) + " |")
+            gpu = {v: g for v, g in row["gpu"].items() if g["sm_clock_mhz"]}
+            if gpu:  # NVML present: the card's median clock and power per variant over its timed runs
+                print("|  | MHz, W | " + " | ".join(f"{statistics.median(g['sm_clock_mhz']):.0f}, "
+                                                  f"{statistics.median(g['power_w']):.0f}" for g in gpu.values()) + " |")
     summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT), "torch": torch.__version__,
                "transformers": transformers.__version__, "cusparselt": torch.backends.cusparselt.version(),
                "backend": args.backend, "cuda_graph": args.cuda_graph, "compile": args.compile, "seq": args.seq,
