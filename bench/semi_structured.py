@@ -25,7 +25,8 @@ BERT-large, MiniLM, and BERT-base's query/key/value fused into one 2304 x 768 we
 2:4 matmul in four layouts (activations in -> result out: row -> row, row -> column, column -> row, column ->
 column: what a model keeping every activation transposed would run), each as a
 CUDA graph of 20 calls (kernels only), with cuSPARSELt's algorithms 0 .. ``--algorithms`` - 1. It answers whether
-the kernels alone could reach the model-level target before anything around them matters.
+the kernels alone could reach the model-level target before anything around them matters. ``--kernels --fp8``
+does the same in fp8 (e4m3): 2:4 against dense fp8 (``torch._scaled_mm``), row-major activations.
 """
 
 from __future__ import annotations
@@ -327,6 +328,69 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+@torch.inference_mode()
+def bench_fp8_kernels(args: argparse.Namespace) -> list[dict]:
+    """fp8 (e4m3) against fp8 per Linear shape: dense ``torch._scaled_mm`` (with and without fast accumulation)
+    against cuSPARSELt's 2:4 matmul (``torch._cslt_sparse_mm``), unit scales, bf16 results with a bf16 bias; the
+    bf16 dense matmul for reference. Row-major activations only (what a model's Linear receives), the result
+    row- or column-major. Kernels alone: a model would add the activations' scaling and casts."""
+    import torch.nn.functional as F
+
+    from sparsebert.sparsity.masks import nm_mask
+
+    fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
+    one = torch.ones((), device="cuda")
+    rows = []
+    for model, layer, n_out, n_in in (shape for shape in KERNEL_SHAPES if shape[0] in args.kernel_models):
+        g = torch.Generator(device="cuda").manual_seed(n_out * n_in)
+        weight = torch.randn(n_out, n_in, device="cuda", generator=g)
+        weight = weight * nm_mask(weight, 2, 4)  # N(0, 1) values: well inside e4m3's range (448)
+        w8, w16 = weight.to(fp8), weight.to(bf16)
+        compressed = torch._cslt_compress(w8)
+        bias = torch.randn(n_out, device="cuda", generator=g).to(bf16)
+        for batch in args.batches:
+            m = batch * args.seq
+            x8 = torch.randn(m, n_in, device="cuda", generator=g).to(fp8)
+            x16 = x8.to(bf16)
+            fns: dict[str, Callable[[], torch.Tensor]] = {
+                "bf16 dense": partial(F.linear, x16, w16, bias),
+                "fp8 dense": partial(torch._scaled_mm, x8, w8.t(), one, one, bias=bias, out_dtype=bf16),
+                "fp8 dense fast-accum": partial(torch._scaled_mm, x8, w8.t(), one, one, bias=bias, out_dtype=bf16,
+                                                use_fast_accum=True),
+            }
+            reference = fns["fp8 dense"]().float()
+            errors: dict[str, float] = {}
+            for alg in range(args.algorithms):
+                for layout in ("row->row", "row->col"):
+                    row_major = layout == "row->row"
+                    fn = partial(torch._cslt_sparse_mm, compressed, x8.t(), bias, out_dtype=bf16,
+                                 transpose_result=row_major, alg_id=alg)
+                    try:
+                        out = fn() if row_major else fn().t()
+                    except RuntimeError as e:  # a layout or algorithm this cuSPARSELt does not have for fp8
+                        print(f"  fp8 {layer} {n_out}x{n_in} batch {batch} {layout} alg {alg}: {str(e)[:120]}")
+                        continue
+                    errors[f"2:4 fp8 {layout} alg {alg}"] = (out.float() - reference).abs().max().item()
+                    fns[f"2:4 fp8 {layout} alg {alg}"] = fn
+            runs: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(args.repeats):
+                for key, fn in fns.items():
+                    runs[key].append(graph_ms(fn))
+            ms = {k: statistics.median(v) for k, v in runs.items()}
+            rows.append({"model": model, "layer": layer, "out_features": n_out, "in_features": n_in, "batch": batch,
+                         "rows": m, "ms": ms, "speedup_over_fp8_dense": {k: ms["fp8 dense"] / v for k, v in ms.items()},
+                         "max_abs_diff_vs_fp8_dense": errors, "max_abs_reference": reference.abs().max().item(),
+                         "runs": runs})
+            sparse = [k for k in ms if k.startswith("2:4")]
+            best = min(sparse, key=ms.__getitem__) if sparse else None
+            print(f"| {model} | {layer} {n_out}x{n_in} | {batch} | {ms['bf16 dense']:.4f} | {ms['fp8 dense']:.4f} | "
+                  f"{ms['fp8 dense fast-accum']:.4f} | "
+                  + (f"{ms[best]:.4f} ({best.removeprefix('2:4 fp8 ')}) | {ms['fp8 dense'] / ms[best]:.2f} | "
+                     f"{ms['fp8 dense fast-accum'] / ms[best]:.2f} | {ms['bf16 dense'] / ms[best]:.2f} |"
+                     if best else "- | - | - | - |"), flush=True)
+    return rows
+
+
 def config_only(path: Path) -> bool:
     """A local directory with a config.json and no weight files."""
     weights = [*path.glob("*.safetensors"), *path.glob("*.bin")]
@@ -356,6 +420,8 @@ def main() -> None:
                    help="time the variants as CUDA graph replays (no host work between kernels)")
     p.add_argument("--kernels", action="store_true",
                    help="time single Linear shapes (dense vs cuSPARSELt 2:4 in four layouts) instead of models")
+    p.add_argument("--fp8", action="store_true",
+                   help="--kernels in fp8 (e4m3): 2:4 against dense fp8 (torch._scaled_mm), not bf16")
     kernel_models = sorted({shape[0] for shape in KERNEL_SHAPES})
     p.add_argument("--kernel-models", nargs="+", choices=kernel_models, default=kernel_models,
                    help="--kernels: whose Linear shapes to time")
@@ -364,6 +430,20 @@ def main() -> None:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
         sys.exit("bench/semi_structured.py needs a CUDA GPU with semi-structured sparse kernels (sm80+)")
     card = torch.cuda.get_device_name()
+    if args.kernels and args.fp8:
+        print(f"{card}, fp8 e4m3 kernels, ms per call; the best 2:4 fp8 and its speedup over fp8 dense, fp8 dense "
+              "with fast accumulation, and bf16 dense\n| model | layer | batch | bf16 dense | fp8 dense | "
+              "fp8 dense fast-accum | 2:4 fp8 best | vs fp8 | vs fp8 fast-accum | vs bf16 |\n"
+              "|---|---|---|---|---|---|---|---|---|---|", flush=True)
+        rows = bench_fp8_kernels(args)
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
+                                            "torch": torch.__version__, "cusparselt": torch.backends.cusparselt.version(),
+                                            "dtype": "float8_e4m3fn", "seq": args.seq,
+                                            "calls_per_graph": CALLS_PER_GRAPH, "repeats": args.repeats,
+                                            "algorithms": args.algorithms, "kernels": rows}, indent=2) + "\n")
+        return
     if args.kernels:
         print(f"{card}, speedup of the 2:4 matmul over dense: algorithm 0, then the best of {args.algorithms} "
               "(its id)\n| model | layer | batch | dense ms | " + " | ".join(LAYOUTS) + " | "
