@@ -18,15 +18,16 @@ initialised (speed does not depend on the values); ``--model ''`` leaves MiniLM 
 ``--cuda-graph`` times the variants as CUDA graph replays, which leaves out all host-side work between kernels:
 what the sparse kernels themselves gain once per-call set-up (see sparsity/semi_structured.py) is gone.
 ``--compile`` compiles every variant's forward first (torch.compile, static shapes); ``--profile`` adds each
-variant's GPU time by kernel at the largest batch.
+variant's GPU time by kernel, and the GPU's idle time between kernels, at the largest batch.
 
 ``--kernels`` times single Linear layers instead of models (the shapes of ``--kernel-models``: BERT-base,
-BERT-large, MiniLM, and BERT-base's query/key/value fused into one 2304 x 768 weight; M = batch x seq rows): dense ``F.linear`` against the cuSPARSELt
-2:4 matmul in four layouts (activations in -> result out: row -> row, row -> column, column -> row, column ->
-column: what a model keeping every activation transposed would run), each as a
-CUDA graph of 20 calls (kernels only), with cuSPARSELt's algorithms 0 .. ``--algorithms`` - 1. It answers whether
-the kernels alone could reach the model-level target before anything around them matters. ``--kernels --fp8``
-does the same in fp8 (e4m3): 2:4 against dense fp8 (``torch._scaled_mm``), row-major activations.
+BERT-large, MiniLM, and BERT-base's query/key/value fused into one 2304 x 768 weight; M = batch x seq rows):
+dense ``F.linear`` against the cuSPARSELt 2:4 matmul in four layouts (activations in -> result out: row -> row,
+row -> column, column -> row, and column -> column, what a model keeping every activation transposed would run),
+each as a CUDA graph of 20 calls (kernels only), with cuSPARSELt's algorithms 0 .. ``--algorithms`` - 1. It
+answers whether the kernels alone could reach the model-level target before anything around them matters.
+``--kernels --fp8`` does the same in fp8 (e4m3): 2:4 against dense fp8 (``torch._scaled_mm``), row-major
+activations.
 """
 
 from __future__ import annotations
