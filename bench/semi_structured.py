@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -61,6 +60,7 @@ from cuda_timing import capture, kernel_profile, ms_per_call  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
+from sparsebert.io import atomic_write_json  # noqa: E402
 from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
 from sparsebert.sparsity.semi_structured import COLUMN_MAJOR_DEFAULT, cusparselt_linear  # noqa: E402
 
@@ -431,33 +431,25 @@ def main() -> None:
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
         sys.exit("bench/semi_structured.py needs a CUDA GPU with semi-structured sparse kernels (sm80+)")
     card = torch.cuda.get_device_name()
-    if args.kernels and args.fp8:
-        print(f"{card}, fp8 e4m3 kernels, ms per call; the best 2:4 fp8 and its speedup over fp8 dense, fp8 dense "
-              "with fast accumulation, and bf16 dense\n| model | layer | batch | bf16 dense | fp8 dense | "
-              "fp8 dense fast-accum | 2:4 fp8 best | vs fp8 | vs fp8 fast-accum | vs bf16 |\n"
-              "|---|---|---|---|---|---|---|---|---|---|", flush=True)
-        rows = bench_fp8_kernels(args)
-        if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
-                                            "torch": torch.__version__, "cusparselt": torch.backends.cusparselt.version(),
-                                            "dtype": "float8_e4m3fn", "seq": args.seq,
-                                            "calls_per_graph": CALLS_PER_GRAPH, "repeats": args.repeats,
-                                            "algorithms": args.algorithms, "kernels": rows}, indent=2) + "\n")
-        return
+    measured = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
+                "torch": torch.__version__, "cusparselt": torch.backends.cusparselt.version(), "seq": args.seq}
     if args.kernels:
-        print(f"{card}, speedup of the 2:4 matmul over dense: algorithm 0, then the best of {args.algorithms} "
-              "(its id)\n| model | layer | batch | dense ms | " + " | ".join(LAYOUTS) + " | "
-              + " | ".join(f"best {lay}" for lay in LAYOUTS) + " |\n|---|---|---|---|" + "---|" * 2 * len(LAYOUTS),
-              flush=True)
-        rows = bench_kernels(args)
+        if args.fp8:
+            print(f"{card}, fp8 e4m3 kernels, ms per call; the best 2:4 fp8 and its speedup over fp8 dense, fp8 "
+                  "dense with fast accumulation, and bf16 dense\n| model | layer | batch | bf16 dense | fp8 dense | "
+                  "fp8 dense fast-accum | 2:4 fp8 best | vs fp8 | vs fp8 fast-accum | vs bf16 |\n"
+                  "|---|---|---|---|---|---|---|---|---|---|", flush=True)
+            rows = bench_fp8_kernels(args)
+        else:
+            print(f"{card}, speedup of the 2:4 matmul over dense: algorithm 0, then the best of {args.algorithms} "
+                  "(its id)\n| model | layer | batch | dense ms | " + " | ".join(LAYOUTS) + " | "
+                  + " | ".join(f"best {lay}" for lay in LAYOUTS) + " |\n|---|---|---|---|"
+                  + "---|" * 2 * len(LAYOUTS), flush=True)
+            rows = bench_kernels(args)
         if args.out:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
-                                            "torch": torch.__version__, "cusparselt": torch.backends.cusparselt.version(),
-                                            "seq": args.seq, "calls_per_graph": CALLS_PER_GRAPH, "repeats": args.repeats,
-                                            "algorithms": args.algorithms,
-                                            "kernels": rows}, indent=2) + "\n")
+            atomic_write_json(args.out, {**measured, "dtype": "float8_e4m3fn" if args.fp8 else "bfloat16",
+                                         "calls_per_graph": CALLS_PER_GRAPH, "repeats": args.repeats,
+                                         "algorithms": args.algorithms, "kernels": rows})
         return
     models: list[tuple[str, Callable[[], nn.Module]]] = []
     if args.model and not config_only(Path(args.model)):
@@ -484,17 +476,16 @@ def main() -> None:
                 continue
             cells = [f"{row['seq_per_s'][v]:.0f} ({row['speedup'][v]:.2f})" for v in args.variants]
             print(f"| {r['model']} | {row['batch']} | {row['seq_per_s']['dense']:.0f} | " + " | ".join(cells) + " |")
-            gpu = {v: g for v, g in row["gpu"].items() if g["sm_clock_mhz"]}
-            if gpu:  # NVML present: the card's median clock and power per variant over its timed runs
+            gpu = [row["gpu"][v] for v in ["dense", *args.variants]]
+            if any(g["sm_clock_mhz"] for g in gpu):  # NVML present: median clock and power over the timed runs
                 print("|  | MHz, W | " + " | ".join(f"{statistics.median(g['sm_clock_mhz']):.0f}, "
-                                                  f"{statistics.median(g['power_w']):.0f}" for g in gpu.values()) + " |")
-    summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT), "torch": torch.__version__,
-               "transformers": transformers.__version__, "cusparselt": torch.backends.cusparselt.version(),
-               "backend": args.backend, "cuda_graph": args.cuda_graph, "compile": args.compile, "seq": args.seq,
-               "iters": args.iters, "warmup": args.warmup, "repeats": args.repeats, "logit_rtol": LOGIT_RTOL, "models": results}
+                                                  f"{statistics.median(g['power_w']):.0f}" if g["sm_clock_mhz"]
+                                                  else "-" for g in gpu) + " |")
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(summary, indent=2) + "\n")
+        atomic_write_json(args.out, {**measured, "transformers": transformers.__version__, "backend": args.backend,
+                                     "cuda_graph": args.cuda_graph, "compile": args.compile, "iters": args.iters,
+                                     "warmup": args.warmup, "repeats": args.repeats, "logit_rtol": LOGIT_RTOL,
+                                     "models": results})
 
 
 if __name__ == "__main__":
