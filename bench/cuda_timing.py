@@ -37,10 +37,12 @@ def capture(fn: Callable[[], object], warmup: int = 3) -> Callable[[], None]:
 def kernel_profile(step: Callable[[], object], calls: int = 5, top: int = 12) -> dict:
     """GPU time per call of ``step`` by kernel (torch.profiler; CUDA graph replays show their kernels too).
 
-    Also the GPU's timeline per call: ``span_ms`` from the first kernel's start to the last one's end, ``idle_ms``
-    the gaps in it where no kernel ran, ``overlap_ms`` where a kernel started before the one before it had ended
-    (programmatic dependent launch), and ``idle_before`` the gaps summed by the kernel that ran after them: which
-    kernels wait to start."""
+    Also the GPU's timeline over the ``calls`` back-to-back calls, per call: ``span_ms`` from the first kernel's
+    start to the last one's end, ``idle_ms`` the gaps in it where no kernel ran (including those between one
+    call's last kernel and the next call's first), ``overlap_ms`` the time kernels ran alongside an earlier one
+    (programmatic dependent launch), and ``idle_before`` the gaps summed by the name of the kernel that ran after
+    them, over all its calls: which kernels wait to start. Memsets count as kernels here. All of it is measured
+    under the profiler's tracing, and over a short burst, so it need not match a sustained run's time per call."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -55,14 +57,16 @@ def kernel_profile(step: Callable[[], object], calls: int = 5, top: int = 12) ->
     timeline = sorted((e for e in prof.events() if e.device_type == DeviceType.CUDA),
                       key=lambda e: e.time_range.start)
     idle, overlap, idle_before = 0.0, 0.0, {}
-    for before, after in zip(timeline, timeline[1:]):
-        gap = after.time_range.start - before.time_range.end  # microseconds
+    busy_until = timeline[0].time_range.end if timeline else 0.0  # the latest end so far, in microseconds
+    for kernel in timeline[1:]:
+        gap = kernel.time_range.start - busy_until
         if gap > 0:
             idle += gap
-            idle_before[after.name[:120]] = idle_before.get(after.name[:120], 0.0) + gap
+            idle_before[kernel.name[:120]] = idle_before.get(kernel.name[:120], 0.0) + gap
         else:
-            overlap -= gap
-    span = timeline[-1].time_range.end - timeline[0].time_range.start if timeline else 0.0
+            overlap += min(-gap, kernel.time_range.end - kernel.time_range.start)
+        busy_until = max(busy_until, kernel.time_range.end)
+    span = busy_until - timeline[0].time_range.start if timeline else 0.0
     to_ms = 1 / calls / 1000
     return {"total_ms": sum(k[1] for k in kernels), "span_ms": span * to_ms, "idle_ms": idle * to_ms,
             "overlap_ms": overlap * to_ms,

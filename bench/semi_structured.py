@@ -7,8 +7,8 @@ feed-forward up-projection's result column-major), "2:4 row-major" every result 
 the feed-forward layers (attention's four projections stay dense). Per variant the exported logits are first
 checked against the dense model's. Inputs are random token ids at full length, run without an attention mask
 (nothing is padded; see ``unmasked_logits``); variants alternate within each repeat to spread clock drift; the
-table shows the median over repeats, and the JSON GPU 0's SM clock and power in each timed run (NVML, where
-present). ``--bert-base`` and ``--bert-large`` add a randomly initialised BERT-base
+table shows the median over repeats, and below each row the card's median SM clock and power over the timed
+runs (NVML GPU 0, where present; per run in the JSON). ``--bert-base`` and ``--bert-large`` add a randomly initialised BERT-base
 (``BertConfig()`` defaults) and BERT-large (24 layers, 1024 wide), since MiniLM's 384-wide layers are small for
 the sparse kernels. ``--model`` may be a directory with only a ``config.json``: its architecture, randomly
 initialised (speed does not depend on the values); ``--model ''`` leaves MiniLM out.
@@ -67,6 +67,18 @@ from sparsebert.sparsity.semi_structured import COLUMN_MAJOR_DEFAULT, cusparselt
 # Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
 # another order, so a few bf16 ulps per layer add up over the encoder; a wrong weight layout would be O(1).
 LOGIT_RTOL = 5e-2
+# One matmul against its dense reference, relative to the reference's largest |value|: both round their result
+# to bf16 (a spacing of at most 2^-7 of the value), so two spacings; a transposed or misplaced operand is O(1).
+KERNEL_RTOL = 2**-6
+
+
+def check_kernel(label: str, out: torch.Tensor, reference: torch.Tensor) -> float:
+    """Max |out - reference|; a warning on stderr when it is beyond ``KERNEL_RTOL`` of the reference's scale."""
+    diff = (out.float() - reference).abs().max().item()
+    if diff > KERNEL_RTOL * reference.abs().max().item():
+        print(f"WARNING {label}: differs from the dense result by {diff:.3g} (scale "
+              f"{reference.abs().max().item():.3g})", file=sys.stderr)
+    return diff
 
 
 def default_model() -> str | None:
@@ -144,11 +156,18 @@ def seqs_per_second(step: Callable[[], object], batch_size: int, warmup: int, it
     return batch_size / (ms / 1000)
 
 
-def clocks_over(sampler: ClockSampler, windows: list[tuple[float, float]]) -> dict[str, list[int]]:
-    """GPU 0's median SM clock (MHz) and power (W) in each timed window: a card held below its top clock by its
-    power limit runs every kernel slower, which isolated kernel timings (short bursts) do not show."""
+def clocks_over(sampler: ClockSampler, windows: list[tuple[float, float]]) -> dict[str, list[int | None]]:
+    """NVML GPU 0's median SM clock (MHz) and power (W) in each timed window, None for a window without a sample
+    (shorter than the sampling interval), so the lists line up with the runs. A card held below its top clock by
+    its power limit runs every kernel slower. NVML's power is a one-second average: over a window shorter than
+    that it still reaches back into whatever ran before."""
     per_window = [sampler.summary(w) for w in windows]
-    return {key: [s[key][0] for s in per_window if s] for key in ("sm_clock_mhz", "power_w")}
+    return {key: [s[key][0] if s else None for s in per_window] for key in ("sm_clock_mhz", "power_w")}
+
+
+def median_reading(values: list[int | None]) -> str:
+    present = [v for v in values if v is not None]
+    return f"{statistics.median(present):.0f}" if present else "-"
 
 
 def encoder_layers(model: nn.Module) -> list[str]:
@@ -305,7 +324,8 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
                     inputs = x_col if layout.startswith("col") else x
                     fn = partial(cusparselt_linear, inputs, w, bias, layout.endswith("col"))
                     try:
-                        errors[f"{layout} alg {alg}"] = (fn().float() - reference).abs().max().item()
+                        errors[f"{layout} alg {alg}"] = check_kernel(f"{layer} {n_out}x{n_in} batch {batch} "
+                                                                     f"{layout} alg {alg}", fn(), reference)
                     except RuntimeError as e:  # an algorithm this cuSPARSELt does not have for the shape
                         print(f"  {layer} {n_out}x{n_in} batch {batch} {layout} alg {alg}: {str(e)[:100]}")
                         continue
@@ -333,8 +353,9 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
 def bench_fp8_kernels(args: argparse.Namespace) -> list[dict]:
     """fp8 (e4m3) against fp8 per Linear shape: dense ``torch._scaled_mm`` (with and without fast accumulation)
     against cuSPARSELt's 2:4 matmul (``torch._cslt_sparse_mm``), unit scales, bf16 results with a bf16 bias; the
-    bf16 dense matmul for reference. Row-major activations only (what a model's Linear receives), the result
-    row- or column-major. Kernels alone: a model would add the activations' scaling and casts."""
+    bf16 dense matmul for reference. Row-major activations only, the result row- or column-major (the export's
+    down-projection reads column-major activations; not timed in fp8). Kernels alone: a model would add the
+    activations' scaling and casts."""
     import torch.nn.functional as F
 
     from sparsebert.sparsity.masks import nm_mask
@@ -371,7 +392,8 @@ def bench_fp8_kernels(args: argparse.Namespace) -> list[dict]:
                     except RuntimeError as e:  # a layout or algorithm this cuSPARSELt does not have for fp8
                         print(f"  fp8 {layer} {n_out}x{n_in} batch {batch} {layout} alg {alg}: {str(e)[:120]}")
                         continue
-                    errors[f"2:4 fp8 {layout} alg {alg}"] = (out.float() - reference).abs().max().item()
+                    errors[f"2:4 fp8 {layout} alg {alg}"] = check_kernel(
+                        f"fp8 {layer} {n_out}x{n_in} batch {batch} {layout} alg {alg}", out, reference)
                     fns[f"2:4 fp8 {layout} alg {alg}"] = fn
             runs: dict[str, list[float]] = {k: [] for k in fns}
             for _ in range(args.repeats):
@@ -430,6 +452,8 @@ def main() -> None:
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
         sys.exit("bench/semi_structured.py needs a CUDA GPU with semi-structured sparse kernels (sm80+)")
+    if args.fp8 and not args.kernels:
+        sys.exit("--fp8 times kernels only: pass it with --kernels")
     card = torch.cuda.get_device_name()
     measured = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
                 "torch": torch.__version__, "cusparselt": torch.backends.cusparselt.version(), "seq": args.seq}
@@ -477,10 +501,9 @@ def main() -> None:
             cells = [f"{row['seq_per_s'][v]:.0f} ({row['speedup'][v]:.2f})" for v in args.variants]
             print(f"| {r['model']} | {row['batch']} | {row['seq_per_s']['dense']:.0f} | " + " | ".join(cells) + " |")
             gpu = [row["gpu"][v] for v in ["dense", *args.variants]]
-            if any(g["sm_clock_mhz"] for g in gpu):  # NVML present: median clock and power over the timed runs
-                print("|  | MHz, W | " + " | ".join(f"{statistics.median(g['sm_clock_mhz']):.0f}, "
-                                                  f"{statistics.median(g['power_w']):.0f}" if g["sm_clock_mhz"]
-                                                  else "-" for g in gpu) + " |")
+            if any(x is not None for g in gpu for x in g["sm_clock_mhz"]):  # NVML present: medians over the runs
+                print("|  | MHz, W | " + " | ".join(f"{median_reading(g['sm_clock_mhz'])}, "
+                                                  f"{median_reading(g['power_w'])}" for g in gpu) + " |")
     if args.out:
         atomic_write_json(args.out, {**measured, "transformers": transformers.__version__, "backend": args.backend,
                                      "cuda_graph": args.cuda_graph, "compile": args.compile, "iters": args.iters,
