@@ -49,7 +49,7 @@ def ranks(out: Path, n: int) -> list[dict]:
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(n)]
 
 
-def test_two_ranks_identical_and_trajectory_matches_one_process(data_dir, tmp_path):
+def test_two_ranks_identical_and_trajectory_matches_one_process(data_dir, tmp_path, ddp_runs):
     one, two = tmp_path / "one", tmp_path / "two"
     single = subprocess.run([sys.executable, WORKER, str(one), str(data_dir), "sparse_tiny_rigl", *SPARSE],
                             env=env_for(tmp_path), capture_output=True, text=True, timeout=600)
@@ -62,6 +62,13 @@ def test_two_ranks_identical_and_trajectory_matches_one_process(data_dir, tmp_pa
     assert r0["world"] == r1["world"] == 2
     assert r0["zeros"] == r1["zeros"]  # the same masks after 2 RigL updates (steps 3 and 6)
     assert r0["weights"] == r1["weights"]  # and the same weights, bit for bit
+    # the same plain DDP run, trained last in DDP_RUNS' launch after 7 other runs in the same processes (and with
+    # the worker's counting comm hook, which averages as DDP's reducer does): the same weights, masks and losses,
+    # so running the tests' runs one after the other in one launch trains each as a launch of its own would
+    combined = ddp_runs[1]["acc1_none"]
+    for alone, after_others in zip((r0, r1), combined):
+        assert {k: alone[k] for k in ("weights", "zeros", "losses", "eval_losses")} == \
+            {k: after_others[k] for k in ("weights", "zeros", "losses", "eval_losses")}
     run = two / "sparse_tiny_rigl"
     assert json.loads((run / "checkpoint-12" / "sparsity_state.json").read_text())["step"] == 12
     history = json.loads((run / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
@@ -73,23 +80,46 @@ def test_two_ranks_identical_and_trajectory_matches_one_process(data_dir, tmp_pa
         assert a == pytest.approx(b, abs=0.05)
 
 
-def two_rank_runs(data_dir: Path, tmp_path: Path, runs: dict[str, list[str]],
-                  experiment: str = "sparse_tiny_rigl") -> dict[str, list[dict]]:
-    """Each run (name -> overrides) of ``experiment`` on 2 processes: both ranks' digests."""
-    digests = {}
-    base = SPARSE if experiment == "sparse_tiny_rigl" else FAST
-    for name, overrides in runs.items():
-        cmd = torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-                       WORKER, str(tmp_path / name), str(data_dir), experiment, *base, *overrides)
-        done = subprocess.run(cmd, env=env_for(tmp_path, COUNT_REDUCER_CALLS="1"), capture_output=True, text=True,
-                              timeout=600)
-        assert done.returncode == 0, done.stderr[-3000:]
-        digests[name] = ranks(tmp_path / name, 2)
-    return digests
+def two_rank_runs(data_dir: Path, tmp_path: Path, runs: dict[str, tuple[str, list[str]]]) -> dict[str, list[dict]]:
+    """Each run (name -> experiment, overrides) on 2 processes, one after the other in one torchrun launch (the
+    launch and the workers' imports cost more than a tiny run; the worker zeroes its counters per run and every
+    run is seeded as it starts): both ranks' digests."""
+    spec = [{"out": str(tmp_path / name), "experiment": experiment,
+             "overrides": [*(SPARSE if experiment == "sparse_tiny_rigl" else FAST), *overrides]}
+            for name, (experiment, overrides) in runs.items()]
+    (tmp_path / "runs.json").write_text(json.dumps(spec))
+    cmd = torchrun("--nproc-per-node", "2", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                   WORKER, "--runs", str(tmp_path / "runs.json"), str(data_dir))
+    done = subprocess.run(cmd, env=env_for(tmp_path, COUNT_REDUCER_CALLS="1"), capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {name: ranks(tmp_path / name, 2) for name in runs}
+
+
+FUSED_CLIP = ["train.optim=adamw_torch_fused", "train.max_grad_norm=0.05"]
+# The 2-process runs of the tests below, trained in one launch. Plain DDP at 1 micro-batch per step ("acc1_none")
+# comes last: test_two_ranks_identical_and_trajectory_matches_one_process checks it bit for bit against a launch
+# of its own, so the runs before it in the same processes changed nothing.
+DDP_RUNS: dict[str, tuple[str, list[str]]] = {
+    "clip_sparse": ("sparse_tiny_rigl", [*FUSED_CLIP, "train.ddp.comm_hook=sparse"]),
+    "clip_flat_bf16": ("bert_tiny_quick", [*FUSED_CLIP, "train.ddp.comm_hook=flat_bf16",
+                                           "train.per_device_batch_size=3"]),
+    **{f"acc2_{hook}": ("sparse_tiny_rigl", [f"train.ddp.comm_hook={hook}", "train.per_device_batch_size=3"])
+       for hook in ("none", "sparse")},
+    **{f"acc1_{hook}": ("sparse_tiny_rigl", [f"train.ddp.comm_hook={hook}", "train.per_device_batch_size=6"])
+       for hook in ("sparse", "flat", "flat_bf16", "none")},
+}
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(data_dir, tmp_path_factory) -> tuple[Path, dict[str, list[dict]]]:
+    """The output root of DDP_RUNS and each run's digests (both ranks)."""
+    out = tmp_path_factory.mktemp("ddp_runs")
+    return out, two_rank_runs(data_dir, out, DDP_RUNS)
 
 
 @pytest.mark.parametrize("accumulation", [1, 2])
-def test_flat_all_reduces_train_the_same_model_bit_for_bit(data_dir, tmp_path, accumulation):
+def test_flat_all_reduces_train_the_same_model_bit_for_bit(ddp_runs, accumulation):
     """train.ddp.comm_hook=flat averages every gradient, and sparse only active weights' gradients (dense ones on
     RigL steps), in one all-reduce after the last micro-batch, without DDP's reducer: the weights and masks after
     12 steps with 2 RigL updates are those of plain DDP, bit for bit, with fewer values sent by sparse; flat_bf16
@@ -98,9 +128,8 @@ def test_flat_all_reduces_train_the_same_model_bit_for_bit(data_dir, tmp_path, a
     micro-batches per step (the sync after the last one) sparse alone: the other hooks share its code after the
     backward."""
     hooks = ("none", "sparse", "flat", "flat_bf16") if accumulation == 1 else ("none", "sparse")
-    runs = {hook: [f"train.ddp.comm_hook={hook}"] for hook in hooks}
-    digests = two_rank_runs(data_dir, tmp_path, {name: [*overrides, f"train.per_device_batch_size={6 // accumulation}"]
-                                                 for name, overrides in runs.items()})
+    out, all_digests = ddp_runs
+    digests = {hook: all_digests[f"acc{accumulation}_{hook}"] for hook in hooks}
     plain = digests["none"][0]
     # DDP's reducer averaged plain DDP's gradients, and none of the flat runs' (averaging twice would give the
     # same bits at 2 ranks, so the weights alone cannot tell)
@@ -116,7 +145,8 @@ def test_flat_all_reduces_train_the_same_model_bit_for_bit(data_dir, tmp_path, a
         assert rank0["reducer_calls"] == 0 and rank1["weights"] == rank0["weights"]
         assert "torch.bfloat16" in rank0["all_reduce_dtypes"] and "torch.bfloat16" not in plain["all_reduce_dtypes"]
         assert rank0["losses"] == pytest.approx(plain["losses"], abs=0.02)  # rounded averages, the same course
-    history = json.loads((tmp_path / "sparse/sparse_tiny_rigl/checkpoint-12/trainer_state.json").read_text())
+    history = json.loads((out / f"acc{accumulation}_sparse/sparse_tiny_rigl/checkpoint-12/trainer_state.json")
+                         .read_text())
     sent = [h["ddp/allreduce_sent_fraction"] for h in history["log_history"] if "ddp/allreduce_sent_fraction" in h]
     assert sent and all(0.5 < f < 1 for f in sent)  # the tiny model's dense embeddings are most of its weights
 
@@ -188,23 +218,20 @@ def test_one_main_process_per_job_on_cpu_and_mpirun_sizes(tmp_path):
                           text=True).stdout.strip() == "3"
 
 
-def test_clipping_inside_fused_adamw_takes_the_norm_from_the_flat_all_reduces(data_dir, tmp_path):
+def test_clipping_inside_fused_adamw_takes_the_norm_from_the_flat_all_reduces(ddp_runs):
     """train.clip_in_optimizer with a fused AdamW (as on GPUs) under comm_hook=sparse (sparse_tiny_rigl) and
     flat_bf16 (the dense bert_tiny_quick, 2 micro-batches per step): the clipped norm is the one the all-reduce
     summed piece by piece, equal to the Trainer's norm of the same gradients; sparse takes it on steps that sent
     active values only and the Trainer's own on RigL steps (dense gradients, masked afterwards); at a clip (0.05)
     every step hits. (That clipping inside the fused step updates as the Trainer's clipping does:
     tests/trainer/test_clip_in_optimizer.py.)"""
-    fused = ["train.optim=adamw_torch_fused", "train.max_grad_norm=0.05"]
-    digests = two_rank_runs(data_dir, tmp_path, {"sparse": [*fused, "train.ddp.comm_hook=sparse"]})
-    digests |= two_rank_runs(data_dir, tmp_path, {
-        "flat_bf16": [*fused, "train.ddp.comm_hook=flat_bf16", "train.per_device_batch_size=3"]}, "bert_tiny_quick")
-    rank0, rank1 = digests["sparse"]
+    _, digests = ddp_runs
+    rank0, rank1 = digests["clip_sparse"]
     assert rank1["weights"] == rank0["weights"] and rank1["zeros"] == rank0["zeros"]
     # of 12 steps, the first (the all-reduce learns that it is asked) and RigL's 2 dense-gradient steps (3 and 6;
     # RigL's updates end at 75 % of the run) use the Trainer's norm
     assert rank0["norms_from_all_reduce"] == 12 - 1 - 2
-    bf16_rank0, bf16_rank1 = digests["flat_bf16"]
+    bf16_rank0, bf16_rank1 = digests["clip_flat_bf16"]
     assert bf16_rank0["norms_from_all_reduce"] == 12 - 1 and bf16_rank1["weights"] == bf16_rank0["weights"]
     # the norm of the gradients the optimizer sees: a float32 sum of squares over the tiny BERT's 4.4 M values on
     # a CPU is off by ~1e-4 (the Trainer's own norm as much), while a piece left out would be off by percents

@@ -17,6 +17,11 @@ from sparsebert.runner import RunOptions, run_experiment
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
+# The tiny experiments as shipped, but with 32 training rows instead of 96-192 (2 optimizer steps at their batch
+# of 16): no assertion here depends on how much the model learned, and the evaluation slices (predictions,
+# metrics, submission files) keep their shipped sizes. CPU time in these tests is almost all training steps.
+FEW_TRAIN_ROWS = ["finetune.max_train_samples=32"]
+
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
@@ -26,7 +31,7 @@ def registry() -> Registry:
 @pytest.fixture(scope="module")
 def glue_root(registry, data_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("glue")
-    run_experiment(registry.build("tiny_glue"), RunOptions(output_root=out, data_dir=data_dir))
+    run_experiment(registry.build("tiny_glue", FEW_TRAIN_ROWS), RunOptions(output_root=out, data_dir=data_dir))
     return out
 
 
@@ -64,14 +69,31 @@ def test_resume_reruns_only_unfinished_runs(registry, glue_root, data_dir):
     kept = (root / "glue_rte/run0/metrics.json").stat().st_mtime_ns
     (root / "glue_rte/run1/DONE").unlink()
     (root / "DONE").unlink()
-    run_experiment(registry.build("tiny_glue"), RunOptions(output_root=glue_root, data_dir=data_dir, resume=True))
+    run_experiment(registry.build("tiny_glue", FEW_TRAIN_ROWS),
+                   RunOptions(output_root=glue_root, data_dir=data_dir, resume=True))
     assert (root / "glue_rte/run1/DONE").is_file() and (root / "DONE").is_file()
     assert (root / "glue_rte/run0/metrics.json").stat().st_mtime_ns == kept  # finished run not redone
 
 
-def test_tiny_squad_predictions_and_metrics(registry, data_dir, tmp_path):
-    summary = run_experiment(registry.build("tiny_squad"), RunOptions(output_root=tmp_path, data_dir=data_dir))
-    run = tmp_path / "tiny_squad" / "squad_v1" / "run0"
+@pytest.fixture(scope="module")
+def squad_root(registry, data_dir, tmp_path_factory) -> tuple[Path, dict]:
+    """A finished tiny_squad run (and its summary): tested below, then the teacher of tiny_squad_kd."""
+    out = tmp_path_factory.mktemp("squad")
+    summary = run_experiment(registry.build("tiny_squad", FEW_TRAIN_ROWS), RunOptions(output_root=out, data_dir=data_dir))
+    return out, summary
+
+
+@pytest.fixture(scope="module")
+def gap_root(registry, data_dir, tmp_path_factory) -> tuple[Path, dict]:
+    """A finished tiny_gap run (and its summary): tested below, then the teacher of tiny_gap_kd."""
+    out = tmp_path_factory.mktemp("gap")
+    summary = run_experiment(registry.build("tiny_gap", FEW_TRAIN_ROWS), RunOptions(output_root=out, data_dir=data_dir))
+    return out, summary
+
+
+def test_tiny_squad_predictions_and_metrics(squad_root):
+    root, summary = squad_root
+    run = root / "tiny_squad" / "squad_v1" / "run0"
     predictions = json.loads((run / "predictions.json").read_text())
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["total"] == len(predictions) == 48
@@ -79,9 +101,9 @@ def test_tiny_squad_predictions_and_metrics(registry, data_dir, tmp_path):
     assert summary["squad_v1"]["f1"]["mean"] == pytest.approx(metrics["f1"])
 
 
-def test_tiny_gap_writes_submission_and_scorer_file(registry, data_dir, tmp_path):
-    run_experiment(registry.build("tiny_gap"), RunOptions(output_root=tmp_path, data_dir=data_dir))
-    run = tmp_path / "tiny_gap" / "gap" / "run0"
+def test_tiny_gap_writes_submission_and_scorer_file(gap_root):
+    root, _ = gap_root
+    run = root / "tiny_gap" / "gap" / "run0"
     lines = (run / "submission.csv").read_text().splitlines()
     assert lines[0] == "ID,A,B,NEITHER" and len(lines) == 49
     system = [line.split("\t") for line in (run / "gap_system.tsv").read_text().splitlines()]
@@ -95,7 +117,7 @@ def test_tiny_gap_writes_submission_and_scorer_file(registry, data_dir, tmp_path
 
 
 def test_tiny_csv_folds_aggregates_and_reports(registry, data_dir, tmp_path):
-    run_experiment(registry.build("tiny_csv"), RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run_experiment(registry.build("tiny_csv", FEW_TRAIN_ROWS), RunOptions(output_root=tmp_path, data_dir=data_dir))
     run = tmp_path / "tiny_csv" / "csv" / "run0"
     metrics = json.loads((run / "metrics.json").read_text())
     with open(run / "test_predictions.csv") as f:
@@ -147,7 +169,8 @@ def test_glue_from_a_sparse_run_resumes(registry, data_dir, glue_from_sparse):
 
 
 def test_tiny_squad_v2_reports_hasans_and_noans(registry, data_dir, tmp_path):
-    cfg = registry.build("tiny_squad", ["task=squad_v2", "finetune.squad_file=squad/dev-v2.0.reconstructed.json"])
+    cfg = registry.build("tiny_squad", ["task=squad_v2", "finetune.squad_file=squad/dev-v2.0.reconstructed.json",
+                                        *FEW_TRAIN_ROWS])
     run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
     run = tmp_path / "tiny_squad" / "squad_v2" / "run0"
     metrics = json.loads((run / "metrics.json").read_text())
@@ -163,7 +186,7 @@ def test_glue_test_split_gets_leaderboard_predictions(registry, data_dir, tmp_pa
         (rte / f"{split}.tsv").write_text((data_dir / "glue" / "RTE" / f"{split}.tsv").read_text())
     dev = (data_dir / "glue" / "RTE" / "dev.tsv").read_text().splitlines()
     (rte / "test.tsv").write_text("\n".join("\t".join(line.split("\t")[:3]) for line in dev[:21]) + "\n")
-    cfg = registry.build("tiny_glue", ["finetune.glue_tasks=[\"rte\"]", "finetune.runs_per_task={}"])
+    cfg = registry.build("tiny_glue", ["finetune.glue_tasks=[\"rte\"]", "finetune.runs_per_task={}", *FEW_TRAIN_ROWS])
     run_experiment(cfg, RunOptions(output_root=tmp_path / "out", data_dir=tmp_path / "data"))
     lines = (tmp_path / "out" / "tiny_glue" / "glue_rte" / "run0" / "test" / "RTE.tsv").read_text().splitlines()
     assert lines[0] == "index\tprediction" and len(lines) == 21
@@ -172,8 +195,13 @@ def test_glue_test_split_gets_leaderboard_predictions(registry, data_dir, tmp_pa
 
 @pytest.mark.parametrize("student, teacher, task", [("tiny_gap_kd", "tiny_gap", "gap"),
                                                      ("tiny_squad_kd", "tiny_squad", "squad_v1")])
-def test_distillation_from_a_finetuned_teacher(registry, data_dir, tmp_path, student, teacher, task):
+def test_distillation_from_a_finetuned_teacher(registry, data_dir, request, student, teacher, task):
+    """The student distills from the finished teacher run in its output root: the tiny_gap / tiny_squad run of the
+    gap_root / squad_root fixture, tested above."""
     from sparsebert.trainer.distillation import DistillationMixin
+
+    root, _ = request.getfixturevalue(f"{teacher.removeprefix('tiny_')}_root")
+    assert (root / teacher / task / "run0" / "DONE").is_file()
 
     seen = []
     original = DistillationMixin.compute_loss
@@ -182,15 +210,14 @@ def test_distillation_from_a_finetuned_teacher(registry, data_dir, tmp_path, stu
         seen.append(self.teacher is not None and model.training)
         return original(self, model, inputs, *args, **kwargs)
 
-    opts = RunOptions(output_root=tmp_path, data_dir=data_dir)
-    run_experiment(registry.build(teacher), opts)
+    opts = RunOptions(output_root=root, data_dir=data_dir)
     DistillationMixin.compute_loss = spy
     try:
-        run_experiment(registry.build(student), opts)
+        run_experiment(registry.build(student, FEW_TRAIN_ROWS), opts)
     finally:
         DistillationMixin.compute_loss = original
     assert any(seen)  # the teacher was used for the training losses
-    metrics = json.loads((tmp_path / student / task / "run0" / "metrics.json").read_text())
+    metrics = json.loads((root / student / task / "run0" / "metrics.json").read_text())
     assert metrics["global_step"] > 0
 
 
@@ -201,7 +228,7 @@ def test_two_four_masks_hold_through_finetuning(registry, data_dir, tmp_path):
     from sparsebert.sparsity import is_two_four
     from sparsebert.sparsity.config import DEFAULT_INCLUDE
 
-    run_experiment(registry.build("tiny_glue_2to4"), RunOptions(output_root=tmp_path, data_dir=data_dir))
+    run_experiment(registry.build("tiny_glue_2to4", FEW_TRAIN_ROWS), RunOptions(output_root=tmp_path, data_dir=data_dir))
     run = tmp_path / "tiny_glue_2to4" / "glue_rte" / "run0"
     report = json.loads((run / "sparsity.json").read_text())
     assert report["pattern"] == "2:4" and report["headline"].startswith("2:4 semi-structured (50.0% sparse)")

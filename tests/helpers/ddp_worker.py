@@ -1,6 +1,13 @@
 """Run one experiment under torchrun and write this rank's parameter digests (used by test_distributed.py).
 
     torchrun --nproc-per-node 2 tests/helpers/ddp_worker.py OUT_ROOT DATA_DIR EXPERIMENT [KEY=VALUE ...]
+    torchrun --nproc-per-node 2 tests/helpers/ddp_worker.py --runs RUNS.json DATA_DIR
+
+The second form runs several experiments one after the other in the same processes (one launch: torchrun and
+the workers' imports cost more than a tiny run), RUNS.json a list of {"out": OUT_ROOT, "experiment": NAME,
+"overrides": [KEY=VALUE, ...]}; each run starts with the recorded communication counters at zero, and every
+experiment is seeded as it starts, so each run is the one a launch of its own would train (test_distributed.py
+checks a combined launch against separate ones, weights bit for bit).
 """
 
 from __future__ import annotations
@@ -106,14 +113,32 @@ class RankDigest(TrainerCallback):
              "norms_from_all_reduce": NORMS_FROM_ALL_REDUCE[0], "norm_errors": NORM_ERRORS}))
 
 
-def main() -> None:
-    out, data_dir, name, *overrides = sys.argv[1:]
-    if os.environ.get("COUNT_REDUCER_CALLS") == "1":
-        record_communication()
+def reset_records() -> None:
+    """Zero what record_communication counts, so a digest describes its own run only."""
+    REDUCER_CALLS[0] = 0
+    ALL_REDUCE_DTYPES.clear()
+    NORMS_FROM_ALL_REDUCE[0] = 0
+    NORM_ERRORS.clear()
+
+
+def run_one(out: str, data_dir: str, name: str, overrides: list[str]) -> None:
+    reset_records()
     out_root = Path(out)
     cfg = Registry.from_directory(ROOT / "experiments").build(name, overrides)
     run_experiment(cfg, RunOptions(output_root=out_root, data_dir=Path(data_dir)),
                    callbacks=[RankDigest(out_root), KillRank()])
+
+
+def main() -> None:
+    if os.environ.get("COUNT_REDUCER_CALLS") == "1":
+        record_communication()
+    if sys.argv[1] == "--runs":
+        runs_file, data_dir = sys.argv[2:]
+        for run in json.loads(Path(runs_file).read_text()):
+            run_one(run["out"], data_dir, run["experiment"], run["overrides"])
+        return
+    out, data_dir, name, *overrides = sys.argv[1:]
+    run_one(out, data_dir, name, overrides)
 
 
 if __name__ == "__main__":

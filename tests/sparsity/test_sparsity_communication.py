@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,10 +54,24 @@ class Net(nn.Module):
 
 
 def spawn_ranks(mode: str, set_to_none: bool = True, backend: str = "gloo", world: int = 2, pieces: int = 1) -> None:
-    mp.spawn(_worker, args=(_free_port(), mode, set_to_none, backend, world, pieces), nprocs=world, join=True)
+    mp.spawn(_worker, args=(_free_port(), [(mode, set_to_none, pieces)], backend, world, None), nprocs=world,
+             join=True)
 
 
-def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, world: int, pieces: int) -> None:
+def spawn_cases(cases: list[tuple[str, bool, int]], world: int, done_file: Path) -> Exception | None:
+    """Several (mode, set_to_none, pieces) cases on ``world`` gloo processes, one after the other in one spawn
+    (starting the processes, each importing torch, costs more than a case); each case builds its models, sync and
+    batches anew. The cases every rank finished are appended to ``done_file``; the error that ended the spawn early
+    (the first failing case's traceback) is returned."""
+    try:
+        mp.spawn(_worker, args=(_free_port(), cases, "gloo", world, str(done_file)), nprocs=world, join=True)
+    except Exception as error:  # mp.ProcessRaisedException / ProcessExitedException: reported by the cases' tests
+        return error
+    return None
+
+
+def _worker(rank: int, port: int, cases: list[tuple[str, bool, int]], backend: str, world: int,
+            done_file: str | None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     device = torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
@@ -64,107 +79,115 @@ def _worker(rank: int, port: int, mode: str, set_to_none: bool, backend: str, wo
     dist.init_process_group(backend, rank=rank, world_size=world)
     torch.set_num_threads(1)
     try:
-        sparsity = SparsityConfig(sparsity=0.75, include=[r"^mlp\.[02]\.weight$", "^side$"])
-        rigl = RigLConfig(update_freq=3, end_step=100)
-        models, controllers = [], []
-        for _ in range(2):
-            net = Net().to(device)
-            net.mlp[4].bias.requires_grad_(False)  # frozen: left out of the sync, as of plain DDP
-            controllers.append(SparsityController(net, sparsity, rigl=rigl, seed=1))
-            models.append(DDP(net))
-        plain, sparse = models
-        controller = controllers[1]
-        with pytest.raises(ValueError, match="are not parameters of this model"):
-            communication.FlatGradientSync(plain.module, controller)  # another model's controller
-        sync = communication.FlatGradientSync(sparse.module, controller if mode == "sparse" else None,
-                                              wire_dtype=torch.bfloat16 if mode == "flat_bf16" else None,
-                                              pieces=pieces)
-        sync.track_norm = True  # as the Trainer sets it when clipping inside the fused AdamW step
-        reducer_calls = []  # DDP's reducer must stay out: averaging twice would not show at 2 ranks
-        sparse.register_comm_hook(None, lambda state, bucket: reducer_calls.append(1) or keep(bucket))
-        total = sum(p.numel() for p in plain.parameters() if p.requires_grad)
-        masked_numel = sum(m.numel() for m in controller.masks.values())
-        expected_sent = 0
-        generator = torch.Generator().manual_seed(100 + rank)  # every rank its own batches
-
-        def backward(model: DDP, state: torch.Tensor, then_sync=None) -> dict[str, torch.Tensor]:
-            generator.set_state(state)
-            if then_sync is None:
-                mlp_loss(lambda x: model(x.to(device)), generator).backward()
-            else:
-                with model.no_sync():  # as the Trainer runs it: no reducer
-                    mlp_loss(lambda x: model(x.to(device)), generator).backward()
-                then_sync()
-            return {name: p.grad.clone() for name, p in model.module.named_parameters() if p.grad is not None}
-
-        for step in range(1, 5):
-            state = generator.get_state()
-            expected, got = backward(plain, state), backward(sparse, state, sync)
-            dense_step = step % rigl.update_freq == 0
-            assert controller.dense_gradients_due() == dense_step
-            sent_dense = dense_step or mode != "sparse"
-            assert got.keys() == expected.keys() and "mlp.4.bias" not in got
-            for name, grad in got.items():
-                mask = controller.masks.get(name)
-                want = expected[name] if mask is None or sent_dense else expected[name] * mask
-                assert_same(grad, want, world, (step, name), mode)
-                assert mask is None or sent_dense or torch.equal(grad == 0, want == 0), (step, name)
-            side = sparse.module.side
-            assert side.grad.stride() == side.stride()  # a fused optimizer's layout, not the flat buffer's
-            assert controller._grads_arrive_masked is not sent_dense  # else the controller masks them itself
-            # the norm summed piece by piece is that of the averaged gradients; on a masked call it is also that of
-            # the gradients the optimizer sees (below, after the controller's zeroing)
-            assert sync.masked_last_call is not sent_dense
-            grads_norm = torch.linalg.vector_norm(torch.cat([g.double().flatten() for g in got.values()]))
-            torch.testing.assert_close(sync.gradient_norm.double(), grads_norm, rtol=1e-6, atol=0, msg=str(step))
-            active = sum(int(m.sum()) for m in controller.masks.values())
-            expected_sent += total if sent_dense else total - masked_numel + active
-            for c in controllers:
-                c.before_optimizer_step()
-            if sync.masked_last_call:
-                after = [p.grad.double().flatten() for p in sparse.module.parameters() if p.grad is not None]
-                torch.testing.assert_close(sync.gradient_norm.double(), torch.linalg.vector_norm(torch.cat(after)),
-                                           rtol=1e-6, atol=0, msg=str(step))
-            for (name, a), b in zip(plain.module.named_parameters(), sparse.module.parameters()):
-                if a.grad is None or b.grad is None:  # the frozen bias
-                    assert a.grad is None and b.grad is None, (step, name)
-                else:  # what clipping and the optimizer see: the same
-                    assert_same(b.grad, a.grad, world, (step, name), mode)
-            if step == 2:  # a mask change (RigL, GMP, a loaded state) must reach the sync's positions
-                masks = dict(controller.masks)
-                masks["mlp.2.weight"] = masks["mlp.2.weight"].clone()
-                masks["mlp.2.weight"][:4] = ~masks["mlp.2.weight"][:4]
-                for c in controllers:
-                    c.load_state_dict({**c.state_dict(), "masks": masks, "step": c.step})
-            for c in controllers:
-                c.step += 1
-            for m in models:
-                m.zero_grad(set_to_none=set_to_none)  # False: the next backward adds into the last flat buffer
-        assert not reducer_calls
-        # 3 compact averages (unmasked values and active weights) and a dense one (step 3)
-        assert sync.sent_fraction() == pytest.approx(expected_sent / (4 * total))
-        if mode == "sparse":
-            assert sync.sent_fraction() < 0.65  # 3 steps at 48 % of the values, one at 100 %
-            kinds = {plan.masked for plan in sync._plans.values()}
-            assert kinds == {True, False}  # the float64 buffer has no mask, the float32 one has
-        else:
-            assert sync.sent_fraction() == 1.0 and not any(plan.masked for plan in sync._plans.values())
-        fp32_plan = sync._plans[(torch.float32, device)]
-        assert len(fp32_plan.pieces) == pieces  # the toy's parameters are small enough to cut where asked
-        if mode == "sparse" and pieces == 3:  # cut inside mlp.0.weight and tail.weight; the last piece unmasked
-            assert [(piece.start, piece.end) for piece in fp32_plan.pieces] == [(0, 256), (256, 2048), (2048, 2304)]
-            assert [piece.index is None for piece in fp32_plan.pieces] == [False, False, True]
-        for p in sparse.module.parameters():
-            p.grad = torch.zeros_like(p) if p.requires_grad and p is not sparse.module.mlp[0].bias else None
-        with pytest.raises(RuntimeError, match="mlp.0.bias has no gradient"):
-            sync()
-        # the DDP reducers (held in reference cycles) must go before their process group, or gloo's threads
-        # may abort the process at exit
-        del models, plain, sparse, sync
-        gc.collect()
-        dist.barrier()
+        for mode, set_to_none, pieces in cases:
+            _check_case(device, rank, world, mode, set_to_none, pieces)
+            if done_file is not None and rank == 0:  # after the case's closing barrier: every rank passed it
+                with open(done_file, "a") as f:
+                    f.write(f"{mode} {set_to_none} {pieces}\n")
     finally:
         dist.destroy_process_group()
+
+
+def _check_case(device: torch.device, rank: int, world: int, mode: str, set_to_none: bool, pieces: int) -> None:
+    sparsity = SparsityConfig(sparsity=0.75, include=[r"^mlp\.[02]\.weight$", "^side$"])
+    rigl = RigLConfig(update_freq=3, end_step=100)
+    models, controllers = [], []
+    for _ in range(2):
+        net = Net().to(device)
+        net.mlp[4].bias.requires_grad_(False)  # frozen: left out of the sync, as of plain DDP
+        controllers.append(SparsityController(net, sparsity, rigl=rigl, seed=1))
+        models.append(DDP(net))
+    plain, sparse = models
+    controller = controllers[1]
+    with pytest.raises(ValueError, match="are not parameters of this model"):
+        communication.FlatGradientSync(plain.module, controller)  # another model's controller
+    sync = communication.FlatGradientSync(sparse.module, controller if mode == "sparse" else None,
+                                          wire_dtype=torch.bfloat16 if mode == "flat_bf16" else None,
+                                          pieces=pieces)
+    sync.track_norm = True  # as the Trainer sets it when clipping inside the fused AdamW step
+    reducer_calls = []  # DDP's reducer must stay out: averaging twice would not show at 2 ranks
+    sparse.register_comm_hook(None, lambda state, bucket: reducer_calls.append(1) or keep(bucket))
+    total = sum(p.numel() for p in plain.parameters() if p.requires_grad)
+    masked_numel = sum(m.numel() for m in controller.masks.values())
+    expected_sent = 0
+    generator = torch.Generator().manual_seed(100 + rank)  # every rank its own batches
+
+    def backward(model: DDP, state: torch.Tensor, then_sync=None) -> dict[str, torch.Tensor]:
+        generator.set_state(state)
+        if then_sync is None:
+            mlp_loss(lambda x: model(x.to(device)), generator).backward()
+        else:
+            with model.no_sync():  # as the Trainer runs it: no reducer
+                mlp_loss(lambda x: model(x.to(device)), generator).backward()
+            then_sync()
+        return {name: p.grad.clone() for name, p in model.module.named_parameters() if p.grad is not None}
+
+    for step in range(1, 5):
+        state = generator.get_state()
+        expected, got = backward(plain, state), backward(sparse, state, sync)
+        dense_step = step % rigl.update_freq == 0
+        assert controller.dense_gradients_due() == dense_step
+        sent_dense = dense_step or mode != "sparse"
+        assert got.keys() == expected.keys() and "mlp.4.bias" not in got
+        for name, grad in got.items():
+            mask = controller.masks.get(name)
+            want = expected[name] if mask is None or sent_dense else expected[name] * mask
+            assert_same(grad, want, world, (step, name), mode)
+            assert mask is None or sent_dense or torch.equal(grad == 0, want == 0), (step, name)
+        side = sparse.module.side
+        assert side.grad.stride() == side.stride()  # a fused optimizer's layout, not the flat buffer's
+        assert controller._grads_arrive_masked is not sent_dense  # else the controller masks them itself
+        # the norm summed piece by piece is that of the averaged gradients; on a masked call it is also that of
+        # the gradients the optimizer sees (below, after the controller's zeroing)
+        assert sync.masked_last_call is not sent_dense
+        grads_norm = torch.linalg.vector_norm(torch.cat([g.double().flatten() for g in got.values()]))
+        torch.testing.assert_close(sync.gradient_norm.double(), grads_norm, rtol=1e-6, atol=0, msg=str(step))
+        active = sum(int(m.sum()) for m in controller.masks.values())
+        expected_sent += total if sent_dense else total - masked_numel + active
+        for c in controllers:
+            c.before_optimizer_step()
+        if sync.masked_last_call:
+            after = [p.grad.double().flatten() for p in sparse.module.parameters() if p.grad is not None]
+            torch.testing.assert_close(sync.gradient_norm.double(), torch.linalg.vector_norm(torch.cat(after)),
+                                       rtol=1e-6, atol=0, msg=str(step))
+        for (name, a), b in zip(plain.module.named_parameters(), sparse.module.parameters()):
+            if a.grad is None or b.grad is None:  # the frozen bias
+                assert a.grad is None and b.grad is None, (step, name)
+            else:  # what clipping and the optimizer see: the same
+                assert_same(b.grad, a.grad, world, (step, name), mode)
+        if step == 2:  # a mask change (RigL, GMP, a loaded state) must reach the sync's positions
+            masks = dict(controller.masks)
+            masks["mlp.2.weight"] = masks["mlp.2.weight"].clone()
+            masks["mlp.2.weight"][:4] = ~masks["mlp.2.weight"][:4]
+            for c in controllers:
+                c.load_state_dict({**c.state_dict(), "masks": masks, "step": c.step})
+        for c in controllers:
+            c.step += 1
+        for m in models:
+            m.zero_grad(set_to_none=set_to_none)  # False: the next backward adds into the last flat buffer
+    assert not reducer_calls
+    # 3 compact averages (unmasked values and active weights) and a dense one (step 3)
+    assert sync.sent_fraction() == pytest.approx(expected_sent / (4 * total))
+    if mode == "sparse":
+        assert sync.sent_fraction() < 0.65  # 3 steps at 48 % of the values, one at 100 %
+        kinds = {plan.masked for plan in sync._plans.values()}
+        assert kinds == {True, False}  # the float64 buffer has no mask, the float32 one has
+    else:
+        assert sync.sent_fraction() == 1.0 and not any(plan.masked for plan in sync._plans.values())
+    fp32_plan = sync._plans[(torch.float32, device)]
+    assert len(fp32_plan.pieces) == pieces  # the toy's parameters are small enough to cut where asked
+    if mode == "sparse" and pieces == 3:  # cut inside mlp.0.weight and tail.weight; the last piece unmasked
+        assert [(piece.start, piece.end) for piece in fp32_plan.pieces] == [(0, 256), (256, 2048), (2048, 2304)]
+        assert [piece.index is None for piece in fp32_plan.pieces] == [False, False, True]
+    for p in sparse.module.parameters():
+        p.grad = torch.zeros_like(p) if p.requires_grad and p is not sparse.module.mlp[0].bias else None
+    with pytest.raises(RuntimeError, match="mlp.0.bias has no gradient"):
+        sync()
+    # the DDP reducers (held in reference cycles) must go before their process group, or gloo's threads
+    # may abort the process at exit
+    del models, plain, sparse, sync
+    gc.collect()
+    dist.barrier()
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, world: int, where: tuple, mode: str) -> None:
@@ -185,21 +208,48 @@ def keep(bucket: dist.GradBucket) -> torch.futures.Future:
     return future
 
 
+# The gloo cases (mode, set_to_none, pieces) by world size: each world's cases run in one spawn (a module
+# fixture), and each case's test passes only if every rank finished that case.
+GLOO_CASES = {
+    2: [("sparse", True, 1), ("sparse", False, 1), ("flat", True, 1), ("flat_bf16", True, 1),
+        ("sparse", True, 3), ("flat", True, 3), ("flat_bf16", True, 3)],
+    3: [("sparse", True, 1), ("flat", True, 1)],
+}
+
+
+@pytest.fixture(scope="module")
+def gloo_spawns(tmp_path_factory) -> dict[int, tuple[set[str], Exception | None]]:
+    results = {}
+    for world, cases in GLOO_CASES.items():
+        done_file = tmp_path_factory.mktemp(f"gloo{world}") / "done"
+        done_file.touch()
+        error = spawn_cases(cases, world, done_file)
+        results[world] = (set(done_file.read_text().splitlines()), error)
+    return results
+
+
+def passed(gloo_spawns, mode: str, set_to_none: bool = True, world: int = 2, pieces: int = 1) -> None:
+    done, error = gloo_spawns[world]
+    if f"{mode} {set_to_none} {pieces}" not in done:
+        pytest.fail(f"case {(mode, set_to_none, pieces)} at {world} ranks did not finish on every rank (it failed, "
+                    f"or a case before it in the same spawn did); the spawn ended with:\n{error}", pytrace=False)
+
+
 @pytest.mark.parametrize("set_to_none", [True, False])
-def test_sparse_all_reduce_matches_plain_ddp_at_active_positions(set_to_none):
-    spawn_ranks("sparse", set_to_none)
+def test_sparse_all_reduce_matches_plain_ddp_at_active_positions(gloo_spawns, set_to_none):
+    passed(gloo_spawns, "sparse", set_to_none)
 
 
 @pytest.mark.parametrize("mode", ["flat", "flat_bf16"])
-def test_flat_all_reduce_matches_plain_ddp(mode):
-    spawn_ranks(mode)
+def test_flat_all_reduce_matches_plain_ddp(gloo_spawns, mode):
+    passed(gloo_spawns, mode)
 
 
 @pytest.mark.parametrize("mode", ["sparse", "flat", "flat_bf16"])
-def test_flat_all_reduce_in_pieces_matches_plain_ddp(mode):
+def test_flat_all_reduce_in_pieces_matches_plain_ddp(gloo_spawns, mode):
     """Three pieces, each all-reduced while the next is copied: the same averages (bit for bit at 2 ranks); in
     the sparse mode the last piece has no mask (sent whole), the others gather their active values."""
-    spawn_ranks(mode, pieces=3)
+    passed(gloo_spawns, mode, pieces=3)
 
 
 def test_pieces_are_small_at_the_ends_aligned_and_cover_every_value_once():
@@ -281,9 +331,9 @@ def test_a_fully_masked_piece_sends_nothing_and_an_empty_group_is_left_alone():
 
 
 @pytest.mark.parametrize("mode", ["sparse", "flat"])
-def test_flat_all_reduce_matches_plain_ddp_with_three_ranks(mode):
+def test_flat_all_reduce_matches_plain_ddp_with_three_ranks(gloo_spawns, mode):
     """Up to the order of summation, which with 3 ranks differs between DDP's buckets and the flat tensor."""
-    spawn_ranks(mode, world=3)
+    passed(gloo_spawns, mode, world=3)
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs (NCCL)")
