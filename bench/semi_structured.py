@@ -293,6 +293,16 @@ def graph_ms(fn: Callable[[], object], replays: int = 10) -> float:
     return ms_per_call(replay, replays) / CALLS_PER_GRAPH
 
 
+def alternating_graph_ms(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dict, dict]:
+    """Each function's median ``graph_ms`` over ``repeats`` rounds, the functions alternating within a round (to
+    spread clock drift); and every round's time."""
+    runs: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            runs[key].append(graph_ms(fn))
+    return {k: statistics.median(v) for k, v in runs.items()}, runs
+
+
 @torch.inference_mode()
 def bench_kernels(args: argparse.Namespace) -> list[dict]:
     """Dense vs 2:4 (cuSPARSELt) per Linear shape, row count, layout and algorithm; median of ``--repeats``
@@ -330,11 +340,7 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
                         print(f"  {layer} {n_out}x{n_in} batch {batch} {layout} alg {alg}: {str(e)[:100]}")
                         continue
                     fns[f"{layout} alg {alg}"] = fn
-            runs: dict[str, list[float]] = {k: [] for k in fns}
-            for _ in range(args.repeats):
-                for key, fn in fns.items():
-                    runs[key].append(graph_ms(fn))
-            ms = {k: statistics.median(v) for k, v in runs.items()}
+            ms, runs = alternating_graph_ms(fns, args.repeats)
             best = {layout: min((k for k in ms if k.startswith(layout + " ")), key=ms.__getitem__, default=None)
                     for layout in LAYOUTS}
             flops = 2 * m * n_out * n_in
@@ -395,11 +401,7 @@ def bench_fp8_kernels(args: argparse.Namespace) -> list[dict]:
                     errors[f"2:4 fp8 {layout} alg {alg}"] = check_kernel(
                         f"fp8 {layer} {n_out}x{n_in} batch {batch} {layout} alg {alg}", out, reference)
                     fns[f"2:4 fp8 {layout} alg {alg}"] = fn
-            runs: dict[str, list[float]] = {k: [] for k in fns}
-            for _ in range(args.repeats):
-                for key, fn in fns.items():
-                    runs[key].append(graph_ms(fn))
-            ms = {k: statistics.median(v) for k, v in runs.items()}
+            ms, runs = alternating_graph_ms(fns, args.repeats)
             rows.append({"model": model, "layer": layer, "out_features": n_out, "in_features": n_in, "batch": batch,
                          "rows": m, "ms": ms, "speedup_over_fp8_dense": {k: ms["fp8 dense"] / v for k, v in ms.items()},
                          "max_abs_diff_vs_fp8_dense": errors, "max_abs_reference": reference.abs().max().item(),
