@@ -43,6 +43,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 import transformers
 from torch import nn
 from transformers import (
@@ -62,6 +63,7 @@ from gpu_clocks import ClockSampler  # noqa: E402
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
 from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
+from sparsebert.sparsity.masks import nm_mask  # noqa: E402
 from sparsebert.sparsity.semi_structured import COLUMN_MAJOR_DEFAULT, cusparselt_linear  # noqa: E402
 
 # Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
@@ -307,10 +309,7 @@ def alternating_graph_ms(fns: dict[str, Callable[[], object]], repeats: int) -> 
 def bench_kernels(args: argparse.Namespace) -> list[dict]:
     """Dense vs 2:4 (cuSPARSELt) per Linear shape, row count, layout and algorithm; median of ``--repeats``
     alternating graph timings. A layout's best algorithm is the one with the lowest median."""
-    import torch.nn.functional as F
     from torch.sparse import SparseSemiStructuredTensorCUSPARSELT
-
-    from sparsebert.sparsity.masks import nm_mask
 
     rows = []
     for model, layer, n_out, n_in in (shape for shape in KERNEL_SHAPES if shape[0] in args.kernel_models):
@@ -362,10 +361,6 @@ def bench_fp8_kernels(args: argparse.Namespace) -> list[dict]:
     bf16 dense matmul for reference. Row-major activations only, the result row- or column-major (the export's
     down-projection reads column-major activations; not timed in fp8). Kernels alone: a model would add the
     activations' scaling and casts."""
-    import torch.nn.functional as F
-
-    from sparsebert.sparsity.masks import nm_mask
-
     fp8, bf16 = torch.float8_e4m3fn, torch.bfloat16
     one = torch.ones((), device="cuda")
     rows = []
