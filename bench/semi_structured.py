@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import ctypes
 import statistics
 import sys
 import time
@@ -413,6 +414,28 @@ def bench_fp8_kernels(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
+def cusparselt_loaded() -> str | None:
+    """The version of the libcusparseLt this process has loaded, asked of the library itself.
+
+    ``torch.backends.cusparselt.version()`` is the version torch was built against: a different libcusparseLt.so.0
+    in its place does not change it. Linux only (``/proc/self/maps``); None where it cannot be read."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    paths = {line.split()[-1] for line in maps if "libcusparseLt" in line}
+    if len(paths) != 1:
+        return None
+    lib = ctypes.CDLL(paths.pop())  # the handle of the copy already loaded
+    parts = []
+    for prop in range(3):  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+        value = ctypes.c_int()
+        if lib.cusparseLtGetProperty(prop, ctypes.byref(value)) != 0:
+            return None
+        parts.append(str(value.value))
+    return ".".join(parts)
+
+
 def config_only(path: Path) -> bool:
     """A local directory with a config.json and no weight files."""
     weights = [*path.glob("*.safetensors"), *path.glob("*.bin")]
@@ -458,7 +481,10 @@ def main() -> None:
         sys.exit("--fp8 times kernels only: pass it with --kernels")
     card = torch.cuda.get_device_name()
     measured = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
-                "torch": torch.__version__, "cusparselt": torch.backends.cusparselt.version(), "seq": args.seq}
+                "torch": torch.__version__, "cusparselt": torch.backends.cusparselt.version(),
+                "cusparselt_loaded": cusparselt_loaded(), "seq": args.seq}
+    print(f"torch {torch.__version__}, cuSPARSELt {measured['cusparselt_loaded']} loaded (torch was built with "
+          f"{measured['cusparselt']})", flush=True)
     if args.kernels:
         if args.fp8:
             print(f"{card}, fp8 e4m3 kernels, ms per call; the best 2:4 fp8 and its speedup over fp8 dense, fp8 "
