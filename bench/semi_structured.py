@@ -4,7 +4,9 @@ All variants hold the same weights: magnitude 2:4 masks (``nm_mask``, via the Sp
 Linear weights, then bf16 on the GPU. "dense" runs them as ordinary matmuls; the others after
 ``to_semi_structured`` (sparse tensor cores, sm80+): "2:4" every encoder Linear with the default layouts (the
 feed-forward up-projection's result column-major), "2:4 row-major" every result row-major, "2:4 feed-forward" only
-the feed-forward layers (attention's four projections stay dense). Per variant the exported logits are first
+the feed-forward layers (attention's four projections stay dense); not run unless named, "2:4 transposed stream"
+and "dense transposed stream", a what-if meant with ``--compile``: the residual stream kept transposed so that
+every encoder Linear runs a mixed layout (``transposed_stream_logits``). Per variant the exported logits are first
 checked against the dense model's. Inputs are random token ids at full length, run without an attention mask
 (nothing is padded; see ``unmasked_logits``); variants alternate within each repeat to spread clock drift; the
 table shows the median over repeats, and below each row the card's median SM clock and power over the timed
@@ -123,10 +125,11 @@ def unmasked_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def check_logits(dense: nn.Module, sparse: nn.Module, ids: torch.Tensor) -> dict[str, float | bool]:
-    """The variant's unmasked logits against the dense model's own forward with a mask of ones."""
+def check_logits(dense: nn.Module, sparse: nn.Module, ids: torch.Tensor,
+                 forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> dict[str, float | bool]:
+    """The variant's logits (``forward``) against the dense model's own forward with a mask of ones."""
     ref = dense(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
-    out = unmasked_logits(sparse, ids).float()
+    out = forward(sparse, ids).float()
     diff = (out - ref).abs().max().item()
     scale = ref.abs().max().item()
     agree = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
@@ -186,12 +189,53 @@ def feed_forward_layers(model: nn.Module) -> list[str]:
             or (n.endswith(".output.dense") and ".attention." not in n)]
 
 
-# variant -> (which Linear layers to export, the to_semi_structured column_major argument)
-VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]], tuple[str, ...]]] = {
-    "2:4": (encoder_layers, COLUMN_MAJOR_DEFAULT),
-    "2:4 row-major": (encoder_layers, ()),
-    "2:4 feed-forward": (feed_forward_layers, COLUMN_MAJOR_DEFAULT),
+def layer_norm_t(x_t: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """``norm`` over dim 0 of a [hidden, tokens] tensor, the result [hidden, tokens] as well. Written out so that
+    torch.compile fuses it into one kernel that keeps the layout (torch's layer_norm would copy it row-major)."""
+    x = x_t.float()
+    mean = x.mean(0, keepdim=True)
+    centered = x - mean
+    y = centered * torch.rsqrt(centered.square().mean(0, keepdim=True) + norm.eps)
+    return (y * norm.weight.float()[:, None] + norm.bias.float()[:, None]).to(x_t.dtype)
+
+
+def transposed_stream_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """``unmasked_logits`` with the residual stream kept transposed, [hidden, tokens]: a what-if (``--variants
+    "2:4 transposed stream"``, meant with ``--compile``) in which every encoder Linear runs a mixed layout.
+    Query, key, value and the up-projection read the stream column-major and write row-major results (head split,
+    GELU); the attention output and down-projections (exported with column-major results) write into the
+    transposed stream. Inference only: no attention mask, no dropout, BERT's post-LayerNorm layers."""
+    bert = model.bert
+    batch, seq = ids.shape
+    hidden = bert.embeddings(input_ids=ids)
+    width = hidden.shape[-1]
+    stream = hidden.reshape(batch * seq, width).t().contiguous()  # [hidden, tokens]
+    for layer in bert.encoder.layer:
+        attn = layer.attention
+        heads, head_dim = attn.self.num_attention_heads, attn.self.attention_head_size
+        x = stream.t()  # [tokens, hidden], column-major: no copy
+        q, k, v = (proj(x).view(batch, seq, heads, head_dim).transpose(1, 2)
+                   for proj in (attn.self.query, attn.self.key, attn.self.value))
+        context = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch * seq, width)
+        stream = layer_norm_t(attn.output.dense(context).t() + stream, attn.output.LayerNorm)
+        up = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(stream.t()))
+        stream = layer_norm_t(layer.output.dense(up).t() + stream, layer.output.LayerNorm)
+    first = stream[:, ::seq].t()  # each sequence's first token, [batch, hidden]
+    pooled = bert.pooler.activation(bert.pooler.dense(first))
+    return model.classifier(model.dropout(pooled))
+
+
+# variant -> (which Linear layers to export, None for none; the to_semi_structured column_major argument; the
+# forward)
+VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ...], Callable]] = {
+    "2:4": (encoder_layers, COLUMN_MAJOR_DEFAULT, unmasked_logits),
+    "2:4 row-major": (encoder_layers, (), unmasked_logits),
+    "2:4 feed-forward": (feed_forward_layers, COLUMN_MAJOR_DEFAULT, unmasked_logits),
+    # the attention output and down-projections ("...output.dense") write column-major into the stream
+    "2:4 transposed stream": (encoder_layers, ("output.dense",), transposed_stream_logits),
+    "dense transposed stream": (None, (), transposed_stream_logits),
 }
+DEFAULT_VARIANTS = ["2:4", "2:4 row-major", "2:4 feed-forward"]
 
 
 def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namespace) -> dict:
@@ -200,7 +244,13 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
     models: dict[str, nn.Module] = {"dense": dense}
     exported: dict[str, dict] = {}
     for variant in args.variants:
-        select, column_major = VARIANTS[variant]
+        select, column_major, variant_forward = VARIANTS[variant]
+        if select is None:  # the dense model under another forward
+            models[variant] = dense
+            check = check_logits(dense, dense, token_ids(16, args.seq, vocab), variant_forward)
+            print(f"{name} {variant}: logits {check}", flush=True)
+            exported[variant] = {"converted_layers": 0, "logits_check": check}
+            continue
         sparse = copy.deepcopy(dense)
         names = select(sparse)
         if not names:
@@ -209,7 +259,7 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
                                        column_major=column_major)
         if not converted:
             sys.exit(f"{name} {variant}: no Linear layer could be exported (see the log); nothing to compare")
-        check = check_logits(dense, sparse, token_ids(16, args.seq, vocab))
+        check = check_logits(dense, sparse, token_ids(16, args.seq, vocab), variant_forward)
         kernel = type(sparse.get_submodule(converted[0]).weight).BACKEND  # what "auto" resolved to
         column = sum(sparse.get_submodule(n).column_major_output for n in converted)
         print(f"{name} {variant}: {headline}; {len(converted)} Linear layers exported ({kernel}, {column} with "
@@ -220,7 +270,8 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         models[variant] = sparse
         exported[variant] = {"converted_layers": len(converted), "column_major_layers": column, "kernel": kernel,
                              "logits_check": check}
-    forwards = {variant: partial(unmasked_logits, model) for variant, model in models.items()}
+    forward_of = {"dense": unmasked_logits} | {variant: VARIANTS[variant][2] for variant in args.variants}
+    forwards = {variant: partial(forward_of[variant], model) for variant, model in models.items()}
     rows = []
     for batch_size in args.batches:
         ids = token_ids(batch_size, args.seq, vocab)
@@ -229,7 +280,7 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
             # dynamo keeps only torch._dynamo.config.cache_size_limit (8) graphs per code object before it
             # silently runs the rest eagerly: start afresh for each batch size.
             torch._dynamo.reset()
-            forwards = {variant: torch.compile(partial(unmasked_logits, model), dynamic=False)
+            forwards = {variant: torch.compile(partial(forward_of[variant], model), dynamic=False)
                         for variant, model in models.items()}
         steps = {}
         compiled_error: dict[str, float] = {}
@@ -237,8 +288,8 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
             try:
                 if args.compile:  # the compiled forward against the variant's eager one, before it is timed
                     with torch.inference_mode():
-                        compiled_error[variant] = (forward(ids).float()
-                                                   - unmasked_logits(models[variant], ids).float()).abs().max().item()
+                        eager_logits = forward_of[variant](models[variant], ids).float()
+                        compiled_error[variant] = (forward(ids).float() - eager_logits).abs().max().item()
                 steps[variant] = graphed(forward, ids) if args.cuda_graph else eager(forward, ids)
             except Exception as e:  # a compile or CUDA graph capture failure: report it, keep the other rows
                 print(f"{name} batch {batch_size} {variant}: compile or CUDA graph capture failed: {e}",
@@ -453,7 +504,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--backend", choices=["auto", "cutlass", "cusparselt"], default="auto")
-    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=DEFAULT_VARIANTS,
                    help="the 2:4 variants timed against dense")
     p.add_argument("--algorithms", type=int, default=1,
                    help="--kernels: time cuSPARSELt algorithms 0 .. N-1 per layout (torch's default is 0)")
