@@ -6,7 +6,7 @@ Linear weights, then bf16 on the GPU. "dense" runs them as ordinary matmuls; the
 feed-forward up-projection's result column-major), "2:4 row-major" every result row-major, "2:4 feed-forward" only
 the feed-forward layers (attention's four projections stay dense); not run unless named, "2:4 transposed stream"
 and "dense transposed stream", a what-if meant with ``--compile``: the residual stream kept transposed so that
-every encoder Linear runs a mixed layout (``transposed_stream_logits``). Per variant the exported logits are first
+every encoder Linear runs a mixed layout (``transposed_stream.py``). Per variant the exported logits are first
 checked against the dense model's. Inputs are random token ids at full length, run without an attention mask
 (nothing is padded; see ``unmasked_logits``); variants alternate within each repeat to spread clock drift; the
 table shows the median over repeats, and below each row the card's median SM clock and power over the timed
@@ -64,16 +64,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cuda_timing import capture, kernel_profile, ms_per_call  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
+from transposed_stream import LN_CONFIGS, MEASURED_LN_CONFIG, transposed_stream_logits  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
 from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
 from sparsebert.sparsity.masks import nm_mask  # noqa: E402
-from sparsebert.sparsity.semi_structured import (  # noqa: E402
-    COLUMN_MAJOR_DEFAULT,
-    SemiStructuredLinear,
-    cusparselt_linear,
-)
+from sparsebert.sparsity.semi_structured import COLUMN_MAJOR_DEFAULT, cusparselt_linear  # noqa: E402
 
 # Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
 # another order, so a few bf16 ulps per layer add up over the encoder; a wrong weight layout would be O(1).
@@ -194,96 +191,6 @@ def feed_forward_layers(model: nn.Module) -> list[str]:
             or (n.endswith(".output.dense") and ".attention." not in n)]
 
 
-def layer_norm_t(x_t: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
-    """``norm`` over dim 0 of a [hidden, tokens] tensor, the result [hidden, tokens] as well. Written out so that
-    torch.compile fuses it into one kernel that keeps the layout (torch's layer_norm would copy it row-major)."""
-    x = x_t.float()
-    mean = x.mean(0, keepdim=True)
-    centered = x - mean
-    y = centered * torch.rsqrt(centered.square().mean(0, keepdim=True) + norm.eps)
-    return (y * norm.weight.float()[:, None] + norm.bias.float()[:, None]).to(x_t.dtype)
-
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # the what-if then normalises with torch ops (layer_norm_t)
-    triton = None
-
-if triton is not None:
-
-    @triton.jit
-    def _add_layer_norm_t_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
-                                 HIDDEN_POW2: tl.constexpr, BLOCK_T: tl.constexpr):
-        # one program: BLOCK_T tokens (columns) whole, all HIDDEN rows in registers; one read, one write
-        cols = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-        rows = tl.arange(0, HIDDEN_POW2)
-        mask = (rows[:, None] < HIDDEN) & (cols[None, :] < tokens)
-        offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
-        x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-             + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
-        mean = tl.sum(x, axis=0) / HIDDEN
-        centered = tl.where(mask, x - mean[None, :], 0.0)
-        rstd = tl.rsqrt(tl.sum(centered * centered, axis=0) / HIDDEN + eps)
-        weight = tl.load(w_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
-        bias = tl.load(bias_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
-        y = centered * rstd[None, :] * weight[:, None] + bias[:, None]
-        tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def add_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
-    """LayerNorm of ``a_t + b_t`` over dim 0 for [hidden, tokens] tensors, as one Triton kernel (the sum in fp32)
-    where Triton and a GPU are present and both inputs are contiguous [hidden, tokens]; otherwise
-    ``layer_norm_t(a_t + b_t, norm)`` (the sum rounded to the inputs' dtype first). torch.compile's own kernel
-    for a reduction over the strided dimension took ~4x the row-major LayerNorm's time on an H100 (BERT-large)."""
-    if triton is None or not a_t.is_cuda or not (a_t.is_contiguous() and b_t.is_contiguous()):
-        return layer_norm_t(a_t + b_t, norm)
-    hidden, tokens = a_t.shape
-    out = torch.empty_like(a_t)
-    block_t = 16  # 16 bf16 columns: one 32-byte sector per row and load
-    _add_layer_norm_t_kernel[(triton.cdiv(tokens, block_t),)](
-        a_t, b_t, norm.weight, norm.bias, out, tokens, norm.eps, HIDDEN=hidden,
-        HIDDEN_POW2=triton.next_power_of_2(hidden), BLOCK_T=block_t, num_warps=16)
-    return out
-
-
-def into_stream(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``linear(x)`` for [tokens, in] ``x`` as an [out, tokens] result. An exported layer with column-major results
-    writes it so (its transpose is free); a plain Linear goes through ``addmm`` (``W @ x^T + b``), which cuBLAS
-    writes [out, tokens] directly, where ``linear(x).t()`` would leave a row-major result."""
-    if isinstance(linear, SemiStructuredLinear):
-        return linear(x).t()
-    if linear.bias is None:
-        return linear.weight @ x.t()
-    return torch.addmm(linear.bias[:, None], linear.weight, x.t())
-
-
-def transposed_stream_logits(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """``unmasked_logits`` with the residual stream kept transposed, [hidden, tokens]: a what-if (``--variants
-    "2:4 transposed stream"``, meant with ``--compile``) in which every encoder Linear runs a mixed layout.
-    Query, key, value and the up-projection read the stream column-major and write row-major results (head split,
-    GELU); the attention output and down-projections (exported with column-major results) write into the
-    transposed stream. Inference only: no attention mask, no dropout, BERT's post-LayerNorm layers."""
-    bert = model.bert
-    batch, seq = ids.shape
-    hidden = bert.embeddings(input_ids=ids)
-    width = hidden.shape[-1]
-    stream = hidden.reshape(batch * seq, width).t().contiguous()  # [hidden, tokens]
-    for layer in bert.encoder.layer:
-        attn = layer.attention
-        heads, head_dim = attn.self.num_attention_heads, attn.self.attention_head_size
-        x = stream.t()  # [tokens, hidden], column-major: no copy
-        q, k, v = (proj(x).view(batch, seq, heads, head_dim).transpose(1, 2)
-                   for proj in (attn.self.query, attn.self.key, attn.self.value))
-        context = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch * seq, width)
-        stream = add_layer_norm_t(into_stream(attn.output.dense, context), stream, attn.output.LayerNorm)
-        up = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(stream.t()))
-        stream = add_layer_norm_t(into_stream(layer.output.dense, up), stream, layer.output.LayerNorm)
-    first = stream[:, ::seq].t()  # each sequence's first token, [batch, hidden]
-    pooled = bert.pooler.activation(bert.pooler.dense(first))
-    return model.classifier(model.dropout(pooled))
-
-
 # variant -> (which Linear layers to export, None for none; the to_semi_structured column_major argument; the
 # forward)
 VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ...], Callable]] = {
@@ -295,6 +202,14 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ..
     "dense transposed stream": (None, (), transposed_stream_logits),
 }
 DEFAULT_VARIANTS = ["2:4", "2:4 row-major", "2:4 feed-forward"]
+
+
+def forward_of(variant: str, args: argparse.Namespace) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    """The variant's forward ("dense": ``unmasked_logits``), with ``--ln-config`` for the transposed stream."""
+    forward = unmasked_logits if variant == "dense" else VARIANTS[variant][2]
+    if forward is transposed_stream_logits:
+        return partial(transposed_stream_logits, ln_config=args.ln_config)
+    return forward
 
 
 def warn_if_off(name: str, variant: str, check: dict[str, float | bool]) -> None:
@@ -317,7 +232,8 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
     models: dict[str, nn.Module] = {"dense": dense}
     exported: dict[str, dict] = {}
     for variant in args.variants:
-        select, column_major, variant_forward = VARIANTS[variant]
+        select, column_major, _ = VARIANTS[variant]
+        variant_forward = forward_of(variant, args)
         if select is None:  # the dense model under another forward
             models[variant] = dense
             check = check_logits(dense, dense, token_ids(16, args.seq, vocab), variant_forward)
@@ -357,8 +273,7 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
                              if sparse.get_submodule(n).column_major_output})
         exported[variant] = {"converted_layers": len(converted), "column_major_layers": column, "kernel": kernel,
                              "column_major_algorithms": algorithms, "logits_check": check}
-    forward_of = {"dense": unmasked_logits} | {variant: VARIANTS[variant][2] for variant in args.variants}
-    forwards = {variant: partial(forward_of[variant], model) for variant, model in models.items()}
+    forwards = {variant: partial(forward_of(variant, args), model) for variant, model in models.items()}
     rows = []
     for batch_size in args.batches:
         ids = token_ids(batch_size, args.seq, vocab)
@@ -367,7 +282,7 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
             # dynamo keeps only torch._dynamo.config.cache_size_limit (8) graphs per code object before it
             # silently runs the rest eagerly: start afresh for each batch size.
             torch._dynamo.reset()
-            forwards = {variant: torch.compile(partial(forward_of[variant], model), dynamic=False)
+            forwards = {variant: torch.compile(partial(forward_of(variant, args), model), dynamic=False)
                         for variant, model in models.items()}
         steps = {}
         compiled_error: dict[str, float] = {}
@@ -375,7 +290,7 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
             try:
                 if args.compile:  # the compiled forward against the variant's eager one, before it is timed
                     with torch.inference_mode():
-                        eager_logits = forward_of[variant](models[variant], ids).float()
+                        eager_logits = forward_of(variant, args)(models[variant], ids).float()
                         compiled_error[variant] = (forward(ids).float() - eager_logits).abs().max().item()
                 steps[variant] = graphed(forward, ids) if args.cuda_graph else eager(forward, ids)
             except Exception as e:  # a compile or CUDA graph capture failure: report it, keep the other rows
@@ -616,6 +531,8 @@ def main() -> None:
     p.add_argument("--activation", choices=["linear"], default=None,
                    help="what-if for the randomly initialised models: 'linear', no feed-forward activation, a bound "
                         "for a GELU fused into the matmul's epilogue (default: each model's own activation)")
+    p.add_argument("--ln-config", choices=list(LN_CONFIGS), default=MEASURED_LN_CONFIG,
+                   help="the transposed stream's add + LayerNorm kernel (bench/transposed_stream.py times them)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):

@@ -1,0 +1,287 @@
+"""A BERT forward with the residual stream kept transposed, [hidden, tokens], and the add + LayerNorm it needs.
+
+Why: BERT-large's 2:4 matmuls gain 1.2-1.5x over dense only in the mixed layouts (activations row-major in and
+the result column-major out, or the reverse), and attention's projections lose in row -> row
+(``semi_structured.py --kernels``). With the stream transposed, every encoder Linear runs a mixed layout, but
+every LayerNorm then reduces over the strided dimension. ``semi_structured.py --variants "2:4 transposed stream"``
+times the forward (``transposed_stream_logits``); this script times the add + LayerNorm alone, each Triton
+configuration against the row-major fused add + LayerNorm that the other variants compile to, all as CUDA graphs
+in one process, alternating:
+
+    python bench/transposed_stream.py [--hidden 1024 768] [--batches 256] [--out docs/data/FILE.json]
+
+On an H100 (2026-11-27, commit ``430b4a5``) the one-pass kernel with 16 tokens per program and 16 warps took
+5.7 ms for BERT-large's 48 LayerNorms against 3.2 ms row-major, and torch.compile's own kernel for the transposed
+layout 13.0 ms (docs/benchmarks.md). The other configurations are not measured yet: pick the fastest here, then
+pass it to ``semi_structured.py --ln-config``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from dataclasses import dataclass
+from datetime import date
+from functools import partial
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from cuda_timing import capture, ms_per_call  # noqa: E402
+
+from sparsebert.env_info import git_commit  # noqa: E402
+from sparsebert.io import atomic_write_json  # noqa: E402
+from sparsebert.sparsity.semi_structured import SemiStructuredLinear  # noqa: E402
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the forward then normalises with torch ops (layer_norm_t)
+    triton = None
+
+
+def layer_norm_t(x_t: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """``norm`` over dim 0 of a [hidden, tokens] tensor, the result [hidden, tokens] as well. Written out so that
+    torch.compile fuses it into one kernel that keeps the layout (torch's layer_norm would copy it row-major)."""
+    x = x_t.float()
+    mean = x.mean(0, keepdim=True)
+    centered = x - mean
+    y = centered * torch.rsqrt(centered.square().mean(0, keepdim=True) + norm.eps)
+    return (y * norm.weight.float()[:, None] + norm.bias.float()[:, None]).to(x_t.dtype)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _one_pass_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
+                         HIDDEN_POW2: tl.constexpr, BLOCK_T: tl.constexpr):
+        # one program: BLOCK_T tokens (columns) whole, all HIDDEN rows in registers; one read, one write
+        cols = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        rows = tl.arange(0, HIDDEN_POW2)
+        mask = (rows[:, None] < HIDDEN) & (cols[None, :] < tokens)
+        offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
+        x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+             + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+        mean = tl.sum(x, axis=0) / HIDDEN
+        centered = tl.where(mask, x - mean[None, :], 0.0)
+        rstd = tl.rsqrt(tl.sum(centered * centered, axis=0) / HIDDEN + eps)
+        weight = tl.load(w_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
+        y = centered * rstd[None, :] * weight[:, None] + bias[:, None]
+        tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _two_pass_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr):
+        # one program: BLOCK_T tokens, HIDDEN in chunks of BLOCK_H rows: a first pass for the sums, a second that
+        # reads the inputs again (from L2, mostly) to normalise. Wider token blocks than the one-pass kernel can
+        # hold in registers, so each row's load is a longer contiguous run.
+        cols = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        col_ok = cols < tokens
+        total = tl.zeros([BLOCK_T], dtype=tl.float32)
+        squares = tl.zeros([BLOCK_T], dtype=tl.float32)
+        for start in range(0, HIDDEN, BLOCK_H):
+            rows = start + tl.arange(0, BLOCK_H)
+            mask = (rows[:, None] < HIDDEN) & col_ok[None, :]
+            offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
+            x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+                 + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+            total += tl.sum(x, axis=0)
+            squares += tl.sum(x * x, axis=0)
+        mean = total / HIDDEN
+        # E[x^2] - mean^2 in fp32: fine for a LayerNorm's input, whose mean is not large against its spread
+        rstd = tl.rsqrt(tl.maximum(squares / HIDDEN - mean * mean, 0.0) + eps)
+        for start in range(0, HIDDEN, BLOCK_H):
+            rows = start + tl.arange(0, BLOCK_H)
+            mask = (rows[:, None] < HIDDEN) & col_ok[None, :]
+            offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
+            x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+                 + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+            weight = tl.load(w_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
+            bias = tl.load(bias_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
+            y = (x - mean[None, :]) * rstd[None, :] * weight[:, None] + bias[:, None]
+            tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@dataclass(frozen=True)
+class LayerNormConfig:
+    """One Triton launch configuration of the transposed add + LayerNorm."""
+
+    kernel: str  # "one-pass" or "two-pass"
+    block_t: int  # tokens per program
+    warps: int
+    block_h: int = 0  # two-pass: rows per chunk
+
+    @property
+    def name(self) -> str:
+        chunk = f" h{self.block_h}" if self.kernel == "two-pass" else ""
+        return f"{self.kernel}{chunk} t{self.block_t} w{self.warps}"
+
+
+LN_CONFIGS = {c.name: c for c in [
+    *(LayerNormConfig("one-pass", t, w) for t in (8, 16, 32) for w in (4, 8, 16)),
+    *(LayerNormConfig("two-pass", t, w, h) for h in (32, 64) for t in (32, 64, 128) for w in (4, 8)),
+]}
+MEASURED_LN_CONFIG = "one-pass t16 w16"  # the configuration of the 430b4a5 model run
+
+
+def add_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, norm: nn.LayerNorm,
+                     config: str = MEASURED_LN_CONFIG) -> torch.Tensor:
+    """LayerNorm of ``a_t + b_t`` over dim 0 for [hidden, tokens] tensors, as one Triton kernel (the sum in fp32)
+    where Triton and a GPU are present and both inputs are contiguous [hidden, tokens]; otherwise
+    ``layer_norm_t(a_t + b_t, norm)`` (the sum rounded to the inputs' dtype first)."""
+    if triton is None or not a_t.is_cuda or not (a_t.is_contiguous() and b_t.is_contiguous()):
+        return layer_norm_t(a_t + b_t, norm)
+    return launch_layer_norm_t(a_t, b_t, norm.weight, norm.bias, norm.eps, LN_CONFIGS[config])
+
+
+def launch_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                        eps: float, config: LayerNormConfig) -> torch.Tensor:
+    """The Triton kernel of ``config`` on contiguous [hidden, tokens] inputs (any device Triton runs on)."""
+    hidden, tokens = a_t.shape
+    out = torch.empty_like(a_t)
+    grid = (triton.cdiv(tokens, config.block_t),)
+    if config.kernel == "one-pass":
+        _one_pass_kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden,
+                               HIDDEN_POW2=triton.next_power_of_2(hidden), BLOCK_T=config.block_t,
+                               num_warps=config.warps)
+    else:
+        _two_pass_kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden, BLOCK_H=config.block_h,
+                               BLOCK_T=config.block_t, num_warps=config.warps)
+    return out
+
+
+def into_stream(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``linear(x)`` for [tokens, in] ``x`` as an [out, tokens] result. An exported layer with column-major results
+    writes it so (its transpose is free); a plain Linear goes through ``addmm`` (``W @ x^T + b``), which cuBLAS
+    writes [out, tokens] directly, where ``linear(x).t()`` would leave a row-major result."""
+    if isinstance(linear, SemiStructuredLinear):
+        return linear(x).t()
+    if linear.bias is None:
+        return linear.weight @ x.t()
+    return torch.addmm(linear.bias[:, None], linear.weight, x.t())
+
+
+def transposed_stream_logits(model: nn.Module, ids: torch.Tensor, ln_config: str = MEASURED_LN_CONFIG
+                             ) -> torch.Tensor:
+    """A BERT classifier's logits for full-length rows (no attention mask, no dropout: inference only, BERT's
+    post-LayerNorm layers), with the residual stream kept [hidden, tokens]. Query, key, value and the
+    up-projection read it column-major and write row-major results (head split, GELU); the attention output and
+    down-projections write into it (exported with column-major results, or through ``addmm``)."""
+    bert = model.bert
+    batch, seq = ids.shape
+    hidden = bert.embeddings(input_ids=ids)
+    width = hidden.shape[-1]
+    stream = hidden.reshape(batch * seq, width).t().contiguous()  # [hidden, tokens]
+    for layer in bert.encoder.layer:
+        attn = layer.attention
+        heads, head_dim = attn.self.num_attention_heads, attn.self.attention_head_size
+        x = stream.t()  # [tokens, hidden], column-major: no copy
+        q, k, v = (proj(x).view(batch, seq, heads, head_dim).transpose(1, 2)
+                   for proj in (attn.self.query, attn.self.key, attn.self.value))
+        context = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(batch * seq, width)
+        stream = add_layer_norm_t(into_stream(attn.output.dense, context), stream, attn.output.LayerNorm, ln_config)
+        up = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(stream.t()))
+        stream = add_layer_norm_t(into_stream(layer.output.dense, up), stream, layer.output.LayerNorm, ln_config)
+    first = stream[:, ::seq].t()  # each sequence's first token, [batch, hidden]
+    pooled = bert.pooler.activation(bert.pooler.dense(first))
+    return model.classifier(model.dropout(pooled))
+
+
+def graph_ms(fn, calls: int = 20, replays: int = 10) -> float:
+    """ms per call of ``fn``: ``calls`` calls captured in one CUDA graph, replayed ``replays`` times."""
+
+    def many() -> None:
+        for _ in range(calls):
+            fn()
+
+    replay = capture(many)
+    replay()
+    return ms_per_call(replay, replays) / calls
+
+
+def row_major_add_layer_norm(x: torch.Tensor, y: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    """What the row-major variants compile to: add + LayerNorm over the last, contiguous dimension."""
+    return F.layer_norm(x + y, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def transposed_add_layer_norm(x_t: torch.Tensor, y_t: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
+    return layer_norm_t(x_t + y_t, norm)
+
+
+@torch.inference_mode()
+def bench_layer_norms(args: argparse.Namespace) -> list[dict]:
+    """Per hidden size and batch: the row-major compiled add + LayerNorm (what the other variants run), the
+    transposed one compiled by torch.compile, and every Triton configuration, alternating over ``--repeats``."""
+    rows = []
+    for hidden in args.hidden:
+        for batch in args.batches:
+            tokens = batch * args.seq
+            g = torch.Generator(device="cuda").manual_seed(hidden * tokens)
+            a, b = (torch.randn(hidden, tokens, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+            norm = nn.LayerNorm(hidden, eps=1e-12, device="cuda", dtype=torch.bfloat16)
+            nn.init.normal_(norm.weight, 1.0, 0.1, generator=g)
+            nn.init.normal_(norm.bias, 0.0, 0.1, generator=g)
+            a_rows, b_rows = a.t().contiguous(), b.t().contiguous()
+            torch._dynamo.reset()  # a fresh static-shape graph per shape
+            row_major = torch.compile(row_major_add_layer_norm)
+            transposed = torch.compile(transposed_add_layer_norm)
+            reference = F.layer_norm((a.float() + b.float()).t(), (hidden,), norm.weight.float(), norm.bias.float(),
+                                     norm.eps).t()
+            fns = {"row-major compiled": partial(row_major, a_rows, b_rows, norm),
+                   "transposed compiled": partial(transposed, a, b, norm)}
+            errors = {}
+            for name, config in LN_CONFIGS.items():
+                fn = partial(launch_layer_norm_t, a, b, norm.weight, norm.bias, norm.eps, config)
+                try:
+                    errors[name] = (fn().float() - reference).abs().max().item()
+                except Exception as e:  # a configuration Triton cannot build (registers, shared memory)
+                    print(f"  hidden {hidden} batch {batch} {name}: {type(e).__name__}: {str(e)[:100]}")
+                    continue
+                fns[name] = fn
+            runs: dict[str, list[float]] = {k: [] for k in fns}
+            for _ in range(args.repeats):
+                for name, fn in fns.items():
+                    runs[name].append(graph_ms(fn))
+            ms = {k: statistics.median(v) for k, v in runs.items()}
+            traffic = 3 * hidden * tokens * 2  # two bf16 inputs read, one written
+            best = min((k for k in ms if k in LN_CONFIGS), key=ms.__getitem__, default=None)
+            rows.append({"hidden": hidden, "batch": batch, "tokens": tokens, "ms": ms, "runs": runs,
+                         "gb_per_s": {k: traffic / v / 1e6 for k, v in ms.items()}, "max_abs_diff": errors,
+                         "best_triton": best})
+            print(f"| {hidden} | {batch} | {ms['row-major compiled']:.4f} | {ms['transposed compiled']:.4f} | "
+                  + (f"{best} | {ms[best]:.4f} | {ms['row-major compiled'] / ms[best]:.2f} |" if best else "- |"),
+                  flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--hidden", type=int, nargs="+", default=[1024, 768])
+    p.add_argument("--batches", type=int, nargs="+", default=[256])
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    if not torch.cuda.is_available() or triton is None:
+        sys.exit("bench/transposed_stream.py needs a CUDA GPU and Triton")
+    card = torch.cuda.get_device_name()
+    print(f"{card}: add + LayerNorm of two bf16 [hidden, tokens] tensors, ms per call; the best Triton "
+          "configuration and its speed against the row-major compiled kernel\n| hidden | batch | row-major compiled | "
+          "transposed compiled | best Triton | ms | vs row-major |\n|---|---|---|---|---|---|---|", flush=True)
+    rows = bench_layer_norms(args)
+    if args.out:
+        atomic_write_json(args.out, {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
+                                     "torch": torch.__version__, "triton": triton.__version__, "seq": args.seq,
+                                     "repeats": args.repeats, "rows": rows})
+
+
+if __name__ == "__main__":
+    main()
