@@ -531,8 +531,9 @@ def main() -> None:
     p.add_argument("--activation", choices=["linear"], default=None,
                    help="what-if for the randomly initialised models: 'linear', no feed-forward activation, a bound "
                         "for a GELU fused into the matmul's epilogue (default: each model's own activation)")
-    p.add_argument("--ln-config", choices=list(LN_CONFIGS), default=MEASURED_LN_CONFIG,
-                   help="the transposed stream's add + LayerNorm kernel (bench/transposed_stream.py times them)")
+    p.add_argument("--ln-config", choices=list(LN_CONFIGS), default=MEASURED_LN_CONFIG, metavar="NAME",
+                   help="the transposed stream's add + LayerNorm kernel, quoted, e.g. \"two-pass h64 t64 w8\" "
+                        f"(default \"{MEASURED_LN_CONFIG}\"; bench/transposed_stream.py times them all)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
@@ -604,6 +605,7 @@ def main() -> None:
                                      "cuda_graph": args.cuda_graph, "compile": args.compile, "iters": args.iters,
                                      "warmup": args.warmup, "repeats": args.repeats, "logit_rtol": LOGIT_RTOL,
                                      "activation": args.activation or "the model's own",
+                                     "ln_config": args.ln_config,
                                      "models": results})
 
 
