@@ -78,6 +78,16 @@ if triton is not None:
         tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr):
+        """Rows ``start`` .. ``start + BLOCK_H`` of the ``cols`` columns: the rows, mask, offsets and a + b (fp32)."""
+        rows = start + tl.arange(0, BLOCK_H)
+        mask = (rows[:, None] < HIDDEN) & col_ok[None, :]
+        offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
+        x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+             + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+        return rows, mask, offsets, x
+
+    @triton.jit
     def _two_pass_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
                          BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr):
         # one program: BLOCK_T tokens, HIDDEN in chunks of BLOCK_H rows: a first pass for the sums, a second that
@@ -93,11 +103,7 @@ if triton is not None:
         total = tl.zeros([BLOCK_T], dtype=tl.float32)
         squares = tl.zeros([BLOCK_T], dtype=tl.float32)
         for start in range(0, HIDDEN, BLOCK_H):
-            rows = start + tl.arange(0, BLOCK_H)
-            mask = (rows[:, None] < HIDDEN) & col_ok[None, :]
-            offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
-            x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-                 + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+            rows, mask, offsets, x = _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN, BLOCK_H)
             d = tl.where(mask, x - shift[None, :], 0.0)
             total += tl.sum(d, axis=0)
             squares += tl.sum(d * d, axis=0)
@@ -105,11 +111,7 @@ if triton is not None:
         mean = shift + mean_d
         rstd = tl.rsqrt(tl.maximum(squares / HIDDEN - mean_d * mean_d, 0.0) + eps)
         for start in range(0, HIDDEN, BLOCK_H):
-            rows = start + tl.arange(0, BLOCK_H)
-            mask = (rows[:, None] < HIDDEN) & col_ok[None, :]
-            offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
-            x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-                 + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+            rows, mask, offsets, x = _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN, BLOCK_H)
             weight = tl.load(w_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
             bias = tl.load(bias_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
             y = (x - mean[None, :]) * rstd[None, :] * weight[:, None] + bias[:, None]
