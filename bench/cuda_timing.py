@@ -34,6 +34,19 @@ def capture(fn: Callable[[], object], warmup: int = 3) -> Callable[[], None]:
     return graph.replay
 
 
+def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> float:
+    """ms per call of ``fn``: ``calls`` calls captured in one CUDA graph, replayed ``replays`` times (kernels only,
+    for timing a single op below the host's launch rate)."""
+
+    def many() -> None:
+        for _ in range(calls):
+            fn()
+
+    replay = capture(many)
+    replay()  # the first replay uploads the graph
+    return ms_per_call(replay, replays) / calls
+
+
 def kernel_profile(step: Callable[[], object], calls: int = 5, top: int = 12) -> dict:
     """GPU time per call of ``step`` by kernel (torch.profiler; CUDA graph replays show their kernels too).
 

@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cuda_timing import capture, kernel_profile, ms_per_call  # noqa: E402
+from cuda_timing import capture, graph_ms, kernel_profile, ms_per_call  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
 from transposed_stream import LN_CONFIGS, MEASURED_LN_CONFIG, transposed_stream_logits  # noqa: E402
 
@@ -339,25 +339,13 @@ LAYOUTS = ("row->row", "row->col", "col->row", "col->col")
 CALLS_PER_GRAPH = 20
 
 
-def graph_ms(fn: Callable[[], object], replays: int = 10) -> float:
-    """ms per call of ``fn``: CALLS_PER_GRAPH calls captured in one CUDA graph, replayed ``replays`` times."""
-
-    def calls() -> None:
-        for _ in range(CALLS_PER_GRAPH):
-            fn()
-
-    replay = capture(calls)
-    replay()  # the first replay uploads the graph
-    return ms_per_call(replay, replays) / CALLS_PER_GRAPH
-
-
 def alternating_graph_ms(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dict, dict]:
     """Each function's median ``graph_ms`` over ``repeats`` rounds, the functions alternating within a round (to
     spread clock drift); and every round's time."""
     runs: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for key, fn in fns.items():
-            runs[key].append(graph_ms(fn))
+            runs[key].append(graph_ms(fn, CALLS_PER_GRAPH))
     return {k: statistics.median(v) for k, v in runs.items()}, runs
 
 

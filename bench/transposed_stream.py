@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cuda_timing import capture, ms_per_call  # noqa: E402
+from cuda_timing import graph_ms  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
@@ -203,18 +203,6 @@ def transposed_stream_logits(model: nn.Module, ids: torch.Tensor, ln_config: str
     first = stream[:, ::seq].t()  # each sequence's first token, [batch, hidden]
     pooled = bert.pooler.activation(bert.pooler.dense(first))
     return model.classifier(model.dropout(pooled))
-
-
-def graph_ms(fn, calls: int = 20, replays: int = 10) -> float:
-    """ms per call of ``fn``: ``calls`` calls captured in one CUDA graph, replayed ``replays`` times."""
-
-    def many() -> None:
-        for _ in range(calls):
-            fn()
-
-    replay = capture(many)
-    replay()
-    return ms_per_call(replay, replays) / calls
 
 
 def row_major_add_layer_norm(x: torch.Tensor, y: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
