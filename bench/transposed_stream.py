@@ -78,6 +78,31 @@ if triton is not None:
         tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
+    def _one_pass_bf16_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
+                              HIDDEN_POW2: tl.constexpr, BLOCK_T: tl.constexpr):
+        # the one-pass kernel with the sum held as bf16 (half the registers, so twice the tokens per program and
+        # twice as long a contiguous run per row), as Hugging Face's eager BERT rounds it too. Both sums come
+        # from one sweep so that no fp32 tile stays live; they are of x - (each column's first value), which
+        # keeps E[x^2] - E[x]^2 exact enough when a column's mean is large against its spread.
+        cols = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+        rows = tl.arange(0, HIDDEN_POW2)
+        col_ok = cols < tokens
+        mask = (rows[:, None] < HIDDEN) & col_ok[None, :]
+        offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
+        x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
+             + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)).to(tl.bfloat16)
+        shift = (tl.load(a_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                 + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
+        d = tl.where(mask, x.to(tl.float32) - shift[None, :], 0.0)
+        mean_d = tl.sum(d, axis=0) / HIDDEN
+        rstd = tl.rsqrt(tl.maximum(tl.sum(d * d, axis=0) / HIDDEN - mean_d * mean_d, 0.0) + eps)
+        mean = shift + mean_d
+        weight = tl.load(w_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
+        y = (x.to(tl.float32) - mean[None, :]) * rstd[None, :] * weight[:, None] + bias[:, None]
+        tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
     def _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr):
         """Rows ``start`` .. ``start + BLOCK_H`` of the ``cols`` columns: the rows, mask, offsets and a + b (fp32)."""
         rows = start + tl.arange(0, BLOCK_H)
@@ -122,7 +147,7 @@ if triton is not None:
 class LayerNormConfig:
     """One Triton launch configuration of the transposed add + LayerNorm."""
 
-    kernel: str  # "one-pass" or "two-pass"
+    kernel: str  # "one-pass", "one-pass-bf16" or "two-pass"
     block_t: int  # tokens per program
     warps: int
     block_h: int = 0  # two-pass: rows per chunk
@@ -135,6 +160,7 @@ class LayerNormConfig:
 
 LN_CONFIGS = {c.name: c for c in [
     *(LayerNormConfig("one-pass", t, w) for t in (8, 16, 32) for w in (4, 8, 16)),
+    *(LayerNormConfig("one-pass-bf16", t, w) for t in (16, 32, 64) for w in (8, 16, 32)),
     *(LayerNormConfig("two-pass", t, w, h) for h in (32, 64) for t in (32, 64, 128) for w in (4, 8)),
 ]}
 MEASURED_LN_CONFIG = "one-pass t16 w16"  # the configuration of the 430b4a5 model run
@@ -158,10 +184,10 @@ def launch_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, weight: torch.Tens
     hidden, tokens = a_t.shape
     out = torch.empty_like(a_t)
     grid = (triton.cdiv(tokens, config.block_t),)
-    if config.kernel == "one-pass":
-        _one_pass_kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden,
-                               HIDDEN_POW2=triton.next_power_of_2(hidden), BLOCK_T=config.block_t,
-                               num_warps=config.warps)
+    if config.kernel in ("one-pass", "one-pass-bf16"):
+        kernel = _one_pass_kernel if config.kernel == "one-pass" else _one_pass_bf16_kernel
+        kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden,
+                     HIDDEN_POW2=triton.next_power_of_2(hidden), BLOCK_T=config.block_t, num_warps=config.warps)
     else:
         _two_pass_kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden, BLOCK_H=config.block_h,
                                BLOCK_T=config.block_t, num_warps=config.warps)
