@@ -103,23 +103,25 @@ if triton is not None:
         tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
 
     @triton.jit
-    def _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr):
+    def _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN: tl.constexpr, BLOCK_H: tl.constexpr,
+               EVICT: tl.constexpr):
         """Rows ``start`` .. ``start + BLOCK_H`` of the ``cols`` columns: the rows, mask, offsets and a + b (fp32)."""
         rows = start + tl.arange(0, BLOCK_H)
         mask = (rows[:, None] < HIDDEN) & col_ok[None, :]
         offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
-        x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-             + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32))
+        x = (tl.load(a_ptr + offsets, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32)
+             + tl.load(b_ptr + offsets, mask=mask, other=0.0, eviction_policy=EVICT).to(tl.float32))
         return rows, mask, offsets, x
 
     @triton.jit
-    def _two_pass_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
-                         BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr):
-        # one program: BLOCK_T tokens, HIDDEN in chunks of BLOCK_H rows: a first pass for the sums, a second that
-        # reads the inputs again to normalise (from HBM where they no longer sit in L2: up to 5 tensor passes of
-        # traffic instead of 3). Wider token blocks than the one-pass kernel can hold in registers, so each row's
-        # load is a longer contiguous run.
-        cols = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    def _two_pass_block(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, block, tokens, eps, HIDDEN: tl.constexpr,
+                        BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, FIRST_EVICT: tl.constexpr,
+                        SECOND_EVICT: tl.constexpr):
+        # BLOCK_T tokens, HIDDEN in chunks of BLOCK_H rows: a first pass for the sums, a second that reads the
+        # inputs again to normalise (from HBM where they no longer sit in L2: up to 5 tensor passes of traffic
+        # instead of 3). Wider token blocks than the one-pass kernel can hold in registers, so each row's load is a
+        # longer contiguous run.
+        cols = block * BLOCK_T + tl.arange(0, BLOCK_T)
         col_ok = cols < tokens
         # sums of x - shift, the shift each column's first value: E[x^2] - E[x]^2 then loses no precision when a
         # column's mean is large against its spread
@@ -128,7 +130,7 @@ if triton is not None:
         total = tl.zeros([BLOCK_T], dtype=tl.float32)
         squares = tl.zeros([BLOCK_T], dtype=tl.float32)
         for start in range(0, HIDDEN, BLOCK_H):
-            rows, mask, offsets, x = _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN, BLOCK_H)
+            rows, mask, offsets, x = _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN, BLOCK_H, FIRST_EVICT)
             d = tl.where(mask, x - shift[None, :], 0.0)
             total += tl.sum(d, axis=0)
             squares += tl.sum(d * d, axis=0)
@@ -136,32 +138,56 @@ if triton is not None:
         mean = shift + mean_d
         rstd = tl.rsqrt(tl.maximum(squares / HIDDEN - mean_d * mean_d, 0.0) + eps)
         for start in range(0, HIDDEN, BLOCK_H):
-            rows, mask, offsets, x = _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN, BLOCK_H)
+            rows, mask, offsets, x = _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN, BLOCK_H, SECOND_EVICT)
             weight = tl.load(w_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
             bias = tl.load(bias_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
             y = (x - mean[None, :]) * rstd[None, :] * weight[:, None] + bias[:, None]
             tl.store(out_ptr + offsets, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _two_pass_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
+                         BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr):
+        # one program per token block, as many as there are blocks
+        _two_pass_block(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tl.program_id(0), tokens, eps, HIDDEN, BLOCK_H,
+                        BLOCK_T, "", "")
+
+    @triton.jit
+    def _persistent_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
+                           BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr):
+        # the two-pass kernel on a grid of a few programs per SM, each taking token blocks in turn: only those
+        # blocks are in flight at once (programs x BLOCK_T x HIDDEN x 4 bytes: 17-69 MB at hidden 1024 against an
+        # H100's 50 MB L2), and the first pass asks L2 to keep them, so that the second pass reads them from L2 rather
+        # than HBM: 3 passes of HBM traffic with the long contiguous runs of wide token blocks.
+        for block in range(tl.program_id(0), tl.cdiv(tokens, BLOCK_T), tl.num_programs(0)):
+            _two_pass_block(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, block, tokens, eps, HIDDEN, BLOCK_H, BLOCK_T,
+                            "evict_last", "evict_first")
 
 
 @dataclass(frozen=True)
 class LayerNormConfig:
     """One Triton launch configuration of the transposed add + LayerNorm."""
 
-    kernel: str  # "one-pass", "one-pass-bf16" or "two-pass"
-    block_t: int  # tokens per program
+    kernel: str  # "one-pass", "one-pass-bf16", "two-pass" or "persistent"
+    block_t: int  # tokens per program (persistent: per block, a program takes several)
     warps: int
-    block_h: int = 0  # two-pass: rows per chunk
+    block_h: int = 0  # two-pass, persistent: rows per chunk
+    per_sm: int = 0  # persistent: programs per SM
 
     @property
     def name(self) -> str:
-        chunk = f" h{self.block_h}" if self.kernel == "two-pass" else ""
-        return f"{self.kernel}{chunk} t{self.block_t} w{self.warps}"
+        chunk = f" h{self.block_h}" if self.block_h else ""
+        programs = f" p{self.per_sm}" if self.per_sm else ""
+        return f"{self.kernel}{chunk} t{self.block_t} w{self.warps}{programs}"
 
 
 LN_CONFIGS = {c.name: c for c in [
     *(LayerNormConfig("one-pass", t, w) for t in (8, 16, 32) for w in (4, 8, 16)),
     *(LayerNormConfig("one-pass-bf16", t, w) for t in (16, 32, 64) for w in (8, 16, 32)),
     *(LayerNormConfig("two-pass", t, w, h) for h in (32, 64) for t in (32, 64, 128) for w in (4, 8)),
+    # persistent: programs x BLOCK_T tokens x 1024 rows x 2 inputs x 2 bytes in flight, 35 MB at p1 t64 on 132 SMs
+    *(LayerNormConfig("persistent", t, w, h, p) for h in (16, 32) for t in (64, 128) for w in (4, 8)
+      for p in (1, 2) if t * p <= 128),
+    *(LayerNormConfig("persistent", 32, w, 32, p) for w in (4, 8) for p in (1, 2, 4)),
 ]}
 MEASURED_LN_CONFIG = "one-pass t16 w16"  # the configuration of the 430b4a5 model run
 LN_TOLERANCE = 0.1  # max |difference| from a fp32 LayerNorm for a bf16 result to count as right (values ~1)
@@ -188,9 +214,14 @@ def launch_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, weight: torch.Tens
         kernel = _one_pass_kernel if config.kernel == "one-pass" else _one_pass_bf16_kernel
         kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden,
                      HIDDEN_POW2=triton.next_power_of_2(hidden), BLOCK_T=config.block_t, num_warps=config.warps)
-    else:
+    elif config.kernel == "two-pass":
         _two_pass_kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden, BLOCK_H=config.block_h,
                                BLOCK_T=config.block_t, num_warps=config.warps)
+    else:
+        sms = torch.cuda.get_device_properties(a_t.device).multi_processor_count if a_t.is_cuda else 4
+        grid = (min(grid[0], sms * config.per_sm),)
+        _persistent_kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden, BLOCK_H=config.block_h,
+                                 BLOCK_T=config.block_t, num_warps=config.warps)
     return out
 
 
