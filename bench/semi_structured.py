@@ -64,7 +64,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from cuda_timing import capture, graph_ms, kernel_profile, ms_per_call  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
-from transposed_stream import DEFAULT_LN_CONFIG, LN_CONFIGS, transposed_stream_logits  # noqa: E402
+from transposed_stream import (  # noqa: E402
+    DEFAULT_LN_CONFIG,
+    LN_CONFIGS,
+    ROW_MAJOR_WHAT_IF,
+    transposed_stream_logits,
+)
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
@@ -519,9 +524,11 @@ def main() -> None:
     p.add_argument("--activation", choices=["linear"], default=None,
                    help="what-if for the randomly initialised models: 'linear', no feed-forward activation, a bound "
                         "for a GELU fused into the matmul's epilogue (default: each model's own activation)")
-    p.add_argument("--ln-config", choices=list(LN_CONFIGS), default=DEFAULT_LN_CONFIG, metavar="NAME",
+    p.add_argument("--ln-config", choices=[*LN_CONFIGS, ROW_MAJOR_WHAT_IF], default=DEFAULT_LN_CONFIG, metavar="NAME",
                    help="the transposed stream's add + LayerNorm kernel, quoted, e.g. \"two-pass h64 t64 w8\" "
-                        f"(default \"{DEFAULT_LN_CONFIG}\"; bench/transposed_stream.py times them all)")
+                        f"(default \"{DEFAULT_LN_CONFIG}\"; bench/transposed_stream.py times them all), or "
+                        f"\"{ROW_MAJOR_WHAT_IF}\": a timing bound, the row-major kernel on the transposed buffers "
+                        "(wrong logits)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
