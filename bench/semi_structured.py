@@ -6,7 +6,9 @@ Linear weights, then bf16 on the GPU. "dense" runs them as ordinary matmuls; the
 feed-forward up-projection's result column-major), "2:4 row-major" every result row-major, "2:4 feed-forward" only
 the feed-forward layers (attention's four projections stay dense); not run unless named, "2:4 transposed stream"
 and "dense transposed stream", a what-if meant with ``--compile``: the residual stream kept transposed so that
-every encoder Linear runs a mixed layout (``transposed_stream.py``). Per variant the exported logits are first
+every encoder Linear runs a mixed layout (``transposed_stream.py``; ``--ln-config`` picks its add + LayerNorm
+kernel, and ``--ln-config "row-major what-if"`` times it with row-major-speed LayerNorms, a bound whose logits are
+wrong and are reported so). Per variant the exported logits are first
 checked against the dense model's. Inputs are random token ids at full length, run without an attention mask
 (nothing is padded; see ``unmasked_logits``); variants alternate within each repeat to spread clock drift; the
 table shows the median over repeats, and below each row the card's median SM clock and power over the timed
