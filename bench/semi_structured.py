@@ -75,7 +75,12 @@ from transposed_stream import (  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
-from sparsebert.sparsity import SparsityConfig, SparsityController, to_semi_structured  # noqa: E402
+from sparsebert.sparsity import (  # noqa: E402
+    SparsityConfig,
+    SparsityController,
+    feed_forward_names,
+    to_semi_structured,
+)
 from sparsebert.sparsity.masks import nm_mask  # noqa: E402
 from sparsebert.sparsity.semi_structured import COLUMN_MAJOR_DEFAULT, cusparselt_linear  # noqa: E402
 
@@ -191,19 +196,12 @@ def encoder_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".encoder." in f".{n}"]
 
 
-def feed_forward_layers(model: nn.Module) -> list[str]:
-    """The encoder's feed-forward Linear layers: BERT's ``intermediate.dense`` and the ``output.dense`` after it
-    (not ``attention.output.dense``)."""
-    return [n for n in encoder_layers(model) if n.endswith(".intermediate.dense")
-            or (n.endswith(".output.dense") and ".attention." not in n)]
-
-
 # variant -> (which Linear layers to export, None for none; the to_semi_structured column_major argument; the
 # forward)
 VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ...], Callable]] = {
     "2:4": (encoder_layers, COLUMN_MAJOR_DEFAULT, unmasked_logits),
     "2:4 row-major": (encoder_layers, (), unmasked_logits),
-    "2:4 feed-forward": (feed_forward_layers, COLUMN_MAJOR_DEFAULT, unmasked_logits),
+    "2:4 feed-forward": (feed_forward_names, COLUMN_MAJOR_DEFAULT, unmasked_logits),
     # the attention output and down-projections ("...output.dense") write column-major into the stream
     "2:4 transposed stream": (encoder_layers, ("output.dense",), transposed_stream_logits),
     "dense transposed stream": (None, (), transposed_stream_logits),

@@ -16,6 +16,7 @@ from sparsebert.sparsity import (
     SemiStructuredLinear,
     SparsityConfig,
     SparsityController,
+    feed_forward_names,
     nm_mask,
     to_semi_structured,
 )
@@ -91,9 +92,8 @@ def test_fp32_model_keeps_its_dtype_around_bf16_sparse_layers():
         _close(sparse(x), dense(x))
 
 
-def test_bert_export_keeps_attention_row_major_and_the_feed_forward_column_major():
-    """A small BERT classifier with magnitude 2:4 masks: with the default layouts the exported logits match the
-    masked dense model's, the up-projections hand GELU a column-major result and everything else is row-major."""
+def _masked_bert() -> nn.Module:
+    """A small BERT classifier (bf16, on the GPU, eval) with magnitude 2:4 masks on its encoder Linear weights."""
     from transformers import BertConfig, BertForSequenceClassification
 
     torch.manual_seed(0)
@@ -102,7 +102,17 @@ def test_bert_export_keeps_attention_row_major_and_the_feed_forward_column_major
     )
     dense = BertForSequenceClassification(config).cuda().eval()
     SparsityController(dense, SparsityConfig(sparsity=0.5, pattern="2:4", init="magnitude"))
-    dense = dense.to(torch.bfloat16)
+    return dense.to(torch.bfloat16)
+
+
+def _token_ids() -> torch.Tensor:
+    return torch.randint(0, 512, (4, 40), device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+
+
+def test_bert_export_keeps_attention_row_major_and_the_feed_forward_column_major():
+    """A small BERT classifier with magnitude 2:4 masks: with the default layouts the exported logits match the
+    masked dense model's, the up-projections hand GELU a column-major result and everything else is row-major."""
+    dense = _masked_bert()
     sparse = copy.deepcopy(dense)
     converted = to_semi_structured(sparse)
     assert len(converted) == 12  # 6 encoder Linear layers per layer; pooler and classifier have no 2:4 masks
@@ -116,12 +126,27 @@ def test_bert_export_keeps_attention_row_major_and_the_feed_forward_column_major
 
     for name in converted:
         sparse.get_submodule(name).register_forward_hook(record(name))
-    ids = torch.randint(0, 512, (4, 40), device="cuda", generator=torch.Generator(device="cuda").manual_seed(1))
+    ids = _token_ids()
     with torch.inference_mode():
         _close(sparse(input_ids=ids).logits, dense(input_ids=ids).logits)
     cusparselt = type(sparse.get_submodule(converted[0]).weight).BACKEND == "cusparselt"
     for name in converted:
         assert layouts[name] == (not (cusparselt and name.endswith("intermediate.dense"))), name
+
+
+def test_bert_feed_forward_export_leaves_attention_dense():
+    """``names=feed_forward_names(model)``, the fastest export on an H100: only the up- and down-projections become
+    semi-structured, attention's projections stay ordinary Linear layers, and the logits match."""
+    dense = _masked_bert()
+    sparse = copy.deepcopy(dense)
+    names = feed_forward_names(sparse)
+    assert len(names) == 4 and to_semi_structured(sparse, names=names) == names
+    exported = {n for n, m in sparse.named_modules() if isinstance(m, SemiStructuredLinear)}
+    assert exported == set(names)
+    assert type(sparse.get_submodule("bert.encoder.layer.0.attention.self.query")) is nn.Linear
+    ids = _token_ids()
+    with torch.inference_mode():
+        _close(sparse(input_ids=ids).logits, dense(input_ids=ids).logits)
 
 
 def test_cusparselt_linear_checks_its_input_and_handles_no_rows():

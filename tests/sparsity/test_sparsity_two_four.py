@@ -16,6 +16,7 @@ from sparsebert.sparsity import (
     RigLConfig,
     SparsityConfig,
     SparsityController,
+    feed_forward_names,
     is_two_four,
     nm_mask,
     to_semi_structured,
@@ -194,3 +195,13 @@ def test_column_major_suffixes_match_whole_dotted_parts():
 def test_to_semi_structured_refuses_a_bare_string_of_suffixes(mlp):
     with pytest.raises(TypeError, match=r"sequence of name suffixes, e.g. \('intermediate.dense',\)"):
         to_semi_structured(mlp, column_major="intermediate.dense")
+
+
+def test_feed_forward_names_are_each_layers_up_and_down_projections(tiny_bert, mlp):
+    names = feed_forward_names(tiny_bert)
+    assert names == [
+        f"bert.encoder.layer.{i}.{part}.dense" for i in range(2) for part in ("intermediate", "output")
+    ]
+    assert all(isinstance(tiny_bert.get_submodule(n), nn.Linear) for n in names)
+    with pytest.raises(ValueError, match="no BERT feed-forward layers"):
+        feed_forward_names(mlp)

@@ -14,7 +14,7 @@ from .masks import nm_mask
 from .report import layer_type, sparsity_report
 from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
 from .selection import select_parameters
-from .semi_structured import SemiStructuredLinear, is_two_four, to_semi_structured
+from .semi_structured import SemiStructuredLinear, feed_forward_names, is_two_four, to_semi_structured
 
 __all__ = [
     "communication",
@@ -27,6 +27,7 @@ __all__ = [
     "SparsityController",
     "erk_densities",
     "explicit_densities",
+    "feed_forward_names",
     "gmp_sparsity",
     "gmp_update_due",
     "is_two_four",
