@@ -10,7 +10,7 @@ in one process, alternating:
 
     python bench/transposed_stream.py [--hidden 1024 768] [--batches 256] [--out docs/data/FILE.json]
 
-On an H100 (2026-11-27, commits ``070c73d``, ``78b3a8e``; docs/benchmarks.md) none of the 46 configurations
+On an H100 (2026-11-27, commits ``070c73d``, ``78b3a8e``; docs/benchmarks.md) none of the 48 configurations
 reaches the row-major kernel: the fastest, the one-pass kernel with 32 tokens per program and 8 warps, takes 0.081
 ms per call at hidden 1024 and batch 256 against 0.069 ms (0.84-0.85x), the two-pass kernel 0.58x at best, the
 persistent one 0.40x. In the model the gap is wider: 0.108 ms a call against 0.066 ms.
