@@ -60,6 +60,19 @@ def layer_norm_t(x_t: torch.Tensor, norm: nn.LayerNorm) -> torch.Tensor:
 if triton is not None:
 
     @triton.jit
+    def _column_shift(a_ptr, b_ptr, cols, col_ok):
+        """Each column's first value a + b (fp32): the sums below are of x - shift, so that E[x^2] - E[x]^2 loses
+        no precision when a column's mean is large against its spread."""
+        return (tl.load(a_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+                + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32))
+
+    @triton.jit
+    def _shifted_rstd(sum_d, sum_squares, HIDDEN: tl.constexpr, eps):
+        """The mean of x - shift and 1 / std from the column sums of x - shift and of its squares."""
+        mean_d = sum_d / HIDDEN
+        return mean_d, tl.rsqrt(tl.maximum(sum_squares / HIDDEN - mean_d * mean_d, 0.0) + eps)
+
+    @triton.jit
     def _one_pass_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
                          HIDDEN_POW2: tl.constexpr, BLOCK_T: tl.constexpr):
         # one program: BLOCK_T tokens (columns) whole, all HIDDEN rows in registers; one read, one write
@@ -80,10 +93,10 @@ if triton is not None:
     @triton.jit
     def _one_pass_bf16_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
                               HIDDEN_POW2: tl.constexpr, BLOCK_T: tl.constexpr):
-        # the one-pass kernel with the sum held as bf16 (half the registers, so twice the tokens per program and
-        # twice as long a contiguous run per row), as Hugging Face's eager BERT rounds it too. Both sums come
-        # from one sweep so that no fp32 tile stays live; they are of x - (each column's first value), which
-        # keeps E[x^2] - E[x]^2 exact enough when a column's mean is large against its spread.
+        # the one-pass kernel with the sum a + b held as bf16 (inputs and output are bf16 in every kernel), as
+        # Hugging Face's eager BERT rounds it too: half the registers, meant to allow twice the tokens per program
+        # and twice as long a contiguous run per row (measured: 32 tokens stay the fastest block, as in fp32).
+        # Both sums come from one sweep so that no fp32 tile stays live.
         cols = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
         rows = tl.arange(0, HIDDEN_POW2)
         col_ok = cols < tokens
@@ -91,11 +104,9 @@ if triton is not None:
         offsets = rows[:, None].to(tl.int64) * tokens + cols[None, :]
         x = (tl.load(a_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
              + tl.load(b_ptr + offsets, mask=mask, other=0.0).to(tl.float32)).to(tl.bfloat16)
-        shift = (tl.load(a_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-                 + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)).to(tl.bfloat16).to(tl.float32)
+        shift = _column_shift(a_ptr, b_ptr, cols, col_ok).to(tl.bfloat16).to(tl.float32)  # rounded as x is
         d = tl.where(mask, x.to(tl.float32) - shift[None, :], 0.0)
-        mean_d = tl.sum(d, axis=0) / HIDDEN
-        rstd = tl.rsqrt(tl.maximum(tl.sum(d * d, axis=0) / HIDDEN - mean_d * mean_d, 0.0) + eps)
+        mean_d, rstd = _shifted_rstd(tl.sum(d, axis=0), tl.sum(d * d, axis=0), HIDDEN, eps)
         mean = shift + mean_d
         weight = tl.load(w_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
         bias = tl.load(bias_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
@@ -123,10 +134,7 @@ if triton is not None:
         # longer contiguous run.
         cols = block * BLOCK_T + tl.arange(0, BLOCK_T)
         col_ok = cols < tokens
-        # sums of x - shift, the shift each column's first value: E[x^2] - E[x]^2 then loses no precision when a
-        # column's mean is large against its spread
-        shift = (tl.load(a_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
-                 + tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32))
+        shift = _column_shift(a_ptr, b_ptr, cols, col_ok)
         total = tl.zeros([BLOCK_T], dtype=tl.float32)
         squares = tl.zeros([BLOCK_T], dtype=tl.float32)
         for start in range(0, HIDDEN, BLOCK_H):
@@ -134,9 +142,8 @@ if triton is not None:
             d = tl.where(mask, x - shift[None, :], 0.0)
             total += tl.sum(d, axis=0)
             squares += tl.sum(d * d, axis=0)
-        mean_d = total / HIDDEN
+        mean_d, rstd = _shifted_rstd(total, squares, HIDDEN, eps)
         mean = shift + mean_d
-        rstd = tl.rsqrt(tl.maximum(squares / HIDDEN - mean_d * mean_d, 0.0) + eps)
         for start in range(0, HIDDEN, BLOCK_H):
             rows, mask, offsets, x = _chunk(a_ptr, b_ptr, start, cols, col_ok, tokens, HIDDEN, BLOCK_H, SECOND_EVICT)
             weight = tl.load(w_ptr + rows, mask=rows < HIDDEN, other=0.0).to(tl.float32)
@@ -155,23 +162,33 @@ if triton is not None:
     def _persistent_kernel(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, tokens, eps, HIDDEN: tl.constexpr,
                            BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr):
         # the two-pass kernel on a grid of a few programs per SM, each taking token blocks in turn: only those
-        # blocks are in flight at once (programs x BLOCK_T x HIDDEN x 4 bytes: 17-69 MB at hidden 1024 against an
-        # H100's 50 MB L2), and the first pass asks L2 to keep them, so that the second pass reads them from L2 rather
-        # than HBM: 3 passes of HBM traffic with the long contiguous runs of wide token blocks.
+        # blocks are in flight at once (see LN_CONFIGS for how much), and the first pass asks L2 to keep them, so
+        # that the second pass could read them from L2 rather than HBM: meant as 3 passes of HBM traffic with the
+        # long contiguous runs of wide token blocks (measured: the slowest kernel here, too few loads in flight)
         for block in range(tl.program_id(0), tl.cdiv(tokens, BLOCK_T), tl.num_programs(0)):
             _two_pass_block(a_ptr, b_ptr, w_ptr, bias_ptr, out_ptr, block, tokens, eps, HIDDEN, BLOCK_H, BLOCK_T,
                             "evict_last", "evict_first")
+
+
+KERNELS = ("one-pass", "one-pass-bf16", "two-pass", "persistent")
 
 
 @dataclass(frozen=True)
 class LayerNormConfig:
     """One Triton launch configuration of the transposed add + LayerNorm."""
 
-    kernel: str  # "one-pass", "one-pass-bf16", "two-pass" or "persistent"
+    kernel: str  # "one-pass", "one-pass-bf16" (the sum a + b held in bf16), "two-pass", "persistent" (two-pass)
     block_t: int  # tokens per program (persistent: per block, a program takes several)
     warps: int
     block_h: int = 0  # two-pass, persistent: rows per chunk
     per_sm: int = 0  # persistent: programs per SM
+
+    def __post_init__(self) -> None:
+        chunked = self.kernel in ("two-pass", "persistent")
+        valid = (self.kernel in KERNELS and (self.block_h > 0) == chunked
+                 and (self.per_sm > 0) == (self.kernel == "persistent"))
+        if not valid:
+            raise ValueError(f"not a launch configuration: {self}")
 
     @property
     def name(self) -> str:
@@ -184,7 +201,8 @@ LN_CONFIGS = {c.name: c for c in [
     *(LayerNormConfig("one-pass", t, w) for t in (8, 16, 32) for w in (4, 8, 16)),
     *(LayerNormConfig("one-pass-bf16", t, w) for t in (16, 32, 64) for w in (8, 16, 32)),
     *(LayerNormConfig("two-pass", t, w, h) for h in (32, 64) for t in (32, 64, 128) for w in (4, 8)),
-    # persistent: programs x BLOCK_T tokens x 1024 rows x 2 inputs x 2 bytes in flight, 35 MB at p1 t64 on 132 SMs
+    # persistent: programs x BLOCK_T tokens x hidden x 2 inputs x 2 bytes in flight; at hidden 1024 on an H100's
+    # 132 SMs 17 MB for t x p = 32, 35 MB for 64 (both fit its 50 MB L2) and 69 MB for 128 (does not)
     *(LayerNormConfig("persistent", t, w, h, p) for h in (16, 32) for t in (64, 128) for w in (4, 8)
       for p in (1, 2) if t * p <= 128),
     *(LayerNormConfig("persistent", 32, w, 32, p) for w in (4, 8) for p in (1, 2, 4)),
@@ -199,13 +217,14 @@ LN_TOLERANCE = 0.1  # max |difference| from a fp32 LayerNorm for a bf16 result t
 
 def add_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, norm: nn.LayerNorm,
                      config: str = DEFAULT_LN_CONFIG) -> torch.Tensor:
-    """LayerNorm of ``a_t + b_t`` over dim 0 for [hidden, tokens] tensors, as one Triton kernel (the sum in fp32)
-    where Triton and a GPU are present and both inputs are contiguous [hidden, tokens]; otherwise
-    ``layer_norm_t(a_t + b_t, norm)`` (the sum rounded to the inputs' dtype first)."""
+    """LayerNorm of ``a_t + b_t`` over dim 0 for [hidden, tokens] tensors, as one Triton kernel (the sum in fp32,
+    or bf16 for one-pass-bf16) where Triton and a GPU are present and both inputs are contiguous [hidden, tokens];
+    otherwise ``layer_norm_t(a_t + b_t, norm)`` (the sum rounded to the inputs' dtype first). ``ROW_MAJOR_WHAT_IF``:
+    the row-major kernel on the buffers read as [tokens, hidden], wrong values (a timing bound)."""
     if config == ROW_MAJOR_WHAT_IF:
-        hidden, tokens = a_t.shape
-        return row_major_add_layer_norm(a_t.reshape(tokens, hidden), b_t.reshape(tokens, hidden),
-                                        norm).reshape(hidden, tokens)
+        hidden, tokens = a_t.shape  # view, not reshape: a copy would make the bound slower than it is
+        return row_major_add_layer_norm(a_t.view(tokens, hidden), b_t.view(tokens, hidden),
+                                        norm).view(hidden, tokens)
     launch = LN_CONFIGS[config]  # an unknown name fails here, on every path
     if triton is None or not a_t.is_cuda or not (a_t.is_contiguous() and b_t.is_contiguous()):
         return layer_norm_t(a_t + b_t, norm)
@@ -213,10 +232,11 @@ def add_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, norm: nn.LayerNorm,
 
 
 def launch_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                        eps: float, config: LayerNormConfig) -> torch.Tensor:
-    """The Triton kernel of ``config`` on contiguous [hidden, tokens] inputs (any device Triton runs on)."""
+                        eps: float, config: LayerNormConfig, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The Triton kernel of ``config`` on contiguous [hidden, tokens] inputs (any device Triton runs on), into
+    ``out`` if given (the bench's check passes one full of NaN, so that an element left unwritten shows)."""
     hidden, tokens = a_t.shape
-    out = torch.empty_like(a_t)
+    out = torch.empty_like(a_t) if out is None else out
     grid = (triton.cdiv(tokens, config.block_t),)
     if config.kernel in ("one-pass", "one-pass-bf16"):
         kernel = _one_pass_kernel if config.kernel == "one-pass" else _one_pass_bf16_kernel
@@ -225,11 +245,14 @@ def launch_layer_norm_t(a_t: torch.Tensor, b_t: torch.Tensor, weight: torch.Tens
     elif config.kernel == "two-pass":
         _two_pass_kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden, BLOCK_H=config.block_h,
                                BLOCK_T=config.block_t, num_warps=config.warps)
-    else:
+    elif config.kernel == "persistent":
+        # off the GPU (Triton's CPU interpreter) a few programs, enough to exercise the loop over blocks
         sms = torch.cuda.get_device_properties(a_t.device).multi_processor_count if a_t.is_cuda else 4
         grid = (min(grid[0], sms * config.per_sm),)
         _persistent_kernel[grid](a_t, b_t, weight, bias, out, tokens, eps, HIDDEN=hidden, BLOCK_H=config.block_h,
                                  BLOCK_T=config.block_t, num_warps=config.warps)
+    else:
+        raise ValueError(f"no kernel {config.kernel!r}; known: {KERNELS}")
     return out
 
 
@@ -303,14 +326,19 @@ def bench_layer_norms(args: argparse.Namespace) -> list[dict]:
             errors, failed = {}, {}
             for name, config in LN_CONFIGS.items():
                 fn = partial(launch_layer_norm_t, a, b, norm.weight, norm.bias, norm.eps, config)
-                try:
-                    errors[name] = (fn().float() - reference).abs().max().item()
+                try:  # into NaN: an element the kernel leaves unwritten shows as NaN
+                    checked = fn(out=torch.full_like(a, float("nan")))
                 except Exception as e:  # a configuration Triton cannot build (registers, shared memory)
                     failed[name] = f"{type(e).__name__}: {str(e)[:200]}"
                     print(f"  hidden {hidden} batch {batch} {name}: {failed[name][:120]}")
                     continue
-                if errors[name] > LN_TOLERANCE:
-                    failed[name] = f"max |difference| {errors[name]:.3g} from a fp32 LayerNorm"
+                if checked.isnan().any():
+                    failed[name] = "left elements of its output unwritten (NaN)"
+                else:
+                    errors[name] = (checked.float() - reference).abs().max().item()
+                    if errors[name] > LN_TOLERANCE:
+                        failed[name] = f"max |difference| {errors[name]:.3g} from a fp32 LayerNorm"
+                if name in failed:
                     print(f"  hidden {hidden} batch {batch} {name}: {failed[name]}; not timed")
                     continue
                 fns[name] = fn
