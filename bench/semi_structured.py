@@ -259,7 +259,10 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
                                  "timing_bound": is_timing_bound(variant, args)}
             continue
         sparse = copy.deepcopy(dense)
-        names = select(sparse)
+        try:
+            names = select(sparse)
+        except ValueError as e:  # feed_forward_names on a model without BERT's names
+            sys.exit(f"{name} {variant}: {e}")
         if not names:
             sys.exit(f"{name} {variant}: the model has no such Linear layers (BERT-style names expected)")
         converted = to_semi_structured(sparse, dtype=torch.bfloat16, names=names, backend=args.backend,

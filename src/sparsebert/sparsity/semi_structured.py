@@ -223,6 +223,7 @@ def feed_forward_names(model: nn.Module) -> list[str]:
     names=feed_forward_names(model))``. On an H100 (torch 2.11) exporting only these is the fastest 2:4 model:
     attention's projections lose as 2:4 in the row-major layout that its head split and LayerNorm need
     (docs/benchmarks.md). A model with none of them is an error rather than an export that converts nothing."""
+
     def is_feed_forward(name: str) -> bool:
         parts = name.split(".")
         return (
