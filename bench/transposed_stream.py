@@ -207,7 +207,7 @@ LN_CONFIGS = {c.name: c for c in [
       for p in (1, 2) if t * p <= 128),
     *(LayerNormConfig("persistent", 32, w, 32, p) for w in (4, 8) for p in (1, 2, 4)),
 ]}
-DEFAULT_LN_CONFIG = "one-pass t32 w8"  # the fastest alone on an H100 at hidden 1024 (070c73d, 78b3a8e)
+DEFAULT_LN_CONFIG = "one-pass t32 w8"  # fastest alone on an H100 at hidden 1024 (070c73d, 78b3a8e; a tie at bc5d746)
 # a timing bound, not a LayerNorm of the stream: the row-major add + LayerNorm run on the [hidden, tokens] buffers
 # read as [tokens, hidden], so a model run costs what a transposed LayerNorm as fast as the row-major one would
 # (its logits are wrong, and the bench says so)
