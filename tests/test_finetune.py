@@ -75,20 +75,23 @@ def test_resume_reruns_only_unfinished_runs(registry, glue_root, data_dir):
     assert (root / "glue_rte/run0/metrics.json").stat().st_mtime_ns == kept  # finished run not redone
 
 
+def _finished_run(experiment: str, registry, data_dir, tmp_path_factory) -> tuple[Path, dict]:
+    """``experiment`` run once with FEW_TRAIN_ROWS: its output root and summary."""
+    out = tmp_path_factory.mktemp(experiment)
+    summary = run_experiment(registry.build(experiment, FEW_TRAIN_ROWS), RunOptions(output_root=out, data_dir=data_dir))
+    return out, summary
+
+
 @pytest.fixture(scope="module")
 def squad_root(registry, data_dir, tmp_path_factory) -> tuple[Path, dict]:
     """A finished tiny_squad run (and its summary): tested below, then the teacher of tiny_squad_kd."""
-    out = tmp_path_factory.mktemp("squad")
-    summary = run_experiment(registry.build("tiny_squad", FEW_TRAIN_ROWS), RunOptions(output_root=out, data_dir=data_dir))
-    return out, summary
+    return _finished_run("tiny_squad", registry, data_dir, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def gap_root(registry, data_dir, tmp_path_factory) -> tuple[Path, dict]:
     """A finished tiny_gap run (and its summary): tested below, then the teacher of tiny_gap_kd."""
-    out = tmp_path_factory.mktemp("gap")
-    summary = run_experiment(registry.build("tiny_gap", FEW_TRAIN_ROWS), RunOptions(output_root=out, data_dir=data_dir))
-    return out, summary
+    return _finished_run("tiny_gap", registry, data_dir, tmp_path_factory)
 
 
 def test_tiny_squad_predictions_and_metrics(squad_root):

@@ -42,6 +42,7 @@ from torch.sparse import (
 )
 
 from .masks import nm_violations
+from .report import layer_type
 
 log = logging.getLogger(__name__)
 
@@ -223,16 +224,11 @@ def feed_forward_names(model: nn.Module) -> list[str]:
     names=feed_forward_names(model))``. On an H100 (torch 2.11) exporting only these is the fastest 2:4 model:
     attention's projections lose as 2:4 in the row-major layout that its head split and LayerNorm need
     (docs/benchmarks.md). A model with none of them is an error rather than an export that converts nothing."""
-
-    def is_feed_forward(name: str) -> bool:
-        parts = name.split(".")
-        return (
-            "encoder" in parts
-            and "attention" not in parts
-            and ends_with_any(name, ("intermediate.dense", "output.dense"))
-        )
-
-    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear) and is_feed_forward(name)]
+    names = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear) and layer_type(f"{name}.weight") in ("intermediate", "output")
+    ]
     if not names:
         raise ValueError(
             "no BERT feed-forward layers (encoder Linear modules named ...intermediate.dense or ...output.dense "
