@@ -17,7 +17,9 @@ runs (NVML GPU 0, where present; per run in the JSON). ``--bert-base`` and ``--b
 the sparse kernels. ``--model`` may be a directory with only a ``config.json``: its architecture, randomly
 initialised (speed does not depend on the values); ``--model ''`` leaves MiniLM out. ``--activation linear`` is a
 what-if for the randomly initialised models: it drops the feed-forward GELU from every variant alike, which bounds
-what fusing GELU into the up-projection's epilogue (cuBLASLt for dense, cuSPARSELt for 2:4) could gain.
+what fusing GELU into the up-projection's epilogue (cuBLASLt for dense, cuSPARSELt for 2:4) could gain. The
+variant "dense GELU epilogue" (not run unless named) is the dense model with GELU fused into cuBLASLt's epilogue,
+which cuSPARSELt 0.8.0 does not offer a bf16 2:4 matmul: a faster dense baseline.
 
     python bench/semi_structured.py --model MODEL_DIR --out docs/data/semi_structured.json [--bert-base] [--bert-large]
 
@@ -196,6 +198,33 @@ def encoder_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".encoder." in f".{n}"]
 
 
+@torch.library.custom_op("sparsebert_bench::addmm_gelu", mutates_args=())
+def addmm_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``gelu(x @ weight.T + bias)`` (tanh form) as one cuBLASLt matmul with a bias + GELU epilogue. A custom op,
+    so that torch.compile keeps it whole: Inductor would decompose ``_addmm_activation`` into addmm and a GELU."""
+    return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
+
+
+@addmm_gelu.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def with_gelu_epilogue(model: nn.Module) -> nn.Module:
+    """A copy of the dense model whose feed-forward up-projections run GELU in cuBLASLt's epilogue: the fusion
+    cuSPARSELt 0.8.0 refuses for bf16 (``bench/cusparselt_layouts.py --epilogue``), so a dense model can have it
+    and a 2:4 one cannot. GELU's tanh form where BERT computes the exact one (within bf16 rounding)."""
+    fused = copy.deepcopy(model)
+    for name, module in fused.named_modules():
+        if name.endswith(".intermediate") and isinstance(getattr(module, "dense", None), nn.Linear):
+            module.forward = partial(_up_projection_gelu, module.dense)
+    return fused
+
+
+def _up_projection_gelu(dense: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
+    return addmm_gelu(hidden.flatten(0, -2), dense.weight, dense.bias).view(*hidden.shape[:-1], -1)
+
+
 # variant -> (which Linear layers to export, None for none; the to_semi_structured column_major argument; the
 # forward)
 VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ...], Callable]] = {
@@ -205,7 +234,10 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ..
     # the attention output and down-projections ("...output.dense") write column-major into the stream
     "2:4 transposed stream": (encoder_layers, ("output.dense",), transposed_stream_logits),
     "dense transposed stream": (None, (), transposed_stream_logits),
+    "dense GELU epilogue": (None, (), unmasked_logits),
 }
+# dense variants that run a rewritten copy of the dense model rather than the model itself
+DENSE_REWRITES = {"dense GELU epilogue": with_gelu_epilogue}
 DEFAULT_VARIANTS = ["2:4", "2:4 row-major", "2:4 feed-forward"]
 
 
@@ -249,9 +281,9 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
     for variant in args.variants:
         select, column_major, _ = VARIANTS[variant]
         variant_forward = forward_of(variant, args)
-        if select is None:  # the dense model under another forward
-            models[variant] = dense
-            check = check_logits(dense, dense, token_ids(16, args.seq, vocab), variant_forward)
+        if select is None:  # the dense model under another forward, or a rewritten copy of it
+            models[variant] = DENSE_REWRITES[variant](dense) if variant in DENSE_REWRITES else dense
+            check = check_logits(dense, models[variant], token_ids(16, args.seq, vocab), variant_forward)
             print(f"{name} {variant}: logits {check}", flush=True)
             warn_if_off(name, variant, check, args)
             exported[variant] = {"converted_layers": 0, "column_major_layers": 0, "kernel": "dense",
