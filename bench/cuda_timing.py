@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -45,6 +46,17 @@ def graph_ms(fn: Callable[[], object], calls: int = 20, replays: int = 10) -> fl
     replay = capture(many)
     replay()  # the first replay uploads the graph
     return ms_per_call(replay, replays) / calls
+
+
+def alternating_graph_ms(fns: dict[str, Callable[[], object]], repeats: int,
+                         calls: int = 20) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """Each function's median ``graph_ms`` over ``repeats`` rounds, the functions alternating within a round (to
+    spread clock drift); and every round's time."""
+    runs: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for key, fn in fns.items():
+            runs[key].append(graph_ms(fn, calls))
+    return {k: statistics.median(v) for k, v in runs.items()}, runs
 
 
 def kernel_profile(step: Callable[[], object], calls: int = 5, top: int = 12) -> dict:

@@ -1,15 +1,18 @@
 """A ctypes binding of the cuSPARSELt C API, for what ``torch._cslt_sparse_mm`` does not expose.
 
 torch's binding always puts the 2:4 weight in operand A, row-major, with the dense operand in either layout and
-the result in either order, and it sets no epilogue but a bias. cuSPARSELt itself also takes the sparse matrix
+the result in either order; of the epilogue it exposes a bias and alpha scaling, no activation. cuSPARSELt itself
+also takes the sparse matrix
 as operand B, either operand in either order with or without a transpose, a GELU (or ReLU) epilogue, and a C
 input (``D = act(alpha * op(A) op(B) + beta * C + bias)``). This module calls the library that torch has already
-loaded, through its C API (``cusparseLt.h``, 0.8.0: every opaque struct is 512 bytes, 16-byte aligned), so that a
-bench can time those forms on the same kernels.
+loaded, through its C API, so that a bench can time those forms on the same kernels. The structs and enums below
+are those of ``cusparseLt.h`` 0.8.0 (every opaque struct 512 bytes, 16-byte aligned), unchanged to 0.10.0; another
+version is refused.
 
-One ``Matmul`` is one cuSPARSELt plan: fixed shapes, layouts, epilogue and algorithm. Build it, ``compress`` the
-2:4 operand once, then call it with tensors whose memory matches the descriptors (checked: sizes and strides).
-The call launches on torch's current stream and allocates nothing, so it can be captured in a CUDA graph.
+One ``Matmul`` is one cuSPARSELt plan: fixed shapes, layouts, dtype, epilogue and algorithm. Build it,
+``compress`` the 2:4 operand once, then call it with tensors whose memory matches the descriptors (checked:
+sizes, strides, dtype, device, and the compressed buffer's size). The call launches on torch's current stream and
+allocates nothing, so it can be captured in a CUDA graph. A plan is for the device current when it is built.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import ctypes
 import glob
 import os
 import sys
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,14 +30,36 @@ import torch
 # cusparse.h / library_types.h enums
 ORDER_COL, ORDER_ROW = 1, 2
 OP_N, OP_T = 0, 1
-CUDA_DTYPES = {torch.bfloat16: 14, torch.float16: 2, torch.float32: 0}  # cudaDataType
+CUDA_DTYPES = {torch.bfloat16: 14, torch.float16: 2}  # cudaDataType; the 2:4 types (float32 would be 1:2)
 COMPUTE_32F = 2  # cusparseComputeType
 # cusparseLtMatmulDescAttribute_t (declaration order, no explicit values in the header)
 ATTR_ACTIVATION_RELU, ATTR_ACTIVATION_GELU, ATTR_BIAS_POINTER = 0, 3, 8
 # cusparseLtMatmulAlgAttribute_t
-ALG_CONFIG_ID, ALG_CONFIG_MAX_ID, ALG_SPLIT_K, ALG_SPLIT_K_MODE = 0, 1, 3, 4
+ALG_CONFIG_ID, ALG_CONFIG_MAX_ID = 0, 1
 SPARSITY_50_PERCENT = 0
 OPAQUE_BYTES = 512
+SUPPORTED_VERSIONS = ((0, 8), (0, 10))  # (major, minor), inclusive: headers compared, same structs and enums
+
+_P, _I64, _U32, _INT, _SIZE = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint32, ctypes.c_int, ctypes.c_size_t
+_SIGNATURES = {  # every function used, as cusparseLt.h declares it (all return cusparseStatus_t, an int)
+    "cusparseLtInit": [_P],
+    "cusparseLtGetProperty": [_INT, _P],
+    "cusparseLtDenseDescriptorInit": [_P, _P, _I64, _I64, _I64, _U32, _INT, _INT],
+    "cusparseLtStructuredDescriptorInit": [_P, _P, _I64, _I64, _I64, _U32, _INT, _INT, _INT],
+    "cusparseLtMatDescriptorDestroy": [_P],
+    "cusparseLtMatmulDescriptorInit": [_P, _P, _INT, _INT, _P, _P, _P, _P, _INT],
+    "cusparseLtMatmulDescSetAttribute": [_P, _P, _INT, _P, _SIZE],
+    "cusparseLtMatmulAlgSelectionInit": [_P, _P, _P, _INT],
+    "cusparseLtMatmulAlgSelectionDestroy": [_P],
+    "cusparseLtMatmulAlgSetAttribute": [_P, _P, _INT, _P, _SIZE],
+    "cusparseLtMatmulAlgGetAttribute": [_P, _P, _INT, _P, _SIZE],
+    "cusparseLtMatmulPlanInit": [_P, _P, _P, _P],
+    "cusparseLtMatmulPlanDestroy": [_P],
+    "cusparseLtMatmulGetWorkspace": [_P, _P, _P],
+    "cusparseLtSpMMACompressedSize": [_P, _P, _P, _P],
+    "cusparseLtSpMMACompress": [_P, _P, _P, _P, _P, _P],
+    "cusparseLtMatmul": [_P, _P, _P, _P, _P, _P, _P, _P, _P, _P, ctypes.c_int32],
+}
 
 
 class CuSparseLtError(RuntimeError):
@@ -42,15 +68,45 @@ class CuSparseLtError(RuntimeError):
         self.status = status
 
 
+def loaded_library_path() -> str | None:
+    """The libcusparseLt this process has loaded (torch loads it with its CUDA libraries); None if none or
+    unreadable (``/proc/self/maps``, Linux only)."""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return None
+    # a maps line: address, permissions, offset, device, inode, then the path (which may hold spaces)
+    paths = {fields[5] for line in maps if "libcusparseLt" in line and len(fields := line.split(maxsplit=5)) == 6}
+    return paths.pop() if len(paths) == 1 else None
+
+
+def loaded_version() -> str | None:
+    """The version the loaded libcusparseLt reports of itself ("0.8.0"), or None. torch's
+    ``torch.backends.cusparselt.version()`` is the version torch was built against, whatever is loaded."""
+    path = loaded_library_path()
+    if path is None:
+        return None
+    try:
+        return ".".join(map(str, _version(ctypes.CDLL(path))))
+    except (OSError, AttributeError, RuntimeError):  # not loadable, no such function, or an error status
+        return None
+
+
+def _version(lib: ctypes.CDLL) -> tuple[int, int, int]:
+    parts = []
+    for prop in range(3):  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+        value = ctypes.c_int()
+        if lib.cusparseLtGetProperty(prop, ctypes.byref(value)) != 0:
+            raise RuntimeError("cusparseLtGetProperty failed")
+        parts.append(value.value)
+    return parts[0], parts[1], parts[2]
+
+
 def library_path() -> str:
     """The libcusparseLt torch has loaded (so both use one copy), else the pip package's beside torch."""
-    try:
-        for line in Path("/proc/self/maps").read_text().splitlines():
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and "libcusparseLt" in fields[5]:
-                return fields[5]
-    except OSError:
-        pass
+    loaded = loaded_library_path()
+    if loaded is not None:
+        return loaded
     for root in sys.path:
         found = sorted(glob.glob(os.path.join(root, "nvidia", "cusparselt", "lib", "libcusparseLt.so*")))
         if found:
@@ -68,12 +124,20 @@ class _Opaque:
 
 
 class Library:
-    """The loaded library and one cuSPARSELt handle (per process; cuSPARSELt handles are per device)."""
+    """The loaded library and one cuSPARSELt handle, for the device current at the first ``get`` (the benches
+    use one GPU)."""
 
     _instance: Library | None = None
 
     def __init__(self) -> None:
         self.lib = ctypes.CDLL(library_path())
+        self.version_tuple = _version(self.lib)
+        if not SUPPORTED_VERSIONS[0] <= self.version_tuple[:2] <= SUPPORTED_VERSIONS[1]:
+            raise RuntimeError(f"cuSPARSELt {self.version()} is loaded; this binding follows the 0.8-0.10 header")
+        for name, argtypes in _SIGNATURES.items():
+            function = getattr(self.lib, name)
+            function.argtypes, function.restype = argtypes, ctypes.c_int
+        self.lib.cusparseLtGetErrorName.argtypes = [ctypes.c_int]
         self.lib.cusparseLtGetErrorName.restype = ctypes.c_char_p
         self.handle = _Opaque()
         self.check(self.lib.cusparseLtInit(self.handle.ptr), "cusparseLtInit")
@@ -86,15 +150,11 @@ class Library:
 
     def check(self, status: int, what: str) -> None:
         if status != 0:
-            raise CuSparseLtError(what, status, self.lib.cusparseLtGetErrorName(status).decode())
+            name = self.lib.cusparseLtGetErrorName(status)
+            raise CuSparseLtError(what, status, name.decode() if name else "unknown status")
 
     def version(self) -> str:
-        parts = []
-        for prop in range(3):  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
-            value = ctypes.c_int()
-            self.check(self.lib.cusparseLtGetProperty(prop, ctypes.byref(value)), "cusparseLtGetProperty")
-            parts.append(str(value.value))
-        return ".".join(parts)
+        return ".".join(map(str, self.version_tuple))
 
 
 @dataclass(frozen=True)
@@ -135,95 +195,115 @@ class Matmul:
     """``D = act(op(A) @ op(B) + bias)`` with one of A, B 2:4 sparse (compressed), as one cuSPARSELt plan.
 
     ``bias`` (length = D's rows, the result's dtype) and ``activation`` ("gelu", "relu" or None) are cuSPARSELt's
-    epilogue. ``alg_id`` picks the kernel configuration (0 .. ``max_alg_id``)."""
+    epilogue; a combination the library does not offer raises ``CuSparseLtError`` here. ``alg_id`` picks the
+    kernel configuration (0 .. ``max_alg_id``). The plan and its descriptors are destroyed with the object."""
 
     def __init__(self, a: Operand, b: Operand, d: Operand, sparse_a: bool, dtype: torch.dtype = torch.bfloat16,
                  bias: torch.Tensor | None = None, activation: str | None = None, alg_id: int = 0) -> None:
         (m, k), (k2, n) = a.shape_after_op, b.shape_after_op
         if k != k2 or (d.rows, d.cols) != (m, n) or d.op != OP_N:
             raise ValueError(f"shapes do not chain: op(A) {m}x{k}, op(B) {k2}x{n}, D {d.rows}x{d.cols}")
+        if dtype not in CUDA_DTYPES:
+            raise ValueError(f"dtype {dtype} is not one of the 2:4 types {list(CUDA_DTYPES)}")
         self.lt = Library.get()
-        lib, handle, check = self.lt.lib, self.lt.handle.ptr, self.lt.check
         self.a, self.b, self.d, self.sparse_a, self.dtype = a, b, d, sparse_a, dtype
-        cuda_type = CUDA_DTYPES[dtype]
-        self._descs = {name: _Opaque() for name in ("a", "b", "d")}
-        for name, operand in (("a", a), ("b", b)):
-            args = (handle, self._descs[name].ptr, ctypes.c_int64(operand.rows), ctypes.c_int64(operand.cols),
-                    ctypes.c_int64(operand.ld), ctypes.c_uint32(16), cuda_type, operand.order)
-            if (name == "a") == sparse_a:
-                check(lib.cusparseLtStructuredDescriptorInit(*args, SPARSITY_50_PERCENT), f"structured {name}")
-            else:
-                check(lib.cusparseLtDenseDescriptorInit(*args), f"dense {name}")
-        check(lib.cusparseLtDenseDescriptorInit(handle, self._descs["d"].ptr, ctypes.c_int64(d.rows),
-                                                ctypes.c_int64(d.cols), ctypes.c_int64(d.ld), ctypes.c_uint32(16),
-                                                cuda_type, d.order), "dense d")
+        self.activation, self.alg_id = activation, alg_id
+        self._descs = {"a": self._describe(a, structured=sparse_a), "b": self._describe(b, structured=not sparse_a),
+                       "d": self._describe(d, structured=False)}
         self._matmul = _Opaque()
-        check(lib.cusparseLtMatmulDescriptorInit(handle, self._matmul.ptr, a.op, b.op, self._descs["a"].ptr,
-                                                 self._descs["b"].ptr, self._descs["d"].ptr, self._descs["d"].ptr,
-                                                 COMPUTE_32F), "matmul descriptor")
-        self.bias = bias
+        self.lt.check(self.lt.lib.cusparseLtMatmulDescriptorInit(
+            self.lt.handle.ptr, self._matmul.ptr, a.op, b.op, self._descs["a"].ptr, self._descs["b"].ptr,
+            self._descs["d"].ptr, self._descs["d"].ptr, COMPUTE_32F), "matmul descriptor")
+        self.bias = bias  # kept alive: the plan holds its pointer
         if bias is not None:
-            if bias.dtype != dtype or bias.numel() != d.rows or not bias.is_contiguous():
-                raise ValueError(f"bias must be {d.rows} contiguous {dtype} values (one per row of D)")
+            if bias.dtype != dtype or bias.numel() != d.rows or not bias.is_contiguous() or not bias.is_cuda:
+                raise ValueError(f"bias must be {d.rows} contiguous {dtype} values on the GPU (one per row of D)")
             self._set(ATTR_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
         if activation is not None:
-            attribute = {"gelu": ATTR_ACTIVATION_GELU, "relu": ATTR_ACTIVATION_RELU}[activation]
-            self._set(attribute, ctypes.c_int(1))
-        self.activation = activation
-        self._alg = _Opaque()
-        check(lib.cusparseLtMatmulAlgSelectionInit(handle, self._alg.ptr, self._matmul.ptr, 0), "algorithm selection")
-        max_id = ctypes.c_int()
-        check(lib.cusparseLtMatmulAlgGetAttribute(handle, self._alg.ptr, ALG_CONFIG_MAX_ID, ctypes.byref(max_id),
-                                                  ctypes.sizeof(max_id)), "max algorithm id")
-        self.max_alg_id = max_id.value
-        self.alg_id = alg_id
-        alg = ctypes.c_int(alg_id)
-        check(lib.cusparseLtMatmulAlgSetAttribute(handle, self._alg.ptr, ALG_CONFIG_ID, ctypes.byref(alg),
-                                                  ctypes.sizeof(alg)), f"algorithm {alg_id}")
-        self._plan = _Opaque()
-        check(lib.cusparseLtMatmulPlanInit(handle, self._plan.ptr, self._matmul.ptr, self._alg.ptr), "plan")
-        size = ctypes.c_size_t()
-        check(lib.cusparseLtMatmulGetWorkspace(handle, self._plan.ptr, ctypes.byref(size)), "workspace size")
+            self._set({"gelu": ATTR_ACTIVATION_GELU, "relu": ATTR_ACTIVATION_RELU}[activation], ctypes.c_int(1))
+        self._alg, self._plan = _Opaque(), _Opaque()
+        lib, handle = self.lt.lib, self.lt.handle.ptr
+        self.lt.check(lib.cusparseLtMatmulAlgSelectionInit(handle, self._alg.ptr, self._matmul.ptr, 0),
+                      "algorithm selection")
+        self.max_alg_id = self._get_alg(ALG_CONFIG_MAX_ID)
+        self._set_alg(ALG_CONFIG_ID, alg_id)
+        self.lt.check(lib.cusparseLtMatmulPlanInit(handle, self._plan.ptr, self._matmul.ptr, self._alg.ptr), "plan")
+        self._finalizer = weakref.finalize(self, _destroy, self.lt, self._plan, self._alg, list(self._descs.values()))
+        size, buffer_size = ctypes.c_size_t(), ctypes.c_size_t()
+        self.lt.check(lib.cusparseLtMatmulGetWorkspace(handle, self._plan.ptr, ctypes.byref(size)), "workspace size")
         self.workspace = torch.empty(max(size.value, 1), dtype=torch.uint8, device="cuda")
+        self.lt.check(lib.cusparseLtSpMMACompressedSize(handle, self._plan.ptr, ctypes.byref(size),
+                                                        ctypes.byref(buffer_size)), "compressed size")
+        self.compressed_bytes, self._compress_buffer_bytes = size.value, buffer_size.value
         self._alpha, self._beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
 
-    def _set(self, attribute: int, value: ctypes._SimpleCData) -> None:
+    def _describe(self, operand: Operand, structured: bool) -> _Opaque:
+        desc = _Opaque()
+        args = (self.lt.handle.ptr, desc.ptr, operand.rows, operand.cols, operand.ld, 16, CUDA_DTYPES[self.dtype],
+                operand.order)
+        if structured:
+            self.lt.check(self.lt.lib.cusparseLtStructuredDescriptorInit(*args, SPARSITY_50_PERCENT), "structured")
+        else:
+            self.lt.check(self.lt.lib.cusparseLtDenseDescriptorInit(*args), "dense descriptor")
+        return desc
+
+    def _set(self, attribute: int, value: ctypes.c_int | ctypes.c_void_p) -> None:
         self.lt.check(self.lt.lib.cusparseLtMatmulDescSetAttribute(
             self.lt.handle.ptr, self._matmul.ptr, attribute, ctypes.byref(value), ctypes.sizeof(value)),
             f"matmul attribute {attribute}")
+
+    def _get_alg(self, attribute: int) -> int:
+        value = ctypes.c_int()
+        self.lt.check(self.lt.lib.cusparseLtMatmulAlgGetAttribute(
+            self.lt.handle.ptr, self._alg.ptr, attribute, ctypes.byref(value), ctypes.sizeof(value)),
+            f"algorithm attribute {attribute}")
+        return value.value
+
+    def _set_alg(self, attribute: int, value: int) -> None:
+        data = ctypes.c_int(value)
+        self.lt.check(self.lt.lib.cusparseLtMatmulAlgSetAttribute(
+            self.lt.handle.ptr, self._alg.ptr, attribute, ctypes.byref(data), ctypes.sizeof(data)),
+            f"algorithm attribute {attribute} = {value}")
 
     @property
     def sparse_operand(self) -> Operand:
         return self.a if self.sparse_a else self.b
 
+    def _check_tensor(self, what: str, operand: Operand, t: torch.Tensor) -> None:
+        if not operand.matches(t) or t.dtype != self.dtype or not t.is_cuda:
+            raise ValueError(f"{what} {tuple(t.shape)}{t.stride()} {t.dtype} on {t.device} does not match the "
+                             f"plan's {operand} in {self.dtype} on the GPU")
+
     def compress(self, dense: torch.Tensor) -> torch.Tensor:
         """The 2:4 operand, stored as its descriptor says, compressed for this plan (a uint8 buffer)."""
-        if not self.sparse_operand.matches(dense) or dense.dtype != self.dtype:
-            raise ValueError(f"the sparse operand must be {self.sparse_operand} in {self.dtype}")
-        lib, handle = self.lt.lib, self.lt.handle.ptr
-        size, buffer_size = ctypes.c_size_t(), ctypes.c_size_t()
-        self.lt.check(lib.cusparseLtSpMMACompressedSize(handle, self._plan.ptr, ctypes.byref(size),
-                                                        ctypes.byref(buffer_size)), "compressed size")
-        compressed = torch.empty(size.value, dtype=torch.uint8, device=dense.device)
-        scratch = torch.empty(max(buffer_size.value, 1), dtype=torch.uint8, device=dense.device)
+        self._check_tensor("the sparse operand", self.sparse_operand, dense)
+        compressed = torch.empty(self.compressed_bytes, dtype=torch.uint8, device=dense.device)
+        # freed on return while the kernel may still run: fine, torch's allocator reuses it in stream order
+        scratch = torch.empty(max(self._compress_buffer_bytes, 1), dtype=torch.uint8, device=dense.device)
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self.lt.check(lib.cusparseLtSpMMACompress(handle, self._plan.ptr, ctypes.c_void_p(dense.data_ptr()),
-                                                  ctypes.c_void_p(compressed.data_ptr()),
-                                                  ctypes.c_void_p(scratch.data_ptr()), stream), "compress")
-        torch.cuda.current_stream().synchronize()  # the scratch buffer is freed on return
+        self.lt.check(self.lt.lib.cusparseLtSpMMACompress(
+            self.lt.handle.ptr, self._plan.ptr, dense.data_ptr(), compressed.data_ptr(), scratch.data_ptr(), stream),
+            "compress")
         return compressed
 
     def __call__(self, compressed: torch.Tensor, dense: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """Write the product into ``out`` (D's layout) and return it."""
-        dense_operand = self.b if self.sparse_a else self.a
-        if not dense_operand.matches(dense) or not self.d.matches(out):
-            raise ValueError(f"dense operand {tuple(dense.shape)}{dense.stride()} or out {tuple(out.shape)}"
-                             f"{out.stride()} does not match the plan ({dense_operand}, {self.d})")
+        self._check_tensor("the dense operand", self.b if self.sparse_a else self.a, dense)
+        self._check_tensor("out", self.d, out)
+        if compressed.dtype != torch.uint8 or compressed.numel() != self.compressed_bytes or not compressed.is_cuda:
+            raise ValueError(f"compressed must be this plan's {self.compressed_bytes}-byte buffer (``compress``)")
         a, b = (compressed, dense) if self.sparse_a else (dense, compressed)
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         self.lt.check(self.lt.lib.cusparseLtMatmul(
-            self.lt.handle.ptr, self._plan.ptr, ctypes.byref(self._alpha), ctypes.c_void_p(a.data_ptr()),
-            ctypes.c_void_p(b.data_ptr()), ctypes.byref(self._beta), ctypes.c_void_p(out.data_ptr()),
-            ctypes.c_void_p(out.data_ptr()), ctypes.c_void_p(self.workspace.data_ptr()), ctypes.byref(stream), 1),
-            "matmul")
+            self.lt.handle.ptr, self._plan.ptr, ctypes.byref(self._alpha), a.data_ptr(), b.data_ptr(),
+            ctypes.byref(self._beta), out.data_ptr(), out.data_ptr(), self.workspace.data_ptr(),
+            ctypes.byref(stream), 1), "matmul")
         return out
+
+
+def _destroy(lt: Library, plan: _Opaque, alg: _Opaque, descs: list[_Opaque]) -> None:
+    """Release a plan's cuSPARSELt objects (statuses ignored: this runs at collection or exit)."""
+    lt.lib.cusparseLtMatmulPlanDestroy(plan.ptr)
+    lt.lib.cusparseLtMatmulAlgSelectionDestroy(alg.ptr)
+    for desc in descs:
+        lt.lib.cusparseLtMatDescriptorDestroy(desc.ptr)

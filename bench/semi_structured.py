@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import ctypes
 import statistics
 import sys
 import time
@@ -66,7 +65,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from cuda_timing import capture, graph_ms, kernel_profile, ms_per_call  # noqa: E402
+from cuda_timing import alternating_graph_ms, capture, kernel_profile, ms_per_call  # noqa: E402
+from cusparselt_binding import loaded_version  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
 from transposed_stream import (  # noqa: E402
     DEFAULT_LN_CONFIG,
@@ -201,7 +201,8 @@ def encoder_layers(model: nn.Module) -> list[str]:
 @torch.library.custom_op("sparsebert_bench::addmm_gelu", mutates_args=())
 def addmm_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``gelu(x @ weight.T + bias)`` (tanh form) as one cuBLASLt matmul with a bias + GELU epilogue. A custom op,
-    so that torch.compile keeps it whole: Inductor would decompose ``_addmm_activation`` into addmm and a GELU."""
+    so that torch.compile keeps it one call whatever its decomposition tables hold (Inductor keeps
+    ``_addmm_activation`` whole as a fallback too, checked on torch 2.13 CPU only)."""
     return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
 
 
@@ -210,14 +211,28 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
+GELU_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
+
+
 def with_gelu_epilogue(model: nn.Module) -> nn.Module:
     """A copy of the dense model whose feed-forward up-projections run GELU in cuBLASLt's epilogue: the fusion
     cuSPARSELt 0.8.0 refuses for bf16 (``bench/cusparselt_layouts.py --epilogue``), so a dense model can have it
-    and a 2:4 one cannot. GELU's tanh form where BERT computes the exact one (within bf16 rounding)."""
+    and a 2:4 one cannot. GELU's tanh form where BERT computes the exact one: at most 4.7e-4 apart, absolute.
+    Exits if the model's activation is not a GELU or not every layer's up-projection was found; the copy's
+    ``rewritten_layers`` says how many were."""
+    activation = getattr(model.config, "hidden_act", None)
+    if activation not in GELU_ACTIVATIONS:
+        sys.exit(f"dense GELU epilogue: the model's feed-forward activation is {activation!r}, not a GELU")
     fused = copy.deepcopy(model)
+    rewritten = 0
     for name, module in fused.named_modules():
         if name.endswith(".intermediate") and isinstance(getattr(module, "dense", None), nn.Linear):
             module.forward = partial(_up_projection_gelu, module.dense)
+            rewritten += 1
+    if rewritten != model.config.num_hidden_layers:
+        sys.exit(f"dense GELU epilogue: found {rewritten} feed-forward up-projections (BERT's "
+                 f"'*.intermediate.dense'), expected {model.config.num_hidden_layers}")
+    fused.rewritten_layers = rewritten
     return fused
 
 
@@ -287,6 +302,7 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
             print(f"{name} {variant}: logits {check}", flush=True)
             warn_if_off(name, variant, check, args)
             exported[variant] = {"converted_layers": 0, "column_major_layers": 0, "kernel": "dense",
+                                 "rewritten_layers": getattr(models[variant], "rewritten_layers", 0),
                                  "column_major_algorithms": [], "logits_check": check,
                                  "timing_bound": is_timing_bound(variant, args)}
             continue
@@ -391,16 +407,6 @@ LAYOUTS = ("row->row", "row->col", "col->row", "col->col")
 CALLS_PER_GRAPH = 20
 
 
-def alternating_graph_ms(fns: dict[str, Callable[[], object]], repeats: int) -> tuple[dict, dict]:
-    """Each function's median ``graph_ms`` over ``repeats`` rounds, the functions alternating within a round (to
-    spread clock drift); and every round's time."""
-    runs: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for key, fn in fns.items():
-            runs[key].append(graph_ms(fn, CALLS_PER_GRAPH))
-    return {k: statistics.median(v) for k, v in runs.items()}, runs
-
-
 @torch.inference_mode()
 def bench_kernels(args: argparse.Namespace) -> list[dict]:
     """Dense vs 2:4 (cuSPARSELt) per Linear shape, row count, layout and algorithm; median of ``--repeats``
@@ -435,7 +441,7 @@ def bench_kernels(args: argparse.Namespace) -> list[dict]:
                         print(f"  {layer} {n_out}x{n_in} batch {batch} {layout} alg {alg}: {str(e)[:100]}")
                         continue
                     fns[f"{layout} alg {alg}"] = fn
-            ms, runs = alternating_graph_ms(fns, args.repeats)
+            ms, runs = alternating_graph_ms(fns, args.repeats, CALLS_PER_GRAPH)
             best = {layout: min((k for k in ms if k.startswith(layout + " ")), key=ms.__getitem__, default=None)
                     for layout in LAYOUTS}
             flops = 2 * m * n_out * n_in
@@ -492,7 +498,7 @@ def bench_fp8_kernels(args: argparse.Namespace) -> list[dict]:
                     errors[f"2:4 fp8 {layout} alg {alg}"] = check_kernel(
                         f"fp8 {layer} {n_out}x{n_in} batch {batch} {layout} alg {alg}", out, reference)
                     fns[f"2:4 fp8 {layout} alg {alg}"] = fn
-            ms, runs = alternating_graph_ms(fns, args.repeats)
+            ms, runs = alternating_graph_ms(fns, args.repeats, CALLS_PER_GRAPH)
             rows.append({"model": model, "layer": layer, "out_features": n_out, "in_features": n_in, "batch": batch,
                          "rows": m, "ms": ms, "speedup_over_fp8_dense": {k: ms["fp8 dense"] / v for k, v in ms.items()},
                          "max_abs_diff_vs_fp8_dense": errors, "max_abs_reference": reference.abs().max().item(),
@@ -505,32 +511,6 @@ def bench_fp8_kernels(args: argparse.Namespace) -> list[dict]:
                      f"{ms['fp8 dense fast-accum'] / ms[best]:.2f} | {ms['bf16 dense'] / ms[best]:.2f} |"
                      if best else "- | - | - | - |"), flush=True)
     return rows
-
-
-def cusparselt_loaded() -> str | None:
-    """The version of the libcusparseLt this process has loaded, asked of the library itself.
-
-    ``torch.backends.cusparselt.version()`` is the version torch was built against: a different libcusparseLt.so.0
-    in its place does not change it. Linux only (``/proc/self/maps``); None where it cannot be read."""
-    try:
-        maps = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:
-        return None
-    # a maps line: address, permissions, offset, device, inode, then the path (which may hold spaces)
-    paths = {fields[5] for line in maps if "libcusparseLt" in line and len(fields := line.split(maxsplit=5)) == 6}
-    if len(paths) != 1:
-        return None
-    parts = []
-    try:
-        lib = ctypes.CDLL(paths.pop())  # the handle of the copy already loaded
-        for prop in range(3):  # libraryPropertyType: MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
-            value = ctypes.c_int()
-            if lib.cusparseLtGetProperty(prop, ctypes.byref(value)) != 0:
-                return None
-            parts.append(str(value.value))
-    except (OSError, AttributeError):  # not loadable, or no such function
-        return None
-    return ".".join(parts)
 
 
 def config_only(path: Path) -> bool:
@@ -585,7 +565,7 @@ def main() -> None:
     card = torch.cuda.get_device_name()
     measured = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
                 "torch": torch.__version__, "cusparselt": torch.backends.cusparselt.version(),
-                "cusparselt_loaded": cusparselt_loaded(), "seq": args.seq}
+                "cusparselt_loaded": loaded_version(), "seq": args.seq}
     print(f"torch {torch.__version__}, cuSPARSELt {measured['cusparselt_loaded']} loaded (torch was built with "
           f"{measured['cusparselt']})", flush=True)
     if args.kernels:
