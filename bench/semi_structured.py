@@ -198,19 +198,6 @@ def encoder_layers(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and ".encoder." in f".{n}"]
 
 
-@torch.library.custom_op("sparsebert_bench::addmm_gelu", mutates_args=())
-def addmm_gelu(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``gelu(x @ weight.T + bias)`` (tanh form) as one cuBLASLt matmul with a bias + GELU epilogue. A custom op,
-    so that torch.compile keeps it one call whatever its decomposition tables hold (Inductor keeps
-    ``_addmm_activation`` whole as a fallback too, checked on torch 2.13 CPU only)."""
-    return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
-
-
-@addmm_gelu.register_fake
-def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return x.new_empty(x.shape[0], weight.shape[0])
-
-
 GELU_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
@@ -237,7 +224,10 @@ def with_gelu_epilogue(model: nn.Module) -> nn.Module:
 
 
 def _up_projection_gelu(dense: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-    return addmm_gelu(hidden.flatten(0, -2), dense.weight, dense.bias).view(*hidden.shape[:-1], -1)
+    """``gelu(hidden @ W.T + b)`` (tanh form) as one cuBLASLt matmul with a bias + GELU epilogue. Inductor keeps
+    ``_addmm_activation`` as one call (a fallback, not decomposed into addmm and a GELU kernel)."""
+    x = hidden.flatten(0, -2)
+    return torch._addmm_activation(dense.bias, x, dense.weight.t(), use_gelu=True).view(*hidden.shape[:-1], -1)
 
 
 # variant -> (which Linear layers to export, None for none; the to_semi_structured column_major argument; the
