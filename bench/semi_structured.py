@@ -201,6 +201,20 @@ def encoder_layers(model: nn.Module) -> list[str]:
 GELU_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 
 
+class GeluEpilogueIntermediate(nn.Module):
+    """BERT's feed-forward up-projection and GELU as one cuBLASLt matmul with a bias + GELU epilogue (GELU's tanh
+    form). Inductor keeps ``_addmm_activation`` as one call (a fallback, not decomposed into addmm and a GELU)."""
+
+    def __init__(self, dense: nn.Linear) -> None:
+        super().__init__()
+        self.dense = dense
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        x = hidden.flatten(0, -2)
+        out = torch._addmm_activation(self.dense.bias, x, self.dense.weight.t(), use_gelu=True)
+        return out.view(*hidden.shape[:-1], -1)
+
+
 def with_gelu_epilogue(model: nn.Module) -> nn.Module:
     """A copy of the dense model whose feed-forward up-projections run GELU in cuBLASLt's epilogue: the fusion
     cuSPARSELt 0.8.0 refuses for bf16 (``bench/cusparselt_layouts.py --epilogue``), so a dense model can have it
@@ -211,23 +225,16 @@ def with_gelu_epilogue(model: nn.Module) -> nn.Module:
     if activation not in GELU_ACTIVATIONS:
         sys.exit(f"dense GELU epilogue: the model's feed-forward activation is {activation!r}, not a GELU")
     fused = copy.deepcopy(model)
-    rewritten = 0
-    for name, module in fused.named_modules():
-        if name.endswith(".intermediate") and isinstance(getattr(module, "dense", None), nn.Linear):
-            module.forward = partial(_up_projection_gelu, module.dense)
-            rewritten += 1
-    if rewritten != model.config.num_hidden_layers:
-        sys.exit(f"dense GELU epilogue: found {rewritten} feed-forward up-projections (BERT's "
+    names = [name for name, module in fused.named_modules()
+             if name.endswith(".intermediate") and isinstance(getattr(module, "dense", None), nn.Linear)]
+    if len(names) != model.config.num_hidden_layers:
+        sys.exit(f"dense GELU epilogue: found {len(names)} feed-forward up-projections (BERT's "
                  f"'*.intermediate.dense'), expected {model.config.num_hidden_layers}")
-    fused.rewritten_layers = rewritten
+    for name in names:
+        parent, _, child = name.rpartition(".")
+        setattr(fused.get_submodule(parent), child, GeluEpilogueIntermediate(fused.get_submodule(name).dense))
+    fused.rewritten_layers = len(names)
     return fused
-
-
-def _up_projection_gelu(dense: nn.Linear, hidden: torch.Tensor) -> torch.Tensor:
-    """``gelu(hidden @ W.T + b)`` (tanh form) as one cuBLASLt matmul with a bias + GELU epilogue. Inductor keeps
-    ``_addmm_activation`` as one call (a fallback, not decomposed into addmm and a GELU kernel)."""
-    x = hidden.flatten(0, -2)
-    return torch._addmm_activation(dense.bias, x, dense.weight.t(), use_gelu=True).view(*hidden.shape[:-1], -1)
 
 
 # variant -> (which Linear layers to export, None for none; the to_semi_structured column_major argument; the
@@ -601,8 +608,7 @@ def main() -> None:
     results = []
     for name, build in models:
         results.append(bench_model(name, build, args))
-        # after every model, so that a crash in a later one keeps the earlier ones (seen once: a segfault in the
-        # second model's torch.cuda.empty_cache, compiled BERT-base then BERT-large in one process, torch 2.11)
+        # after every model, so that a crash in a later one keeps the earlier ones
         if args.out:
             atomic_write_json(args.out, {**measured, "transformers": transformers.__version__,
                                          "backend": args.backend, "cuda_graph": args.cuda_graph,
