@@ -105,6 +105,7 @@ def bench_layouts(args: argparse.Namespace) -> list[dict]:
             reference = F.linear(x_row, w_dense).float()
             fns: dict[str, Callable[[], object]] = {"dense": partial(F.linear, x_row, w_dense)}
             compressed_torch = SparseSemiStructuredTensorCUSPARSELT.from_dense(w_dense)
+            weights = {w_layout: as_layout(w_dense, w_layout) for w_layout in ("row", "col")}
             layout_of: dict[str, str] = {}
             errors: dict[str, float] = {}
             refused: dict[str, str] = {}  # forms cuSPARSELt would not build, or whose result was wrong
@@ -114,8 +115,7 @@ def bench_layouts(args: argparse.Namespace) -> list[dict]:
                 key = f"torch {layout}"
                 fns[key], layout_of[key] = _torch_form(x, compressed_torch, y_layout), layout
                 errors[key] = check(key, fns[key](), reference)
-                for w_layout in ("row", "col"):
-                    w = as_layout(w_dense, w_layout)
+                for w_layout, w in weights.items():
                     y = as_layout(torch.empty(args.tokens, n_out, device="cuda", dtype=torch.bfloat16), y_layout)
                     form_refused: dict[str, str] = {}
                     for name, plan, weight_t, act_t, d in forms(x, w, y, form_refused):

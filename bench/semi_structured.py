@@ -81,10 +81,11 @@ from sparsebert.sparsity import (  # noqa: E402
     SparsityConfig,
     SparsityController,
     feed_forward_names,
+    layer_type,
     to_semi_structured,
 )
 from sparsebert.sparsity.masks import nm_mask  # noqa: E402
-from sparsebert.sparsity.semi_structured import COLUMN_MAJOR_DEFAULT, cusparselt_linear  # noqa: E402
+from sparsebert.sparsity.semi_structured import BACKENDS, COLUMN_MAJOR_DEFAULT, cusparselt_linear  # noqa: E402
 
 # Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
 # another order, so a few bf16 ulps per layer add up over the encoder; a wrong weight layout would be O(1).
@@ -225,15 +226,17 @@ def with_gelu_epilogue(model: nn.Module) -> nn.Module:
     if activation not in GELU_ACTIVATIONS:
         sys.exit(f"dense GELU epilogue: the model's feed-forward activation is {activation!r}, not a GELU")
     fused = copy.deepcopy(model)
-    names = [name for name, module in fused.named_modules()
-             if name.endswith(".intermediate") and isinstance(getattr(module, "dense", None), nn.Linear)]
-    if len(names) != model.config.num_hidden_layers:
-        sys.exit(f"dense GELU epilogue: found {len(names)} feed-forward up-projections (BERT's "
-                 f"'*.intermediate.dense'), expected {model.config.num_hidden_layers}")
-    for name in names:
-        parent, _, child = name.rpartition(".")
-        setattr(fused.get_submodule(parent), child, GeluEpilogueIntermediate(fused.get_submodule(name).dense))
-    fused.rewritten_layers = len(names)
+    try:  # the up-projections, "...intermediate.dense", as the library names BERT's roles
+        ups = [n for n in feed_forward_names(fused) if layer_type(f"{n}.weight") == "intermediate"]
+    except ValueError as e:
+        sys.exit(f"dense GELU epilogue: {e}")
+    if len(ups) != model.config.num_hidden_layers:
+        sys.exit(f"dense GELU epilogue: found {len(ups)} feed-forward up-projections, expected "
+                 f"{model.config.num_hidden_layers}")
+    for up in ups:  # replace each up-projection's parent, BERT's intermediate module (the Linear + GELU)
+        grandparent, _, intermediate = up.rpartition(".")[0].rpartition(".")
+        setattr(fused.get_submodule(grandparent), intermediate, GeluEpilogueIntermediate(fused.get_submodule(up)))
+    fused.rewritten_layers = len(ups)
     return fused
 
 
@@ -526,10 +529,10 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--backend", choices=["auto", "cutlass", "cusparselt"], default="auto")
+    p.add_argument("--backend", choices=BACKENDS, default="auto")
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=DEFAULT_VARIANTS,
                    help="the variants timed against dense (default: the three export variants; the transposed-stream "
-                        "what-ifs only when named)")
+                        "what-ifs and \"dense GELU epilogue\" only when named)")
     p.add_argument("--algorithms", type=int, default=1,
                    help="--kernels: time cuSPARSELt algorithms 0 .. N-1 per layout (torch's default is 0)")
     p.add_argument("--compile", action="store_true",
