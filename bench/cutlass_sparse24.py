@@ -37,7 +37,8 @@ class Library:
             "sb24_num_configs": ([], i32),
             "sb24_config_name": ([i32], ctypes.c_char_p),
             "sb24_compressed_sizes": ([i32, i32, ctypes.POINTER(i64), ctypes.POINTER(i64)], i32),
-            "sb24_compress": ([ptr, ptr, ptr, i32, i32, ptr], i32),
+            "sb24_compress_workspace_size": ([i32, i32], i64),
+            "sb24_compress": ([ptr, ptr, ptr, i32, i32, ptr, ptr], i32),
             "sb24_workspace_size": ([i32, i32, i32, i32, i32], i64),
             "sb24_linear": ([i32, i32, ptr, ptr, ptr, ptr, ptr, i32, i32, i32, ptr, ptr], i32),
         }
@@ -98,8 +99,11 @@ class Sparse24Weight:
         weight = weight.contiguous()
         values = torch.zeros(n_values.value, dtype=torch.bfloat16, device=weight.device)
         metadata = torch.zeros(n_meta.value, dtype=torch.uint8, device=weight.device)
+        workspace = torch.zeros(lib.lib.sb24_compress_workspace_size(out_features, in_features),
+                                dtype=torch.uint8, device=weight.device)
         lib.check(lib.lib.sb24_compress(weight.data_ptr(), values.data_ptr(), metadata.data_ptr(), out_features,
-                                        in_features, torch.cuda.current_stream().cuda_stream), "compress")
+                                        in_features, workspace.data_ptr(), torch.cuda.current_stream().cuda_stream),
+                  "compress")
         return cls(values, metadata, out_features, in_features)
 
 

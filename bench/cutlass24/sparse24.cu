@@ -167,6 +167,16 @@ using CompressorUtility = cutlass::transform::kernel::StructuredSparseCompressor
     ProblemShape, Element, cutlass::layout::RowMajor, Reference::SparseConfig>;
 using StrideA = cutlass::gemm::TagToStrideA_t<cutlass::layout::RowMajor>;
 
+Compressor::Arguments compressor_arguments(const void* weight, void* values, void* metadata, int m, int k) {
+  cutlass::KernelHardwareInfo hw_info;
+  cudaGetDevice(&hw_info.device_id);
+  hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
+  return {ProblemShape{m, 1, k, 1},
+      {static_cast<const Element*>(weight), cutlass::make_cute_packed_stride(StrideA{}, make_shape(m, k, 1)),
+       static_cast<Element*>(values), static_cast<uint8_t*>(metadata)},
+      {hw_info}};
+}
+
 }  // namespace
 
 extern "C" {
@@ -189,22 +199,18 @@ int sb24_compressed_sizes(int m, int k, int64_t* values_elems, int64_t* metadata
   return 0;
 }
 
+int64_t sb24_compress_workspace_size(int m, int k) {
+  return static_cast<int64_t>(
+      Compressor::get_workspace_size(compressor_arguments(nullptr, nullptr, nullptr, m, k)));
+}
+
 // Compresses a row-major m x k bf16 weight that already has at most two non-zeros in every four along k.
-int sb24_compress(const void* weight, void* values, void* metadata, int m, int k, void* stream) {
-  ProblemShape problem{m, 1, k, 1};
-  cutlass::KernelHardwareInfo hw_info;
-  cudaGetDevice(&hw_info.device_id);
-  hw_info.sm_count = cutlass::KernelHardwareInfo::query_device_multiprocessor_count(hw_info.device_id);
-  typename Compressor::Arguments args{
-      problem,
-      {static_cast<const Element*>(weight), cutlass::make_cute_packed_stride(StrideA{}, make_shape(m, k, 1)),
-       static_cast<Element*>(values), static_cast<uint8_t*>(metadata)},
-      {hw_info}};
+int sb24_compress(const void* weight, void* values, void* metadata, int m, int k, void* workspace, void* stream) {
+  auto args = compressor_arguments(weight, values, metadata, m, k);
   Compressor compressor;
-  if (Compressor::get_workspace_size(args) != 0) return fail("compress", "a workspace is needed");
   cutlass::Status status = compressor.can_implement(args);
   if (status != cutlass::Status::kSuccess) return fail("compress can_implement", cutlassGetStatusString(status));
-  status = compressor.initialize(args, nullptr, static_cast<cudaStream_t>(stream));
+  status = compressor.initialize(args, workspace, static_cast<cudaStream_t>(stream));
   if (status != cutlass::Status::kSuccess) return fail("compress initialize", cutlassGetStatusString(status));
   status = compressor.run(static_cast<cudaStream_t>(stream));
   if (status != cutlass::Status::kSuccess) return fail("compress run", cutlassGetStatusString(status));
