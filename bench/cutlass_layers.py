@@ -1,6 +1,6 @@
 """Our CUTLASS 2:4 Linear (row-major in and out, bias and GELU fused) against dense and torch's cuSPARSELt binding.
 
-For each of BERT-large's and BERT-base's encoder Linears at ``--tokens`` rows (batch x sequence), times as CUDA
+For each of BERT-large's, BERT-base's and MiniLM's encoder Linears at ``--tokens`` rows (batch x sequence), times as CUDA
 graphs of 20 calls, alternating within each of ``--repeats`` rounds:
 - dense ``F.linear`` with bias, and for the up-projection also dense then GELU, and dense with cuBLASLt's GELU
   epilogue (``torch._addmm_activation``), the fastest dense form;
@@ -30,13 +30,16 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from cuda_timing import alternating_graph_ms  # noqa: E402
-from cusparselt_layouts import RTOL, SHAPES  # noqa: E402
+from cusparselt_layouts import RTOL  # noqa: E402
+from cusparselt_layouts import SHAPES as BERT_SHAPES  # noqa: E402
 from cutlass_sparse24 import Library, Sparse24Linear  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
 from sparsebert.sparsity.masks import nm_mask  # noqa: E402
 from sparsebert.sparsity.semi_structured import cusparselt_linear  # noqa: E402
+
+SHAPES = {**BERT_SHAPES, "minilm": [("q/k/v/out", 384, 384), ("up", 1536, 384), ("down", 384, 1536)]}
 
 
 def check(label: str, out: torch.Tensor, reference: torch.Tensor) -> float:
@@ -88,7 +91,7 @@ def bench_layer(model: str, layer: str, n_out: int, n_in: int, tokens: int, repe
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--shapes", nargs="+", default=["bert-large", "bert-base"], choices=sorted(SHAPES))
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--tokens", type=int, nargs="+", default=[256 * 128], help="rows of x: batch x sequence")
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args()

@@ -19,7 +19,9 @@ initialised (speed does not depend on the values); ``--model ''`` leaves MiniLM 
 what-if for the randomly initialised models: it drops the feed-forward GELU from every variant alike, which bounds
 what fusing GELU into the up-projection's epilogue (cuBLASLt for dense, cuSPARSELt for 2:4) could gain. The
 variant "dense GELU epilogue" (not run unless named) is the dense model with GELU fused into cuBLASLt's epilogue,
-which cuSPARSELt 0.8.0 does not offer a bf16 2:4 matmul: a faster dense baseline.
+which cuSPARSELt 0.8.0 does not offer a bf16 2:4 matmul: a faster dense baseline. "2:4 CUTLASS" (not run unless
+named; build ``bench/cutlass24`` first) runs every encoder Linear through our own CUTLASS 2:4 kernel
+(``cutlass_sparse24.py``): row-major in and out, bias fused, and BERT's exact GELU fused into the up-projection.
 
     python bench/semi_structured.py --model MODEL_DIR --out docs/data/semi_structured.json [--bert-base] [--bert-large]
 
@@ -240,6 +242,44 @@ def with_gelu_epilogue(model: nn.Module) -> nn.Module:
     return fused
 
 
+def with_cutlass_sparse24(model: nn.Module, rows: int) -> nn.Module:
+    """A copy of the 2:4-masked model whose encoder Linears all run our CUTLASS 2:4 kernel (``cutlass_sparse24.py``),
+    row-major in and out, each with the tile configuration fastest for its shape at ``rows`` rows, and each
+    feed-forward up-projection with BERT's exact GELU fused into the kernel's epilogue (the fusion cuSPARSELt
+    refuses for bf16). The copy's ``rewritten_layers`` counts the Linears replaced, ``kernel_configs`` the
+    configuration each shape got."""
+    from cutlass_sparse24 import Library, Sparse24Intermediate, Sparse24Linear, fastest_config
+
+    activation = getattr(model.config, "hidden_act", None)
+    if activation not in ("gelu", "linear"):  # our epilogue computes the exact GELU, HF's "gelu"
+        sys.exit(f"2:4 CUTLASS: the model's feed-forward activation is {activation!r}, not 'gelu' (or 'linear')")
+    sparse = copy.deepcopy(model)
+    try:
+        ups = {n for n in feed_forward_names(sparse) if layer_type(f"{n}.weight") == "intermediate"}
+    except ValueError as e:
+        sys.exit(f"2:4 CUTLASS: {e}")
+    if len(ups) != model.config.num_hidden_layers:
+        sys.exit(f"2:4 CUTLASS: found {len(ups)} feed-forward up-projections, expected "
+                 f"{model.config.num_hidden_layers}")
+    names = encoder_layers(sparse)
+    configs: dict[str, str] = {}
+    for name in names:
+        linear = sparse.get_submodule(name)
+        gelu = name in ups and activation == "gelu"
+        config = fastest_config(linear, gelu, rows)
+        configs[f"{linear.out_features}x{linear.in_features}{' + GELU' if gelu else ''}"] = Library.get().configs[config]
+        layer = Sparse24Linear(linear, gelu=gelu, config=config)
+        parent, _, child = name.rpartition(".")
+        if gelu:  # the up-projection's parent, BERT's intermediate module (Linear + GELU), becomes one call
+            grandparent, _, intermediate = parent.rpartition(".")
+            setattr(sparse.get_submodule(grandparent), intermediate, Sparse24Intermediate(layer))
+        else:
+            setattr(sparse.get_submodule(parent), child, layer)
+    sparse.rewritten_layers = len(names)
+    sparse.kernel_configs = configs
+    return sparse
+
+
 # variant -> (which Linear layers to export, None for none; the to_semi_structured column_major argument; the
 # forward)
 VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ...], Callable]] = {
@@ -250,9 +290,13 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ..
     "2:4 transposed stream": (encoder_layers, ("output.dense",), transposed_stream_logits),
     "dense transposed stream": (None, (), transposed_stream_logits),
     "dense GELU epilogue": (None, (), unmasked_logits),
+    "2:4 CUTLASS": (None, (), unmasked_logits),
 }
-# dense variants that run a rewritten copy of the dense model rather than the model itself
-DENSE_REWRITES = {"dense GELU epilogue": with_gelu_epilogue}
+# variants that run a rewritten copy of the dense model rather than the model itself, and the rewrite
+REWRITES: dict[str, Callable[[nn.Module, argparse.Namespace], nn.Module]] = {
+    "dense GELU epilogue": lambda model, args: with_gelu_epilogue(model),
+    "2:4 CUTLASS": lambda model, args: with_cutlass_sparse24(model, rows=max(args.batches) * args.seq),
+}
 DEFAULT_VARIANTS = ["2:4", "2:4 row-major", "2:4 feed-forward"]
 
 
@@ -297,12 +341,14 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
         select, column_major, _ = VARIANTS[variant]
         variant_forward = forward_of(variant, args)
         if select is None:  # the dense model under another forward, or a rewritten copy of it
-            models[variant] = DENSE_REWRITES[variant](dense) if variant in DENSE_REWRITES else dense
+            models[variant] = REWRITES[variant](dense, args) if variant in REWRITES else dense
             check = check_logits(dense, models[variant], token_ids(16, args.seq, vocab), variant_forward)
             print(f"{name} {variant}: logits {check}", flush=True)
             warn_if_off(name, variant, check, args)
-            exported[variant] = {"converted_layers": 0, "column_major_layers": 0, "kernel": "dense",
+            exported[variant] = {"converted_layers": 0, "column_major_layers": 0,
+                                 "kernel": "cutlass 2:4" if variant == "2:4 CUTLASS" else "dense",
                                  "rewritten_layers": getattr(models[variant], "rewritten_layers", 0),
+                                 "kernel_configs": getattr(models[variant], "kernel_configs", {}),
                                  "column_major_algorithms": [], "logits_check": check,
                                  "timing_bound": is_timing_bound(variant, args)}
             continue

@@ -112,6 +112,7 @@ using Tile256x128 = Shape<_256, _128, _128>;
 using Tile64x128 = Shape<_64, _128, _128>;
 using Cluster1x1 = Shape<_1, _1, _1>;
 using Cluster1x2 = Shape<_1, _2, _1>;
+using Cluster2x1 = Shape<_2, _1, _1>;
 using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
 using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
 using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
@@ -123,6 +124,14 @@ template <template <class> class Act>
 using Coop128x256C1x1 = SparseLinear<Act, Tile128x256, Cluster1x1, Cooperative, CooperativeEpilogue>;
 template <template <class> class Act>
 using Coop256x128C1x1 = SparseLinear<Act, Tile256x128, Cluster1x1, Cooperative, CooperativeEpilogue>;
+template <template <class> class Act>
+using Coop128x256C2x1 = SparseLinear<Act, Tile128x256, Cluster2x1, Cooperative, CooperativeEpilogue>;
+template <template <class> class Act>
+using Coop128x256C1x2 = SparseLinear<Act, Tile128x256, Cluster1x2, Cooperative, CooperativeEpilogue>;
+template <template <class> class Act>
+using Coop256x128C2x1 = SparseLinear<Act, Tile256x128, Cluster2x1, Cooperative, CooperativeEpilogue>;
+template <template <class> class Act>
+using Coop256x128C1x2 = SparseLinear<Act, Tile256x128, Cluster1x2, Cooperative, CooperativeEpilogue>;
 template <template <class> class Act>
 using Pingpong64x128C1x2 = SparseLinear<Act, Tile64x128, Cluster1x2, Pingpong, PingpongEpilogue>;
 
@@ -139,7 +148,10 @@ template <template <template <class> class> class Linear>
 constexpr Config config(const char* name) {
   using Identity = Linear<cutlass::epilogue::thread::Identity>;
   using Gelu = Linear<cutlass::epilogue::thread::GELU>;
-  static_assert(std::is_same_v<typename Identity::SparseConfig, typename Gelu::SparseConfig>);
+  static_assert(std::is_same_v<typename Identity::SparseConfig, typename Gelu::SparseConfig> &&
+                    std::is_same_v<typename Identity::SparseConfig,
+                                   typename Coop128x128C1x2<cutlass::epilogue::thread::Identity>::SparseConfig>,
+                "every configuration must read the one compressed layout");
   return {name, {&Identity::workspace_size, &Gelu::workspace_size}, {&Identity::run, &Gelu::run}};
 }
 
@@ -147,19 +159,17 @@ const Config kConfigs[] = {
     config<Coop128x128C1x2>("coop_128x128_c1x2"),
     config<Coop128x256C1x1>("coop_128x256_c1x1"),
     config<Coop256x128C1x1>("coop_256x128_c1x1"),
+    config<Coop128x256C2x1>("coop_128x256_c2x1"),
+    config<Coop128x256C1x2>("coop_128x256_c1x2"),
+    config<Coop256x128C2x1>("coop_256x128_c2x1"),
+    config<Coop256x128C1x2>("coop_256x128_c1x2"),
     config<Pingpong64x128C1x2>("pingpong_64x128_c1x2"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
-// One compressed layout serves every configuration; the compressor writes it.
+// One compressed layout serves every configuration (config() checks each against this one); the compressor
+// writes it.
 using Reference = Coop128x128C1x2<cutlass::epilogue::thread::Identity>;
-static_assert(std::is_same_v<Coop128x256C1x1<cutlass::epilogue::thread::Identity>::SparseConfig,
-                             Reference::SparseConfig> &&
-              std::is_same_v<Coop256x128C1x1<cutlass::epilogue::thread::Identity>::SparseConfig,
-                             Reference::SparseConfig> &&
-              std::is_same_v<Pingpong64x128C1x2<cutlass::epilogue::thread::Identity>::SparseConfig,
-                             Reference::SparseConfig>,
-              "every configuration must read the one compressed layout");
 using Compressor = cutlass::transform::device::TransformUniversalAdapter<
     cutlass::transform::kernel::StructuredSparseCompressor<ProblemShape, Element, cutlass::layout::RowMajor,
                                                            Reference::SparseConfig, cutlass::arch::Sm90>>;
