@@ -132,9 +132,10 @@ def _(x, values, metadata, bias, out_features, gelu, config):  # noqa: ANN001, A
 
 class Sparse24Linear(nn.Module):
     """A bf16 ``nn.Linear`` whose 2:4 weight is kept compressed for our CUTLASS kernel, with ``gelu`` fused when
-    the layer is followed by one (BERT's up-projection). ``config`` picks the kernel's tile shape."""
+    the layer is followed by one (BERT's up-projection). ``config`` picks the kernel's tile shape: one index for
+    every input, or a dict from row count to index (the largest row count's entry serves rows not listed)."""
 
-    def __init__(self, linear: nn.Linear, gelu: bool = False, config: int = 0) -> None:
+    def __init__(self, linear: nn.Linear, gelu: bool = False, config: int | dict[int, int] = 0) -> None:
         super().__init__()
         weight = Sparse24Weight.compress(linear.weight.detach().to(torch.bfloat16))
         self.register_buffer("values", weight.values)
@@ -142,15 +143,20 @@ class Sparse24Linear(nn.Module):
         bias = linear.bias if linear.bias is not None else torch.zeros(linear.out_features)
         self.register_buffer("bias", bias.detach().to(device=weight.values.device, dtype=torch.bfloat16))
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.gelu, self.config = gelu, config
+        self.gelu = gelu
+        self.configs = config if isinstance(config, dict) else {0: config}
+
+    def config_for(self, rows: int) -> int:
+        return self.configs.get(rows, self.configs[max(self.configs)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = sparse24_linear_op(x.reshape(-1, self.in_features), self.values, self.metadata, self.bias,
-                               self.out_features, self.gelu, self.config)
+        x2d = x.reshape(-1, self.in_features)
+        y = sparse24_linear_op(x2d, self.values, self.metadata, self.bias, self.out_features, self.gelu,
+                               self.config_for(x2d.shape[0]))
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, gelu={self.gelu}, config={self.config}"
+        return f"{self.in_features}, {self.out_features}, gelu={self.gelu}, configs={self.configs}"
 
 
 class Sparse24Intermediate(nn.Module):
@@ -176,7 +182,10 @@ def fastest_config(linear: nn.Linear, gelu: bool, rows: int) -> int:
     key = (linear.out_features, linear.in_features, gelu, rows)
     if key not in _fastest:
         x = torch.randn(rows, linear.in_features, device="cuda", dtype=torch.bfloat16)
-        layers = [Sparse24Linear(linear, gelu=gelu, config=c) for c in range(len(Library.get().configs))]
-        times = [min(graph_ms(partial(layer, x)) for _ in range(3)) for layer in layers]
+        layer = Sparse24Linear(linear, gelu=gelu)
+        times = []
+        for config in range(len(Library.get().configs)):
+            layer.configs = {rows: config}
+            times.append(min(graph_ms(partial(layer, x)) for _ in range(3)))
         _fastest[key] = min(range(len(times)), key=times.__getitem__)
     return _fastest[key]

@@ -242,12 +242,12 @@ def with_gelu_epilogue(model: nn.Module) -> nn.Module:
     return fused
 
 
-def with_cutlass_sparse24(model: nn.Module, rows: int) -> nn.Module:
+def with_cutlass_sparse24(model: nn.Module, rows: list[int]) -> nn.Module:
     """A copy of the 2:4-masked model whose encoder Linears all run our CUTLASS 2:4 kernel (``cutlass_sparse24.py``),
-    row-major in and out, each with the tile configuration fastest for its shape at ``rows`` rows, and each
-    feed-forward up-projection with BERT's exact GELU fused into the kernel's epilogue (the fusion cuSPARSELt
-    refuses for bf16). The copy's ``rewritten_layers`` counts the Linears replaced, ``kernel_configs`` the
-    configuration each shape got."""
+    row-major in and out, and each feed-forward up-projection with BERT's exact GELU fused into the kernel's
+    epilogue (the fusion cuSPARSELt refuses for bf16). Each layer runs, for each row count in ``rows`` (batch x
+    seq), the tile configuration fastest for its shape there. The copy's ``rewritten_layers`` counts the Linears
+    replaced, ``kernel_configs`` the configuration each shape got per row count."""
     from cutlass_sparse24 import Library, Sparse24Intermediate, Sparse24Linear, fastest_config
 
     activation = getattr(model.config, "hidden_act", None)
@@ -262,13 +262,14 @@ def with_cutlass_sparse24(model: nn.Module, rows: int) -> nn.Module:
         sys.exit(f"2:4 CUTLASS: found {len(ups)} feed-forward up-projections, expected "
                  f"{model.config.num_hidden_layers}")
     names = encoder_layers(sparse)
-    configs: dict[str, str] = {}
+    chosen: dict[str, dict[int, str]] = {}
     for name in names:
         linear = sparse.get_submodule(name)
         gelu = name in ups and activation == "gelu"
-        config = fastest_config(linear, gelu, rows)
-        configs[f"{linear.out_features}x{linear.in_features}{' + GELU' if gelu else ''}"] = Library.get().configs[config]
-        layer = Sparse24Linear(linear, gelu=gelu, config=config)
+        configs = {r: fastest_config(linear, gelu, r) for r in rows}
+        shape = f"{linear.out_features}x{linear.in_features}{' + GELU' if gelu else ''}"
+        chosen[shape] = {r: Library.get().configs[c] for r, c in configs.items()}
+        layer = Sparse24Linear(linear, gelu=gelu, config=configs)
         parent, _, child = name.rpartition(".")
         if gelu:  # the up-projection's parent, BERT's intermediate module (Linear + GELU), becomes one call
             grandparent, _, intermediate = parent.rpartition(".")
@@ -276,7 +277,7 @@ def with_cutlass_sparse24(model: nn.Module, rows: int) -> nn.Module:
         else:
             setattr(sparse.get_submodule(parent), child, layer)
     sparse.rewritten_layers = len(names)
-    sparse.kernel_configs = configs
+    sparse.kernel_configs = chosen
     return sparse
 
 
@@ -295,7 +296,7 @@ VARIANTS: dict[str, tuple[Callable[[nn.Module], list[str]] | None, tuple[str, ..
 # variants that run a rewritten copy of the dense model rather than the model itself, and the rewrite
 REWRITES: dict[str, Callable[[nn.Module, argparse.Namespace], nn.Module]] = {
     "dense GELU epilogue": lambda model, args: with_gelu_epilogue(model),
-    "2:4 CUTLASS": lambda model, args: with_cutlass_sparse24(model, rows=max(args.batches) * args.seq),
+    "2:4 CUTLASS": lambda model, args: with_cutlass_sparse24(model, rows=[b * args.seq for b in args.batches]),
 }
 DEFAULT_VARIANTS = ["2:4", "2:4 row-major", "2:4 feed-forward"]
 

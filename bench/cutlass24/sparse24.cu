@@ -133,6 +133,12 @@ using Coop256x128C2x1 = SparseLinear<Act, Tile256x128, Cluster2x1, Cooperative, 
 template <template <class> class Act>
 using Coop256x128C1x2 = SparseLinear<Act, Tile256x128, Cluster1x2, Cooperative, CooperativeEpilogue>;
 template <template <class> class Act>
+using Pingpong128x128C1x1 = SparseLinear<Act, Tile128x128, Cluster1x1, Pingpong, PingpongEpilogue>;
+template <template <class> class Act>
+using Pingpong128x128C2x1 = SparseLinear<Act, Tile128x128, Cluster2x1, Pingpong, PingpongEpilogue>;
+template <template <class> class Act>
+using Pingpong128x128C1x2 = SparseLinear<Act, Tile128x128, Cluster1x2, Pingpong, PingpongEpilogue>;
+template <template <class> class Act>
 using Pingpong64x128C1x2 = SparseLinear<Act, Tile64x128, Cluster1x2, Pingpong, PingpongEpilogue>;
 
 using WorkspaceFn = int64_t (*)(int, int, int);
@@ -163,6 +169,9 @@ const Config kConfigs[] = {
     config<Coop128x256C1x2>("coop_128x256_c1x2"),
     config<Coop256x128C2x1>("coop_256x128_c2x1"),
     config<Coop256x128C1x2>("coop_256x128_c1x2"),
+    config<Pingpong128x128C1x1>("pingpong_128x128_c1x1"),
+    config<Pingpong128x128C2x1>("pingpong_128x128_c2x1"),
+    config<Pingpong128x128C1x2>("pingpong_128x128_c1x2"),
     config<Pingpong64x128C1x2>("pingpong_64x128_c1x2"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
