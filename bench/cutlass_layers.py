@@ -32,12 +32,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 from cuda_timing import alternating_graph_ms  # noqa: E402
 from cusparselt_layouts import RTOL  # noqa: E402
 from cusparselt_layouts import SHAPES as BERT_SHAPES  # noqa: E402
-from cutlass_sparse24 import Library, Sparse24Linear  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
 from sparsebert.sparsity.masks import nm_mask  # noqa: E402
 from sparsebert.sparsity.semi_structured import cusparselt_linear  # noqa: E402
+from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Linear  # noqa: E402
 
 SHAPES = {**BERT_SHAPES, "minilm": [("q/k/v/out", 384, 384), ("up", 1536, 384), ("down", 384, 1536)]}
 
@@ -73,8 +73,7 @@ def bench_layer(model: str, layer: str, n_out: int, n_in: int, tokens: int, repe
         fns["dense"] = dense
         fns["cuSPARSELt (torch)"] = torch24
     for config, name in enumerate(Library.get().configs):
-        fns[f"ours {name}"] = Sparse24Linear(linear, gelu=gelu, config=config)
-        fns[f"ours {name}"] = partial(fns[f"ours {name}"], x)
+        fns[f"ours {name}"] = partial(Sparse24Linear(linear, gelu=gelu, configs={tokens: config}), x)
     errors = {key: check(f"{model} {layer} {key}", fn(), reference) for key, fn in fns.items()}
     ms, runs = alternating_graph_ms(fns, repeats)
     base = "dense, cuBLASLt GELU epilogue" if gelu else "dense"

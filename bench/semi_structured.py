@@ -20,8 +20,9 @@ what-if for the randomly initialised models: it drops the feed-forward GELU from
 what fusing GELU into the up-projection's epilogue (cuBLASLt for dense, cuSPARSELt for 2:4) could gain. The
 variant "dense GELU epilogue" (not run unless named) is the dense model with GELU fused into cuBLASLt's epilogue,
 which cuSPARSELt 0.8.0 does not offer a bf16 2:4 matmul: a faster dense baseline. "2:4 CUTLASS" (not run unless
-named; build ``bench/cutlass24`` first) runs every encoder Linear through our own CUTLASS 2:4 kernel
-(``cutlass_sparse24.py``): row-major in and out, bias fused, and BERT's exact GELU fused into the up-projection.
+named; build the kernel first: ``python -m sparsebert.kernels.build``) runs every encoder Linear through our own
+CUTLASS 2:4 kernel (``to_sparse24_kernel``): row-major in and out, bias fused, and BERT's exact GELU fused into
+the up-projection.
 
     python bench/semi_structured.py --model MODEL_DIR --out docs/data/semi_structured.json [--bert-base] [--bert-large]
 
@@ -88,6 +89,7 @@ from sparsebert.sparsity import (  # noqa: E402
 )
 from sparsebert.sparsity.masks import nm_mask  # noqa: E402
 from sparsebert.sparsity.semi_structured import BACKENDS, COLUMN_MAJOR_DEFAULT, cusparselt_linear  # noqa: E402
+from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Error, to_sparse24_kernel  # noqa: E402
 
 # Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
 # another order, so a few bf16 ulps per layer add up over the encoder; a wrong weight layout would be O(1).
@@ -243,41 +245,30 @@ def with_gelu_epilogue(model: nn.Module) -> nn.Module:
 
 
 def with_cutlass_sparse24(model: nn.Module, rows: list[int]) -> nn.Module:
-    """A copy of the 2:4-masked model whose encoder Linears all run our CUTLASS 2:4 kernel (``cutlass_sparse24.py``),
-    row-major in and out, and each feed-forward up-projection with BERT's exact GELU fused into the kernel's
-    epilogue (the fusion cuSPARSELt refuses for bf16). Each layer runs, for each row count in ``rows`` (batch x
-    seq), the tile configuration fastest for its shape there. The copy's ``rewritten_layers`` counts the Linears
-    replaced, ``kernel_configs`` the configuration each shape got per row count."""
-    from cutlass_sparse24 import Library, Sparse24Intermediate, Sparse24Linear, fastest_config
-
+    """A copy of the 2:4-masked model whose encoder Linears all run our CUTLASS 2:4 kernel (the library's
+    ``to_sparse24_kernel``): row-major in and out, each feed-forward up-projection with BERT's exact GELU fused
+    into the kernel's epilogue (the fusion cuSPARSELt refuses for bf16), tiles chosen per layer shape for each row
+    count in ``rows``. Exits unless every encoder Linear was converted and, for a GELU model, every up-projection's
+    GELU fused. The copy's ``rewritten_layers`` counts the Linears replaced, ``kernel_configs`` the configuration
+    each shape got per row count."""
     activation = getattr(model.config, "hidden_act", None)
-    if activation not in ("gelu", "linear"):  # our epilogue computes the exact GELU, HF's "gelu"
-        sys.exit(f"2:4 CUTLASS: the model's feed-forward activation is {activation!r}, not 'gelu' (or 'linear')")
     sparse = copy.deepcopy(model)
-    try:
-        ups = {n for n in feed_forward_names(sparse) if layer_type(f"{n}.weight") == "intermediate"}
-    except ValueError as e:
-        sys.exit(f"2:4 CUTLASS: {e}")
-    if len(ups) != model.config.num_hidden_layers:
-        sys.exit(f"2:4 CUTLASS: found {len(ups)} feed-forward up-projections, expected "
-                 f"{model.config.num_hidden_layers}")
     names = encoder_layers(sparse)
-    chosen: dict[str, dict[int, str]] = {}
-    for name in names:
-        linear = sparse.get_submodule(name)
-        gelu = name in ups and activation == "gelu"
-        configs = {r: fastest_config(linear, gelu, r) for r in rows}
-        shape = f"{linear.out_features}x{linear.in_features}{' + GELU' if gelu else ''}"
-        chosen[shape] = {r: Library.get().configs[c] for r, c in configs.items()}
-        layer = Sparse24Linear(linear, gelu=gelu, config=configs)
-        parent, _, child = name.rpartition(".")
-        if gelu:  # the up-projection's parent, BERT's intermediate module (Linear + GELU), becomes one call
-            grandparent, _, intermediate = parent.rpartition(".")
-            setattr(sparse.get_submodule(grandparent), intermediate, Sparse24Intermediate(layer))
-        else:
-            setattr(sparse.get_submodule(parent), child, layer)
-    sparse.rewritten_layers = len(names)
-    sparse.kernel_configs = chosen
+    try:
+        converted = to_sparse24_kernel(sparse, rows=rows, names=names)
+    except (Sparse24Error, ValueError) as e:
+        sys.exit(f"2:4 CUTLASS: {e}")
+    layers = [sparse.get_submodule(n) for n in converted]
+    fused = sum(layer.gelu for layer in layers)
+    expected = model.config.num_hidden_layers if activation == "gelu" else 0
+    if len(converted) != len(names) or fused != expected:
+        sys.exit(f"2:4 CUTLASS: {len(converted)} of {len(names)} encoder Linears converted, {fused} GELUs fused "
+                 f"(expected {expected}; the model's activation is {activation!r})")
+    names_of = Library.get().configs
+    sparse.rewritten_layers = len(converted)
+    sparse.kernel_configs = {
+        f"{layer.out_features}x{layer.in_features}{' + GELU' if layer.gelu else ''}":
+            {r: names_of[c] for r, c in layer.configs.items()} for layer in layers}
     return sparse
 
 

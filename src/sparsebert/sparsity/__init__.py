@@ -1,5 +1,5 @@
 """Sparse training core: select weights, build and apply masks, evolve them with RigL or GMP, and report; export
-2:4 masked Linear layers to semi-structured sparse tensors for inference.
+2:4 masked Linear layers for inference, to torch's semi-structured sparse tensors or to our own H100 kernel.
 
 Plain PyTorch on purpose (nothing from ``transformers``): it works on any ``nn.Module`` whose parameter names
 the include/exclude regexes can address.
@@ -15,6 +15,7 @@ from .report import layer_type, sparsity_report
 from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
 from .selection import select_parameters
 from .semi_structured import SemiStructuredLinear, feed_forward_names, is_two_four, to_semi_structured
+from .sparse24_kernel import Sparse24Linear, to_sparse24_kernel
 
 __all__ = [
     "communication",
@@ -23,6 +24,7 @@ __all__ = [
     "MaskChange",
     "RigLConfig",
     "SemiStructuredLinear",
+    "Sparse24Linear",
     "SparsityConfig",
     "SparsityController",
     "erk_densities",
@@ -41,5 +43,6 @@ __all__ = [
     "select_parameters",
     "sparsity_report",
     "to_semi_structured",
+    "to_sparse24_kernel",
     "uniform_densities",
 ]

@@ -2,13 +2,15 @@
 // fused into its epilogue, reading and writing activations row-major (tokens x features), as a BERT layer does.
 //
 // Why: cuSPARSELt 0.8-0.10 has no bf16 GELU epilogue and, with row-major activations in and out, its 2:4 matmul
-// is at best even with dense on BERT's shapes (docs/benchmarks.md). This kernel is the one lever left there.
+// is at best even with dense on BERT's shapes; this kernel is up to 1.45x faster than dense there
+// (bench/cutlass_layers.py, docs/benchmarks.md).
 //
 // The product is y = act(x W^T + b) with W (out x in) 2:4 along `in`. CUTLASS's SM90 sparse GEMM takes only the
 // A operand sparse, so it computes D = W x^T: A = W (M = out, K-major), B = x (N = tokens, K-major), and D is
 // written M-major, which is y stored row-major. The bias is one value per row of D (per output feature).
 //
-// Exposed through a C ABI for ctypes (bench/cutlass_sparse24.py): no torch headers, so one build serves any torch.
+// Exposed through a C ABI for ctypes (sparsebert/sparsity/sparse24_kernel.py): no torch headers, so one build
+// serves any torch. Built by `python -m sparsebert.kernels.build`.
 
 #include <cstdint>
 #include <cstdio>

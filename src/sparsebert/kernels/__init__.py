@@ -1,0 +1,21 @@
+"""GPU kernels of our own, built on demand: ``sparse24.cu``, a 2:4 sparse Linear for H100 (CUTLASS SM90).
+
+Build with ``python -m sparsebert.kernels.build`` on any x86-64 Linux machine, GPU or not (it fetches CUDA 13.0's
+compiler and CUTLASS's headers as wheels from PyPI); ``sparsebert.sparsity.sparse24_kernel`` loads the result.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+SOURCE_DIR = Path(__file__).resolve().parent
+
+
+def kernel_dir() -> Path:
+    """Where built kernels live: ``$SPARSEBERT_KERNEL_DIR``, else ``~/.cache/sparsebert/kernels``."""
+    return Path(os.environ.get("SPARSEBERT_KERNEL_DIR", Path.home() / ".cache" / "sparsebert" / "kernels"))
+
+
+def sparse24_library() -> Path:
+    return kernel_dir() / "libsparse24.so"
