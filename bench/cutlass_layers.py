@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from cuda_timing import alternating_graph_ms  # noqa: E402
-from cusparselt_layouts import RTOL  # noqa: E402
 from cusparselt_layouts import SHAPES as BERT_SHAPES  # noqa: E402
+from cusparselt_layouts import check  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
@@ -40,13 +40,6 @@ from sparsebert.sparsity.semi_structured import cusparselt_linear  # noqa: E402
 from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Linear  # noqa: E402
 
 SHAPES = {**BERT_SHAPES, "minilm": [("q/k/v/out", 384, 384), ("up", 1536, 384), ("down", 384, 1536)]}
-
-
-def check(label: str, out: torch.Tensor, reference: torch.Tensor) -> float:
-    diff = (out.float() - reference).abs().max().item()
-    if not diff <= RTOL * reference.abs().max().item():  # NaN fails too
-        raise RuntimeError(f"{label}: differs from the fp32 result by {diff:.3g}")
-    return diff
 
 
 @torch.inference_mode()

@@ -266,6 +266,7 @@ def with_cutlass_sparse24(model: nn.Module, rows: list[int]) -> nn.Module:
                  f"(expected {expected}; the model's activation is {activation!r})")
     names_of = Library.get().configs
     sparse.rewritten_layers = len(converted)
+    sparse.kernel = "sparsebert 2:4 (CUTLASS SM90)"
     sparse.kernel_configs = {
         f"{layer.out_features}x{layer.in_features}{' + GELU' if layer.gelu else ''}":
             {r: names_of[c] for r, c in layer.configs.items()} for layer in layers}
@@ -338,7 +339,7 @@ def bench_model(name: str, build: Callable[[], nn.Module], args: argparse.Namesp
             print(f"{name} {variant}: logits {check}", flush=True)
             warn_if_off(name, variant, check, args)
             exported[variant] = {"converted_layers": 0, "column_major_layers": 0,
-                                 "kernel": "cutlass 2:4" if variant == "2:4 CUTLASS" else "dense",
+                                 "kernel": getattr(models[variant], "kernel", "dense"),
                                  "rewritten_layers": getattr(models[variant], "rewritten_layers", 0),
                                  "kernel_configs": getattr(models[variant], "kernel_configs", {}),
                                  "column_major_algorithms": [], "logits_check": check,

@@ -62,6 +62,15 @@ def test_missing_library_names_the_build_command(tmp_path, monkeypatch):
         Library.get()
 
 
+def test_a_library_that_does_not_load_is_one_error_naming_the_rebuild(tmp_path, monkeypatch):
+    broken = tmp_path / "libsparse24.so"
+    broken.write_bytes(b"not an ELF file")  # a truncated download or a half-written build
+    monkeypatch.setenv("SPARSEBERT_SPARSE24_LIB", str(broken))
+    monkeypatch.setattr(Library, "_instance", None)
+    with pytest.raises(Sparse24Error, match=r"does not load .*rebuild it with `python -m sparsebert\.kernels\.build`"):
+        Library.get()
+
+
 @pytest.mark.parametrize(("hidden_act", "fused"), [("gelu", True), ("gelu_new", False), ("relu", False)])
 def test_gelu_is_fused_only_where_bert_computes_the_exact_gelu(hidden_act, fused):
     intermediate = BertIntermediate(BertConfig(hidden_size=32, intermediate_size=64, hidden_act=hidden_act))

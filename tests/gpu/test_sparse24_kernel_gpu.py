@@ -106,3 +106,15 @@ def test_converted_bert_matches_masked_dense_eager_and_compiled_in_a_cuda_graph(
         graph.replay()
         torch.cuda.synchronize()
         _close(out, ref, rtol=5e-2)
+
+
+def test_misaligned_input_and_wrong_dtypes():
+    linear = _masked_linear(128, 128)
+    layer = Sparse24Linear(linear)
+    flat = torch.randn(1 + 64 * 128, device="cuda", dtype=torch.bfloat16)
+    x = flat[1:].view(64, 128)  # contiguous, but 2 bytes past a 16-byte boundary
+    assert x.data_ptr() % 16
+    _close(layer(x), F.linear(x.float(), linear.weight.float(), linear.bias.float()))
+    layer.half()  # Module.half converts the buffers too: the kernel must refuse rather than misread them
+    with pytest.raises(ValueError, match="must be bf16 on one GPU"):
+        layer(x)

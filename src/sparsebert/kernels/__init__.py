@@ -18,4 +18,6 @@ def kernel_dir() -> Path:
 
 
 def sparse24_library() -> Path:
-    return kernel_dir() / "libsparse24.so"
+    """The 2:4 kernel library: ``$SPARSEBERT_SPARSE24_LIB``, else ``libsparse24.so`` in ``kernel_dir()``; where
+    the build writes it and the loader looks."""
+    return Path(os.environ.get("SPARSEBERT_SPARSE24_LIB", kernel_dir() / "libsparse24.so"))

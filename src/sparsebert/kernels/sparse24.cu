@@ -202,6 +202,10 @@ Compressor::Arguments compressor_arguments(const void* weight, void* values, voi
 
 extern "C" {
 
+// Bumped with every change to these functions' signatures or meaning: the loader refuses a build made from
+// another version of this file rather than call it with the wrong arguments.
+int sb24_abi_version() { return 2; }
+
 const char* sb24_last_error() { return g_error; }
 
 int sb24_num_configs() { return kNumConfigs; }

@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..cuda_timing import graph_ms
 from ..kernels import sparse24_library
 from .semi_structured import is_two_four
 
@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 # The kernel's tiles are 128 wide along both weight dimensions; the compressed layout assumes whole tiles.
 ALIGNMENT = 128
-DEFAULT_ROWS = (256 * 128,)
+DEFAULT_ROWS = (256 * 128,)  # batch 256 x sequence 128
+ABI_VERSION = 2  # sb24_abi_version() of the sparse24.cu this module calls
 
 
 class Sparse24Error(RuntimeError):
@@ -44,7 +45,7 @@ class Sparse24Error(RuntimeError):
 
 
 class Library:
-    """The built kernel library, loaded once through ctypes."""
+    """The built kernel library (``libsparse24.so``), loaded once through ctypes."""
 
     _instance: Library | None = None
 
@@ -52,7 +53,15 @@ class Library:
         if not path.is_file():
             raise Sparse24Error(f"2:4 kernel library {path} not found: build it with "
                                 "`python -m sparsebert.kernels.build`")
-        lib = ctypes.CDLL(str(path))
+        rebuild = "rebuild it with `python -m sparsebert.kernels.build`"
+        try:
+            lib = ctypes.CDLL(str(path))
+            version = lib.sb24_abi_version()
+        except (OSError, AttributeError) as e:
+            raise Sparse24Error(f"2:4 kernel library {path} does not load ({e}): {rebuild}") from e
+        if version != ABI_VERSION:
+            raise Sparse24Error(f"2:4 kernel library {path} was built from another sparse24.cu (ABI {version}, "
+                                f"expected {ABI_VERSION}): {rebuild}")
         i32, i64, ptr = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p
         signatures = {
             "sb24_last_error": ([], ctypes.c_char_p),
@@ -74,7 +83,7 @@ class Library:
     @classmethod
     def get(cls) -> Library:
         if cls._instance is None:
-            cls._instance = cls(Path(os.environ.get("SPARSEBERT_SPARSE24_LIB", sparse24_library())))
+            cls._instance = cls(sparse24_library())
         return cls._instance
 
     def check(self, rc: int, what: str) -> None:
@@ -82,7 +91,8 @@ class Library:
             raise Sparse24Error(f"2:4 kernel {what}: {self.lib.sb24_last_error().decode()}")
 
     def workspace(self, config: int, gelu: bool, m: int, n: int, k: int, device: torch.device) -> int:
-        """Pointer to a workspace for this call (0 when it needs none), kept for later calls of the same shape."""
+        """Pointer to a workspace for this call (0 when it needs none, as for all configurations built today),
+        kept for later calls of the same shape."""
         key = (config, gelu, m, n, k, device)
         if key not in self._workspaces:
             size = self.lib.sb24_workspace_size(config, int(gelu), m, n, k)
@@ -115,29 +125,42 @@ class Sparse24Weight:
         lib.check(lib.lib.sb24_compressed_sizes(out_features, in_features, ctypes.byref(n_values),
                                                  ctypes.byref(n_metadata)), "compressed sizes")
         weight = weight.contiguous()
-        values = torch.zeros(n_values.value, dtype=torch.bfloat16, device=weight.device)
-        metadata = torch.zeros(n_metadata.value, dtype=torch.uint8, device=weight.device)
-        workspace = torch.zeros(lib.lib.sb24_compress_workspace_size(out_features, in_features),
-                                dtype=torch.uint8, device=weight.device)
-        lib.check(lib.lib.sb24_compress(weight.data_ptr(), values.data_ptr(), metadata.data_ptr(), out_features,
-                                        in_features, workspace.data_ptr(), torch.cuda.current_stream().cuda_stream),
-                  "compress")
+        device = weight.device
+        values = torch.zeros(n_values.value, dtype=torch.bfloat16, device=device)
+        metadata = torch.zeros(n_metadata.value, dtype=torch.uint8, device=device)
+        with torch.cuda.device(device):  # the library launches on the current device
+            workspace = torch.zeros(lib.lib.sb24_compress_workspace_size(out_features, in_features),
+                                    dtype=torch.uint8, device=device)
+            lib.check(lib.lib.sb24_compress(weight.data_ptr(), values.data_ptr(), metadata.data_ptr(),
+                                            out_features, in_features, workspace.data_ptr(),
+                                            torch.cuda.current_stream(device).cuda_stream), "compress")
         return cls(values, metadata)
 
 
 def _sparse24_linear(x: torch.Tensor, values: torch.Tensor, metadata: torch.Tensor, bias: torch.Tensor,
                      out_features: int, gelu: bool, config: int) -> torch.Tensor:
     """``act(x W^T + bias)`` for a 2-D bf16 ``x`` [rows, in], W given compressed; the result is row-major."""
+    # The kernel reads raw pointers: a wrong dtype, device or width would be read silently or crash the context.
+    in_features = values.numel() * 2 // out_features
+    if not (x.is_cuda and x.dtype == values.dtype == bias.dtype == torch.bfloat16
+            and x.device == values.device == metadata.device == bias.device):
+        raise ValueError(f"sparse24_linear: x, the compressed weight and the bias must be bf16 on one GPU; got x "
+                         f"{x.dtype} on {x.device}, weight {values.dtype} on {values.device}, bias {bias.dtype}")
+    if x.dim() != 2 or x.shape[1] != in_features or x.shape[0] >= 2**31:
+        raise ValueError(f"sparse24_linear: x must be [rows < 2^31, {in_features}]; got {tuple(x.shape)}")
     lib = Library.get()
     x = x.contiguous()
-    rows, in_features = x.shape
+    if x.data_ptr() % 16:  # TMA needs 16-byte aligned operands; a view at an odd offset is copied
+        x = x.clone()
+    rows = x.shape[0]
     y = torch.empty(rows, out_features, dtype=x.dtype, device=x.device)
     if rows == 0:
         return y
-    workspace = lib.workspace(config, gelu, out_features, rows, in_features, x.device)
-    lib.check(lib.lib.sb24_linear(config, int(gelu), values.data_ptr(), metadata.data_ptr(), x.data_ptr(),
-                                  bias.data_ptr(), y.data_ptr(), out_features, rows, in_features, workspace,
-                                  torch.cuda.current_stream().cuda_stream), "linear")
+    with torch.cuda.device(x.device):  # the library launches on the current device
+        workspace = lib.workspace(config, gelu, out_features, rows, in_features, x.device)
+        lib.check(lib.lib.sb24_linear(config, int(gelu), values.data_ptr(), metadata.data_ptr(), x.data_ptr(),
+                                      bias.data_ptr(), y.data_ptr(), out_features, rows, in_features, workspace,
+                                      torch.cuda.current_stream(x.device).cuda_stream), "linear")
     return y
 
 
@@ -181,42 +204,31 @@ class Sparse24Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, gelu={self.gelu}"
 
 
-def _graph_ms(fn: Callable[[], object], calls: int = 10, replays: int = 3) -> float:
-    """GPU ms per call of ``fn``: ``calls`` calls captured in one CUDA graph, the fastest of ``replays`` replays."""
-    fn()  # any lazy set-up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return min(times)
-
-
-_fastest: dict[tuple[int, int, bool, int], int] = {}
+_fastest: dict[tuple[str, int, int, bool, int], int] = {}
 
 
 @torch.inference_mode()
 def fastest_config(layer: Sparse24Linear, rows: int) -> int:
-    """The tile configuration that runs ``layer``'s shape fastest at ``rows`` rows on this card, timed once per
-    shape (CUDA graphs on random input; the values do not change the time)."""
-    key = (layer.out_features, layer.in_features, layer.gelu, rows)
+    """The tile configuration that runs ``layer``'s shape fastest at ``rows`` rows on its card: each one timed
+    as CUDA graphs of 10 calls, the best of three, once per card and shape (on random input: the values do not
+    change the time). A configuration the kernel refuses for the shape is passed over."""
+    device = layer.values.device
+    key = (torch.cuda.get_device_name(device), layer.out_features, layer.in_features, layer.gelu, rows)
     if key not in _fastest:
-        x = torch.randn(rows, layer.in_features, device=layer.values.device, dtype=torch.bfloat16)
-        kept, times = layer.configs, []
-        for config in range(len(Library.get().configs)):
-            layer.configs = {rows: config}
-            times.append(_graph_ms(lambda: layer(x)))  # noqa: B023 (called before the loop moves on)
-        layer.configs = kept
-        _fastest[key] = min(range(len(times)), key=times.__getitem__)
+        x = torch.randn(rows, layer.in_features, device=device, dtype=torch.bfloat16)
+        kept, times = layer.configs, {}
+        try:
+            for config in range(len(Library.get().configs)):
+                layer.configs = {rows: config}
+                try:
+                    times[config] = min(graph_ms(lambda: layer(x), calls=10, replays=1) for _ in range(3))
+                except Sparse24Error as e:
+                    log.info("fastest_config: configuration %d refused for %s: %s", config, key, e)
+        finally:
+            layer.configs = kept
+        if not times:
+            raise Sparse24Error(f"2:4 kernel: no configuration runs {layer.out_features}x{layer.in_features}")
+        _fastest[key] = min(times, key=times.__getitem__)
     return _fastest[key]
 
 
@@ -225,7 +237,7 @@ def _exact_gelu(activation: nn.Module) -> bool:
     probe = torch.linspace(-6, 6, 97)
     try:
         return torch.allclose(activation(probe), F.gelu(probe), atol=1e-6)
-    except Exception:  # not an elementwise module of a tensor
+    except (TypeError, RuntimeError):  # not an elementwise module of one tensor
         return False
 
 
@@ -235,27 +247,35 @@ def to_sparse24_kernel(model: nn.Module, rows: Iterable[int] = DEFAULT_ROWS,
     128 with a ``Sparse24Linear``; returns the replaced names. A Linear whose parent applies an exact GELU to it
     as ``intermediate_act_fn`` (BERT, RoBERTa, ELECTRA, MiniLM's feed-forward) gets the GELU fused and the parent's
     activation becomes ``nn.Identity``. ``rows``: the row counts (batch x sequence) to choose tiles for."""
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    if not torch.cuda.is_available():
         raise Sparse24Error("to_sparse24_kernel: needs an sm90 GPU (H100/H200)")
     rows = sorted(set(rows))
     wanted = set(names) if names is not None else None
     linears = {n: m for n, m in model.named_modules() if type(m) is nn.Linear and (wanted is None or n in wanted)}
     if wanted is not None and wanted - set(linears):
         raise ValueError(f"to_sparse24_kernel: not nn.Linear layers of the model: {sorted(wanted - set(linears))}")
-    converted = []
+    # every replacement is built (and timed) before any is swapped in: a failure leaves the model as it was
+    replacements: list[tuple[str, Sparse24Linear, nn.Module | None]] = []
     for name, linear in linears.items():
         weight = linear.weight.detach()
         if linear.in_features % ALIGNMENT or linear.out_features % ALIGNMENT or not is_two_four(weight):
-            log.info("to_sparse24_kernel: %s stays as it is (not 2:4, or not multiples of %d)", name, ALIGNMENT)
+            (log.warning if wanted is not None else log.info)(
+                "to_sparse24_kernel: %s stays as it is (not 2:4, or not multiples of %d)", name, ALIGNMENT)
             continue
+        if not weight.is_cuda or torch.cuda.get_device_capability(weight.device) != (9, 0):
+            raise Sparse24Error(f"to_sparse24_kernel: needs the model on an sm90 GPU (H100/H200); {name} is on "
+                                f"{weight.device}")
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name)
-        activation = getattr(parent, "intermediate_act_fn", None)
+        # BERT-family feed-forward: intermediate.dense, then the parent's intermediate_act_fn
+        activation = getattr(parent, "intermediate_act_fn", None) if child == "dense" else None
         gelu = isinstance(activation, nn.Module) and _exact_gelu(activation)
         layer = Sparse24Linear(linear, gelu=gelu)
         layer.configs = {r: fastest_config(layer, r) for r in rows}
-        setattr(parent, child, layer)
-        if gelu:
-            parent.intermediate_act_fn = nn.Identity()
-        converted.append(name)
-    return converted
+        replacements.append((name, layer, parent if gelu else None))
+    for name, layer, fused_parent in replacements:
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, layer)
+        if fused_parent is not None:
+            fused_parent.intermediate_act_fn = nn.Identity()
+    return [name for name, _, _ in replacements]
