@@ -23,6 +23,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from semi_structured import encoder_layers  # noqa: E402
 
 from sparsebert.data.glue import get_glue_task, read_glue_split  # noqa: E402
 from sparsebert.env_info import git_commit  # noqa: E402
@@ -60,7 +63,7 @@ def main() -> None:
         batches.append({k: v.cuda() for k, v in enc.items()})
 
     dense = AutoModelForSequenceClassification.from_pretrained(args.model).cuda().to(torch.bfloat16).eval()
-    encoder = [n for n, m in dense.named_modules() if type(m) is nn.Linear and ".encoder." in f".{n}"]
+    encoder = encoder_layers(dense)
     not_two_four = [n for n in encoder if not is_two_four(dense.get_submodule(n).weight)]
     if not_two_four:
         sys.exit(f"sparse24_accuracy.py: {len(not_two_four)} encoder Linear weights are not 2:4 (e.g. "

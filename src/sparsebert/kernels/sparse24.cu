@@ -115,33 +115,22 @@ using Tile64x128 = Shape<_64, _128, _128>;
 using Cluster1x1 = Shape<_1, _1, _1>;
 using Cluster1x2 = Shape<_1, _2, _1>;
 using Cluster2x1 = Shape<_2, _1, _1>;
-using Cooperative = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
-using CooperativeEpilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
-using Pingpong = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
-using PingpongEpilogue = cutlass::epilogue::TmaWarpSpecialized;
+// A kernel schedule and the epilogue schedule that goes with it.
+struct Cooperative {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+struct Pingpong {
+  using Mainloop = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::TmaWarpSpecialized;
+};
 
-template <template <class> class Act>
-using Coop128x128C1x2 = SparseLinear<Act, Tile128x128, Cluster1x2, Cooperative, CooperativeEpilogue>;
-template <template <class> class Act>
-using Coop128x256C1x1 = SparseLinear<Act, Tile128x256, Cluster1x1, Cooperative, CooperativeEpilogue>;
-template <template <class> class Act>
-using Coop256x128C1x1 = SparseLinear<Act, Tile256x128, Cluster1x1, Cooperative, CooperativeEpilogue>;
-template <template <class> class Act>
-using Coop128x256C2x1 = SparseLinear<Act, Tile128x256, Cluster2x1, Cooperative, CooperativeEpilogue>;
-template <template <class> class Act>
-using Coop128x256C1x2 = SparseLinear<Act, Tile128x256, Cluster1x2, Cooperative, CooperativeEpilogue>;
-template <template <class> class Act>
-using Coop256x128C2x1 = SparseLinear<Act, Tile256x128, Cluster2x1, Cooperative, CooperativeEpilogue>;
-template <template <class> class Act>
-using Coop256x128C1x2 = SparseLinear<Act, Tile256x128, Cluster1x2, Cooperative, CooperativeEpilogue>;
-template <template <class> class Act>
-using Pingpong128x128C1x1 = SparseLinear<Act, Tile128x128, Cluster1x1, Pingpong, PingpongEpilogue>;
-template <template <class> class Act>
-using Pingpong128x128C2x1 = SparseLinear<Act, Tile128x128, Cluster2x1, Pingpong, PingpongEpilogue>;
-template <template <class> class Act>
-using Pingpong128x128C1x2 = SparseLinear<Act, Tile128x128, Cluster1x2, Pingpong, PingpongEpilogue>;
-template <template <class> class Act>
-using Pingpong64x128C1x2 = SparseLinear<Act, Tile64x128, Cluster1x2, Pingpong, PingpongEpilogue>;
+template <template <class> class Act, class Tile, class Cluster, class Schedule>
+using Linear = SparseLinear<Act, Tile, Cluster, typename Schedule::Mainloop, typename Schedule::Epilogue>;
+
+// One compressed layout serves every configuration (config() checks each against this one); the compressor
+// writes it.
+using Reference = Linear<cutlass::epilogue::thread::Identity, Tile128x128, Cluster1x2, Cooperative>;
 
 using WorkspaceFn = int64_t (*)(int, int, int);
 using RunFn = int (*)(const void*, const void*, const void*, const void*, void*, int, int, int, void*, cudaStream_t);
@@ -152,35 +141,31 @@ struct Config {
   RunFn run[2];
 };
 
-template <template <template <class> class> class Linear>
+template <class Tile, class Cluster, class Schedule>
 constexpr Config config(const char* name) {
-  using Identity = Linear<cutlass::epilogue::thread::Identity>;
-  using Gelu = Linear<cutlass::epilogue::thread::GELU>;
-  static_assert(std::is_same_v<typename Identity::SparseConfig, typename Gelu::SparseConfig> &&
-                    std::is_same_v<typename Identity::SparseConfig,
-                                   typename Coop128x128C1x2<cutlass::epilogue::thread::Identity>::SparseConfig>,
+  using Identity = Linear<cutlass::epilogue::thread::Identity, Tile, Cluster, Schedule>;
+  using Gelu = Linear<cutlass::epilogue::thread::GELU, Tile, Cluster, Schedule>;
+  static_assert(std::is_same_v<typename Identity::SparseConfig, typename Reference::SparseConfig> &&
+                    std::is_same_v<typename Gelu::SparseConfig, typename Reference::SparseConfig>,
                 "every configuration must read the one compressed layout");
   return {name, {&Identity::workspace_size, &Gelu::workspace_size}, {&Identity::run, &Gelu::run}};
 }
 
 const Config kConfigs[] = {
-    config<Coop128x128C1x2>("coop_128x128_c1x2"),
-    config<Coop128x256C1x1>("coop_128x256_c1x1"),
-    config<Coop256x128C1x1>("coop_256x128_c1x1"),
-    config<Coop128x256C2x1>("coop_128x256_c2x1"),
-    config<Coop128x256C1x2>("coop_128x256_c1x2"),
-    config<Coop256x128C2x1>("coop_256x128_c2x1"),
-    config<Coop256x128C1x2>("coop_256x128_c1x2"),
-    config<Pingpong128x128C1x1>("pingpong_128x128_c1x1"),
-    config<Pingpong128x128C2x1>("pingpong_128x128_c2x1"),
-    config<Pingpong128x128C1x2>("pingpong_128x128_c1x2"),
-    config<Pingpong64x128C1x2>("pingpong_64x128_c1x2"),
+    config<Tile128x128, Cluster1x2, Cooperative>("coop_128x128_c1x2"),
+    config<Tile128x256, Cluster1x1, Cooperative>("coop_128x256_c1x1"),
+    config<Tile256x128, Cluster1x1, Cooperative>("coop_256x128_c1x1"),
+    config<Tile128x256, Cluster2x1, Cooperative>("coop_128x256_c2x1"),
+    config<Tile128x256, Cluster1x2, Cooperative>("coop_128x256_c1x2"),
+    config<Tile256x128, Cluster2x1, Cooperative>("coop_256x128_c2x1"),
+    config<Tile256x128, Cluster1x2, Cooperative>("coop_256x128_c1x2"),
+    config<Tile128x128, Cluster1x1, Pingpong>("pingpong_128x128_c1x1"),
+    config<Tile128x128, Cluster2x1, Pingpong>("pingpong_128x128_c2x1"),
+    config<Tile128x128, Cluster1x2, Pingpong>("pingpong_128x128_c1x2"),
+    config<Tile64x128, Cluster1x2, Pingpong>("pingpong_64x128_c1x2"),
 };
 constexpr int kNumConfigs = sizeof(kConfigs) / sizeof(kConfigs[0]);
 
-// One compressed layout serves every configuration (config() checks each against this one); the compressor
-// writes it.
-using Reference = Coop128x128C1x2<cutlass::epilogue::thread::Identity>;
 using Compressor = cutlass::transform::device::TransformUniversalAdapter<
     cutlass::transform::kernel::StructuredSparseCompressor<ProblemShape, Element, cutlass::layout::RowMajor,
                                                            Reference::SparseConfig, cutlass::arch::Sm90>>;
