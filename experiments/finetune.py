@@ -14,12 +14,15 @@ MINILM_FINETUNE = {
     "finetune": {"max_seq_length": 128},
 }
 
-# Prune the 36 encoder Linear weights of MiniLM from dense to 80 % (cubic GMP, done at 60 % of training),
-# distilling from the dense run of the same experiment family (named per experiment in "kd").
-SPARSE80_GMP = {
-    "sparsity": {"sparsity": 0.8, "init": "magnitude"},
-    "gmp": {"initial_sparsity": 0.0, "begin_step": 0, "end_fraction": 0.6, "frequency": 10},
-}
+# Sparse finetuning (docs/results.md "Sparse finetuning"): the student starts from the dense finetuned run of the
+# same task, which is also its teacher (distillation only: alpha 1.0). GMP prunes the 36 encoder Linear weights on a
+# cubic ramp over the first half of training; the second half recovers at fixed masks, the learning rate rewound
+# to its peak when pruning ends. The dense + KD runs are the same recipe without pruning. Settings chosen by
+# python run.py --search search_glue_sparse80 --space sparse_finetune (docs/results.md).
+SPARSE_KD = {"teacher": "", "alpha": 1.0, "temperature": 2.0, "student_from_teacher": True}
+GMP = {"initial_sparsity": 0.0, "begin_step": 0, "end_fraction": 0.5, "frequency": 10, "rewind_lr": True}
+SPARSE80 = {"sparsity": 0.8, "init": "magnitude"}
+SPARSE90 = {"sparsity": 0.9, "init": "magnitude"}
 # The small GLUE tasks vary a lot from seed to seed: three runs each.
 THREE_SEEDS = {"rte": 3, "mrpc": 3, "stsb": 3, "cola": 3, "wnli": 3}
 
@@ -38,12 +41,28 @@ EXPERIMENTS = {
         "train": {"torch_compile": True, "torch_compile_mode": "reduce-overhead", "drop_last_batch": True},
         "finetune": {"pad_to_multiple_of": 128},
     },
-    "minilm_glue_sparse80": {
+    "minilm_glue_kd": {
         "parent": "minilm_glue",
-        "description": "MiniLM pruned to 80% sparse encoder layers (GMP) while finetuning, distilled from minilm_glue",
-        "train": {"epochs": 6, "learning_rate": 8e-5},
-        **SPARSE80_GMP,
-        "kd": {"teacher": "minilm_glue", "alpha": 0.5, "temperature": 2.0},
+        "description": "dense MiniLM distilled from minilm_glue, starting from it (the control for the sparse runs)",
+        "train": {"epochs": 8},
+        "finetune": {"epochs_per_task": {"sst2": 3}},
+        "kd": {**SPARSE_KD, "teacher": "minilm_glue"},
+    },
+    "minilm_glue_sparse80": {
+        "parent": "minilm_glue_kd",
+        "description": "minilm_glue pruned to 80% sparse encoder layers (GMP, recovery, LR rewound), distilled from it",
+        "sparsity": SPARSE80,
+        "gmp": GMP,
+    },
+    "minilm_glue_sparse90": {
+        "parent": "minilm_glue_sparse80",
+        "description": "minilm_glue_sparse80 at 90% sparse encoder layers",
+        "sparsity": SPARSE90,
+    },
+    "search_glue_sparse80": {
+        "parent": "minilm_glue_sparse80",
+        "description": "minilm_glue_sparse80 on CoLA, MRPC, RTE and STS-B, one seed: what --search tunes",
+        "finetune": {"glue_tasks": ["cola", "mrpc", "rte", "stsb"], "runs_per_task": {}},
     },
     "minilm_glue_2to4": {
         "parent": "minilm_glue",
@@ -57,12 +76,22 @@ EXPERIMENTS = {
         "train": {**MINILM_FINETUNE["train"], "epochs": 2, "learning_rate": 1e-4},
         "finetune": {"max_seq_length": 384, "doc_stride": 128, "squad_eval_fraction": 0.2},
     },
-    "minilm_squad_v1_sparse80": {
+    "minilm_squad_v1_kd": {
         "parent": "minilm_squad_v1",
-        "description": "MiniLM pruned to 80% sparse (GMP) on SQuAD v1.1, distilled from minilm_squad_v1",
-        "train": {"epochs": 4},
-        **SPARSE80_GMP,
-        "kd": {"teacher": "minilm_squad_v1", "alpha": 0.5, "temperature": 2.0},
+        "description": "dense MiniLM on SQuAD v1.1 distilled from minilm_squad_v1, starting from it",
+        "train": {"epochs": 6},
+        "kd": {**SPARSE_KD, "teacher": "minilm_squad_v1"},
+    },
+    "minilm_squad_v1_sparse80": {
+        "parent": "minilm_squad_v1_kd",
+        "description": "minilm_squad_v1 pruned to 80% sparse (GMP, recovery, LR rewound), distilled from it",
+        "sparsity": SPARSE80,
+        "gmp": GMP,
+    },
+    "minilm_squad_v1_sparse90": {
+        "parent": "minilm_squad_v1_sparse80",
+        "description": "minilm_squad_v1_sparse80 at 90% sparse",
+        "sparsity": SPARSE90,
     },
     "minilm_gap_mul": {
         **MINILM_FINETUNE,
@@ -76,14 +105,27 @@ EXPERIMENTS = {
     "minilm_gap_segment": {"parent": "minilm_gap_mul", "description": "GAP with the segment head",
                            "finetune": {"gap_head": "segment"}},
     **{
-        f"minilm_gap_{head}_sparse80": {
-            "parent": f"minilm_gap_{head}",
-            "description": f"MiniLM pruned to 80% sparse (GMP) on GAP, {head} head, distilled from minilm_gap_{head}",
-            "train": {"epochs": 8},
-            **SPARSE80_GMP,
-            "kd": {"teacher": f"minilm_gap_{head}", "alpha": 0.5, "temperature": 2.0},
-        }
-        for head in ("mul", "concat", "segment")
+        name: experiment
+        for head in ("mul", "concat")
+        for name, experiment in {
+            f"minilm_gap_{head}_kd": {
+                "parent": f"minilm_gap_{head}",
+                "description": f"dense MiniLM on GAP ({head} head) distilled from minilm_gap_{head}, starting from it",
+                "train": {"epochs": 10},
+                "kd": {**SPARSE_KD, "teacher": f"minilm_gap_{head}"},
+            },
+            f"minilm_gap_{head}_sparse80": {
+                "parent": f"minilm_gap_{head}_kd",
+                "description": f"minilm_gap_{head} pruned to 80% sparse (GMP, recovery, LR rewound), distilled from it",
+                "sparsity": SPARSE80,
+                "gmp": GMP,
+            },
+            f"minilm_gap_{head}_sparse90": {
+                "parent": f"minilm_gap_{head}_sparse80",
+                "description": f"minilm_gap_{head}_sparse80 at 90% sparse",
+                "sparsity": SPARSE90,
+            },
+        }.items()
     },
     "glue_from": {
         **MINILM_FINETUNE,
@@ -106,6 +148,15 @@ EXPERIMENTS = {
         "description": "tiny_glue with 2:4 semi-structured encoder layers: CPU smoke run",
         "sparsity": {"sparsity": 0.5, "pattern": "2:4", "init": "magnitude"},
         "finetune": {"glue_tasks": ["rte"], "runs_per_task": {}},
+    },
+    "tiny_glue_sparse80": {
+        "parent": "tiny_glue",
+        "description": "the minilm_glue_sparse80 recipe on RTE, 2 epochs, from the finished tiny_glue run: CPU smoke run",
+        "train": {"epochs": 2},
+        "finetune": {"glue_tasks": ["rte"], "runs_per_task": {}},
+        "kd": {**SPARSE_KD, "teacher": "tiny_glue"},
+        "sparsity": SPARSE80,
+        "gmp": {**GMP, "frequency": 1},
     },
     "tiny_squad": {
         "parent": "minilm_squad_v1",

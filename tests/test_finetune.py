@@ -240,3 +240,27 @@ def test_two_four_masks_hold_through_finetuning(registry, data_dir, tmp_path):
     assert len(encoder) == 36  # 6 layers x (Q, K, V, attention output, intermediate, output)
     assert all(is_two_four(p) for p in encoder.values())
     assert all(abs((p == 0).float().mean().item() - 0.5) < 1e-6 for p in encoder.values())
+
+
+def test_sparse_recipe_prunes_the_teacher_and_rewinds_the_learning_rate(registry, data_dir, glue_root):
+    """tiny_glue_sparse80 starts from the finished tiny_glue RTE run (its teacher), ends 80 % sparse, and its
+    learning rate jumps back up when pruning ends (a plain linear schedule only ever decreases)."""
+    from transformers import TrainerCallback
+
+    class LearningRates(TrainerCallback):
+        def __init__(self):
+            self.rates = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "learning_rate" in logs:
+                self.rates.append(logs["learning_rate"])
+
+    logged = LearningRates()
+    cfg = registry.build("tiny_glue_sparse80", [*FEW_TRAIN_ROWS, "train.logging_steps=1"])
+    run_experiment(cfg, RunOptions(output_root=glue_root, data_dir=data_dir), callbacks=[logged])
+    run = glue_root / "tiny_glue_sparse80" / "glue_rte" / "run0"
+    report = json.loads((run / "sparsity.json").read_text())
+    assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-3)
+    assert len(logged.rates) == 4  # 32 rows, batch 16, 2 epochs: pruning ends at step 2 of 4
+    rises = [k for k in range(1, 4) if logged.rates[k] > logged.rates[k - 1]]
+    assert len(rises) == 1 and logged.rates[rises[0]] == pytest.approx(cfg.train.learning_rate)  # back to the peak

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from sparsebert.config.schema import ConfigError
 from sparsebert.config.sections import FLAT_COMM_HOOKS, DataConfig, FinetuneConfig, ModelConfig, TrainConfig
 from sparsebert.data.csv_task import CsvTaskConfig
-from sparsebert.sparsity.config import GMPConfig, RigLConfig, SparsityConfig
+from sparsebert.sparsity.config import GMPConfig, RigLConfig, SparsityConfig, check_gmp_fits
 from sparsebert.trainer.distillation import DistillationConfig
 from sparsebert.trainer.onecycle import OneCycleConfig
 
@@ -52,9 +52,12 @@ class ExperimentConfig:
         except SparseBertError as e:
             raise ConfigError(f"finetune.glue_tasks: {e}") from None
         known = {*GLUE_TASKS} | (set() if self.task.startswith("glue") else {self.task})
-        unknown = sorted(set(self.finetune.runs_per_task) - known)
-        if unknown:
-            raise ConfigError(f"finetune.runs_per_task: unknown task name(s) {unknown}; use {', '.join(sorted(known))}")
+        for key in ("runs_per_task", "epochs_per_task"):
+            unknown = sorted(set(getattr(self.finetune, key)) - known)
+            if unknown:
+                raise ConfigError(f"finetune.{key}: unknown task name(s) {unknown}; use {', '.join(sorted(known))}")
+        if self.finetune.epochs_per_task and self.train.epochs is None:
+            raise ConfigError("finetune.epochs_per_task needs train.epochs (an epoch-counted run)")
 
     def validate(self) -> None:
         if self.task not in TASKS:
@@ -86,6 +89,15 @@ class ExperimentConfig:
             # the starting masks come from sparsity.init: random would delete random weights at step 0
             raise ConfigError("gmp.initial_sparsity > 0 prunes at the start by sparsity.init, and init random "
                               "deletes random weights: use sparsity.init=magnitude")
+        if self.gmp is not None:
+            try:
+                check_gmp_fits(self.gmp, self.sparsity)
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
+            if self.gmp.rewind_lr and (self.onecycle is not None or self.train.lr_scheduler != "linear"):
+                raise ConfigError("gmp.rewind_lr restarts the linear schedule when pruning ends: it needs "
+                                  f"train.lr_scheduler=linear and no onecycle section (got {self.train.lr_scheduler}"
+                                  + (" and onecycle" if self.onecycle is not None else "") + ")")
         if self.train.epochs is None:
             # the run length is known now (with epochs only once the data is loaded): a RigL / GMP schedule that
             # does not fit it fails here, not when the Trainer is built

@@ -268,6 +268,8 @@ class FinetuneConfig:
     pad_to_multiple_of: int | None = 8
     num_runs: int = 1  # runs per task with seeds seed, seed + 1, ...; all are kept
     runs_per_task: dict[str, int] = field(default_factory=dict)  # e.g. {"rte": 3}: overrides num_runs
+    # e.g. {"sst2": 3}: overrides train.epochs for that task (a large task needs fewer passes than a small one)
+    epochs_per_task: dict[str, float] = field(default_factory=dict)
     glue_tasks: list[str] | None = None  # task "glue": None = every task present in the data directory
     max_train_samples: int | None = None  # slices for quick CPU runs
     max_eval_samples: int | None = None
@@ -292,6 +294,8 @@ class FinetuneConfig:
             raise ValueError(f"finetune.max_seq_length must be in [16, 4096], got {self.max_seq_length}")
         if self.num_runs < 1 or any(v < 1 for v in self.runs_per_task.values()):
             raise ValueError("finetune.num_runs and finetune.runs_per_task values must be >= 1")
+        if any(isinstance(v, bool) or not isinstance(v, int | float) or v <= 0 for v in self.epochs_per_task.values()):
+            raise ValueError(f"finetune.epochs_per_task values must be > 0, got {self.epochs_per_task}")
         if self.gap_head not in GAP_HEADS:
             raise ValueError(f"finetune.gap_head must be one of {', '.join(GAP_HEADS)}, got {self.gap_head!r}")
         if self.gap_bad_rows not in ("error", "skip"):

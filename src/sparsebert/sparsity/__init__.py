@@ -9,7 +9,14 @@ from . import communication
 from .config import DEFAULT_INCLUDE, GMPConfig, RigLConfig, SparsityConfig
 from .controller import SparsityController
 from .distribution import erk_densities, explicit_densities, layer_densities, uniform_densities
-from .gmp import gmp_sparsity, gmp_update_due
+from .gmp import (
+    accumulate_movement,
+    gmp_prune,
+    gmp_prune_global,
+    gmp_sparsity,
+    gmp_update_due,
+    rewound_linear_factor,
+)
 from .masks import nm_mask
 from .report import layer_type, sparsity_report
 from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
@@ -19,6 +26,7 @@ from .sparse24_kernel import Sparse24Linear, to_sparse24_kernel
 
 __all__ = [
     "communication",
+    "accumulate_movement",
     "DEFAULT_INCLUDE",
     "GMPConfig",
     "MaskChange",
@@ -30,6 +38,8 @@ __all__ = [
     "erk_densities",
     "explicit_densities",
     "feed_forward_names",
+    "gmp_prune",
+    "gmp_prune_global",
     "gmp_sparsity",
     "gmp_update_due",
     "is_two_four",
@@ -39,6 +49,7 @@ __all__ = [
     "rigl_drop_fraction",
     "rigl_global_change",
     "rigl_layer_change",
+    "rewound_linear_factor",
     "rigl_update_due",
     "select_parameters",
     "sparsity_report",

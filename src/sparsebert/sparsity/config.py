@@ -23,6 +23,7 @@ MLM_HEAD_PATTERN = r"(^|\.)predictions\.transform\.dense\.weight$"
 DISTRIBUTIONS = ("uniform", "erk", "explicit")
 MASK_INITS = ("random", "magnitude", "zeros")
 DROP_SCHEDULES = ("cosine", "constant")
+PRUNING_SCORES = ("magnitude", "movement")
 PATTERNS = ("unstructured", "2:4")
 TWO_FOUR_INITS = ("magnitude", "zeros")
 
@@ -153,11 +154,22 @@ class GMPConfig:
     end_fraction: float = 0.75
     frequency: int = 100
     """Prune every this many optimizer steps (counted from ``begin_step``), and at ``end_step``."""
+    score: str = "magnitude"
+    """What decides which weights go: "magnitude" (|w|, Zhu & Gupta) or "movement" (hard movement pruning,
+    Sanh et al. 2020: the score ``S = -sum_t grad_t * w_t`` accumulated over the optimizer steps up to the end of
+    pruning, so weights moving towards zero go first even if they are still large)."""
+    global_ranking: bool = False
+    """Rank the scores of all selected layers together against the overall target, so each layer ends as sparse
+    as its scores make it (the total is fixed); False: every layer reaches its own target of the distribution."""
+    rewind_lr: bool = False
+    """Learning-rate rewinding: when pruning ends, the linear schedule starts again from the peak learning rate and
+    decays to 0 over the recovery steps that remain (``train.lr_scheduler`` linear, no onecycle)."""
 
     def validate(self) -> None:
         _check_fraction("gmp.initial_sparsity", self.initial_sparsity)
         _check_step_range("gmp", self.begin_step, self.end_step, self.end_fraction)
         _check_positive_int("gmp.frequency", self.frequency)
+        _check_choice("gmp.score", self.score, PRUNING_SCORES)
 
     def resolved_end_step(self, total_steps: int) -> int:
         return _resolve_end_step("gmp", self.begin_step, self.end_step, self.end_fraction, total_steps)
@@ -168,6 +180,14 @@ class GMPConfig:
         if end > total_steps:
             raise ValueError(f"gmp.end_step ({end}) must be <= the run's optimizer steps ({total_steps}): the run "
                              "would end before the layers reach their target sparsity")
+
+
+def check_gmp_fits(gmp: GMPConfig, sparsity: SparsityConfig) -> None:
+    """Settings of ``gmp`` that depend on the sparsity section."""
+    if gmp.global_ranking and sparsity.distribution != "uniform":
+        raise ValueError("gmp.global_ranking=true sets the sparsity of each layer by ranking all layers together, so "
+                         'sparsity.distribution must stay "uniform" (the overall target), got '
+                         f'"{sparsity.distribution}"')
 
 
 def _resolve_end_step(section: str, begin: int, end: int | None, fraction: float, total_steps: int) -> int:

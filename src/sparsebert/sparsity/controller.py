@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import GMPConfig, RigLConfig, SparsityConfig
+from .config import GMPConfig, RigLConfig, SparsityConfig, check_gmp_fits
 from .distribution import kept_count, layer_densities
-from .gmp import gmp_prune, gmp_sparsity, gmp_update_due
+from .gmp import accumulate_movement, gmp_prune, gmp_prune_global, gmp_sparsity, gmp_update_due
 from .masks import apply_masks_, magnitude_mask, make_generator, nm_mask, nm_violations, random_mask
 from .optimizer_state import reset_optimizer_state
 from .persistence import load_sparsity_state, save_sparsity_state
@@ -55,6 +55,7 @@ class SparsityController:
             rigl.validate()
         if gmp is not None:
             gmp.validate()
+            check_gmp_fits(gmp, sparsity)
         self.model = model
         self.sparsity = sparsity
         self.rigl = rigl
@@ -82,6 +83,10 @@ class SparsityController:
         self.target_densities = layer_densities(sparsity, {n: tuple(p.shape) for n, p in self.params.items()})
         self.masks = self._given_masks(masks) if masks is not None else self._initial_masks()
         self.initial_masks = {n: m.clone() for n, m in self.masks.items()}
+        # movement pruning's scores (float32, one per weight), accumulated after every step until pruning ends
+        self.movement_scores: dict[str, torch.Tensor] | None = None
+        if gmp is not None and gmp.score == "movement":
+            self.movement_scores = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
         self.apply_masks()
 
     @classmethod
@@ -98,6 +103,8 @@ class SparsityController:
             if self.masks[name].device != param.device:
                 self.masks[name] = self.masks[name].to(param.device)
                 self.initial_masks[name] = self.initial_masks[name].to(param.device)
+                if self.movement_scores is not None:
+                    self.movement_scores[name] = self.movement_scores[name].to(param.device)
                 self.mask_version += 1
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -158,6 +165,8 @@ class SparsityController:
             self.apply_masks()
             return None
         self.step += 1
+        if self.movement_scores is not None and self.step <= self.gmp_end_step:
+            self._accumulate_movement()
         if grads_masked and self._optimizer_keeps_zeros():
             if not self._masked_state_clean:
                 # once after attaching (or after a step with unmasked gradients): moments left at masked positions
@@ -179,6 +188,13 @@ class SparsityController:
         self.apply_masks()
         return stats
 
+    def _accumulate_movement(self) -> None:
+        """This step's term of the movement scores, from the gradients still in ``p.grad`` (unscaled) and the
+        weights just stepped. Masked weights are 0 and add nothing: once pruned, a weight stays pruned."""
+        names = [name for name, p in self.params.items() if p.grad is not None]
+        accumulate_movement([self.movement_scores[n] for n in names], [self.params[n].detach() for n in names],
+                            [self.params[n].grad for n in names])
+
     def _optimizer_keeps_zeros(self) -> bool:
         """Whether a step after masked gradients leaves every masked weight at exactly 0 by itself, so re-applying
         the masks would rewrite 85 M weights (BERT-base) with what they already hold.
@@ -196,11 +212,14 @@ class SparsityController:
             reset_optimizer_state(self.optimizer, param, ~self.masks[name])
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "step": self.step,
             "masks": {n: m.detach().cpu().clone() for n, m in self.masks.items()},
             "initial_masks": {n: m.detach().cpu().clone() for n, m in self.initial_masks.items()},
         }
+        if self.movement_scores is not None:
+            state["movement_scores"] = {n: s.detach().cpu().clone() for n, s in self.movement_scores.items()}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore masks and step (e.g. on resume); the masks are applied to the weights right away."""
@@ -216,6 +235,12 @@ class SparsityController:
         self.initial_masks = self._given_masks(state["initial_masks"])
         self.mask_version += 1
         self.step = int(state["step"])
+        if self.movement_scores is not None:
+            if "movement_scores" not in state:
+                raise ValueError("the sparsity state holds no movement scores but gmp.score is movement: was it "
+                                 "saved by a run with another gmp.score?")
+            self.movement_scores = {n: state["movement_scores"][n].to(device=p.device, dtype=torch.float32).clone()
+                                    for n, p in self.params.items()}
         self._masked_state_clean = False  # the optimizer's state was built under the masks it had before
         self.apply_masks()
 
@@ -237,6 +262,8 @@ class SparsityController:
         generator = make_generator(self.seed, 0, self._device)
         if self.sparsity.init == "zeros":
             return {name: param.detach() != 0 for name, param in self.params.items()}
+        if self.gmp is not None and self.gmp.global_ranking and self.gmp.initial_sparsity > 0:
+            return self._global_magnitude_masks(self.gmp.initial_sparsity, generator)
         build = magnitude_mask if self.sparsity.init == "magnitude" else random_mask
         masks = {}
         for name, param in self.params.items():
@@ -246,6 +273,22 @@ class SparsityController:
                 density = max(density, 1.0 - self.gmp.initial_sparsity)
             masks[name] = build(param, kept_count(density, param.numel()), generator)
         return masks
+
+    def _global_magnitude_masks(self, sparsity: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """The largest |w| of all selected layers together, ``1 - sparsity`` of them (capped at the target)."""
+        everything = {name: torch.ones_like(p, dtype=torch.bool) for name, p in self.params.items()}
+        magnitudes = {name: p.detach().abs() for name, p in self.params.items()}
+        n_keep = kept_count(1.0 - min(sparsity, self._overall_target()), self._total_selected())
+        dropped = gmp_prune_global(magnitudes, everything, n_keep, generator)
+        return {name: ~dropped[name] for name in self.params}
+
+    def _total_selected(self) -> int:
+        return sum(p.numel() for p in self.params.values())
+
+    def _overall_target(self) -> float:
+        """The overall sparsity of the per-layer targets, weighted by layer size."""
+        kept = sum(self.target_densities[n] * p.numel() for n, p in self.params.items())
+        return 1.0 - kept / self._total_selected()
 
     def _check_two_four_shapes(self) -> None:
         for name, param in self.params.items():
@@ -359,15 +402,33 @@ class SparsityController:
     def _gmp_update(self, at_step: int | None = None) -> dict[str, float]:
         step = self.step if at_step is None else at_step
         generator = make_generator(self.seed, step, self._device)
-        for name, param in self.params.items():
-            final = 1.0 - self.target_densities[name]
-            initial = min(self.gmp.initial_sparsity, final)
-            target = gmp_sparsity(step, initial, final, self.gmp.begin_step, self.gmp_end_step)
-            dropped = gmp_prune(param, self.masks[name], kept_count(1.0 - target, param.numel()), generator)
+        scores = self._pruning_scores()
+        if self.gmp.global_ranking:
+            final = self._overall_target()
+            target = gmp_sparsity(step, min(self.gmp.initial_sparsity, final), final, self.gmp.begin_step,
+                                  self.gmp_end_step)
+            n_keep = kept_count(1.0 - target, self._total_selected())
+            dropped_by_layer = gmp_prune_global(scores, self.masks, n_keep, generator)
+        else:
+            dropped_by_layer = {}
+            for name, param in self.params.items():
+                final = 1.0 - self.target_densities[name]
+                target = gmp_sparsity(step, min(self.gmp.initial_sparsity, final), final, self.gmp.begin_step,
+                                      self.gmp_end_step)
+                n_keep = kept_count(1.0 - target, param.numel())
+                dropped_by_layer[name] = gmp_prune(scores[name], self.masks[name], n_keep, generator)
+        for name, dropped in dropped_by_layer.items():
             self._commit(name, MaskChange(dropped=dropped, grown=torch.zeros_like(dropped)))
         active = sum(_counts(list(self.masks.values())))
         total = sum(m.numel() for m in self.masks.values())
         return {"gmp/sparsity": 1.0 - active / total}
+
+
+    def _pruning_scores(self) -> dict[str, torch.Tensor]:
+        """The score GMP keeps the largest of: |w|, or the accumulated movement scores."""
+        if self.movement_scores is not None:
+            return self.movement_scores
+        return {name: param.detach().abs() for name, param in self.params.items()}
 
 
 def _counts(masks: list[torch.Tensor]) -> list[int]:

@@ -1,10 +1,15 @@
-"""Gradual magnitude pruning (Zhu & Gupta 2017, "To prune, or not to prune").
+"""Gradual pruning (Zhu & Gupta 2017, "To prune, or not to prune"), by magnitude or by movement.
 
 Sparsity follows a cubic ramp: it rises fast while the network has redundant weights and slowly near the end,
-giving the remaining weights time to recover. Pruning is permanent: a pruned weight never comes back.
+giving the remaining weights time to recover. Pruning is permanent: a pruned weight never comes back. The methods
+differ only in their score (the largest scores stay): |w| for magnitude pruning; for movement pruning (Sanh et
+al. 2020, "Movement Pruning") ``S = -sum_t grad_t * w_t``, the first-order estimate of how much the loss would
+rise without the weight, summed over training, so weights that move towards zero go even while still large.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import torch
 
@@ -29,10 +34,42 @@ def gmp_update_due(step: int, config: GMPConfig, end_step: int) -> bool:
     return (step - config.begin_step) % config.frequency == 0 or step == end_step
 
 
-def gmp_prune(
-    weight: torch.Tensor, mask: torch.Tensor, n_keep: int, generator: torch.Generator
-) -> torch.Tensor:
-    """Bool mask of the active weights to remove so that the ``n_keep`` largest-magnitude ones remain."""
+def gmp_prune(score: torch.Tensor, mask: torch.Tensor, n_keep: int, generator: torch.Generator) -> torch.Tensor:
+    """Bool mask of the active entries to remove so that the ``n_keep`` of largest ``score`` remain."""
     n_drop = max(0, int(mask.sum()) - n_keep)
-    dropped = top_k_indices(-weight.detach().abs(), mask, n_drop, generator)
+    dropped = top_k_indices(-score, mask, n_drop, generator)
     return mask_from_indices(dropped, mask)
+
+
+def gmp_prune_global(
+    scores: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor], n_keep: int, generator: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """``gmp_prune`` over all layers at once: the ``n_keep`` largest scores of all of them remain, so a layer whose
+    scores are small ends sparser than one whose scores are large. Returns each layer's dropped entries."""
+    names = list(masks)
+    flat_scores = torch.cat([scores[n].detach().float().reshape(-1) for n in names])
+    flat_mask = torch.cat([masks[n].reshape(-1) for n in names])
+    dropped = gmp_prune(flat_scores, flat_mask, n_keep, generator)
+    sizes = [masks[n].numel() for n in names]
+    return {name: part.view(masks[name].shape) for name, part in zip(names, dropped.split(sizes))}
+
+
+@torch.no_grad()
+def accumulate_movement(scores: list[torch.Tensor], weights: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+    """``S -= grad * w`` in place for every layer: one step of movement scores. A weight that the gradient pushes
+    away from zero (sign(grad) = -sign(w)) gains score, one pushed towards zero loses it."""
+    torch._foreach_addcmul_(scores, [g.float() for g in grads], [w.float() for w in weights], value=-1.0)
+
+
+def rewound_linear_factor(step: int, warmup_steps: int, rewind_step: int, total_steps: int) -> float:
+    """Learning-rate factor of a linear schedule that is rewound when pruning ends.
+
+    Up to ``rewind_step`` the usual warm-up then linear decay towards 0 at ``total_steps``; from ``rewind_step``
+    the factor jumps back to 1 and decays linearly to 0 at ``total_steps``, so the recovery steps at fixed masks
+    train at the learning rates the dense model saw (Renda et al. 2020, "Comparing Rewinding and Fine-tuning").
+    """
+    if step < rewind_step:
+        if step < warmup_steps:
+            return step / max(1, warmup_steps)
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+    return max(0.0, (total_steps - step) / max(1, total_steps - rewind_step))

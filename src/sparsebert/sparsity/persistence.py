@@ -30,6 +30,8 @@ def save_sparsity_state(directory: str | os.PathLike, state: dict[str, Any]) -> 
     tensors |= {
         f"initial/{n}": m.to(torch.uint8).cpu().contiguous() for n, m in state["initial_masks"].items()
     }
+    # movement pruning's accumulated scores, so a resumed run prunes by the same scores
+    tensors |= {f"score/{n}": t.float().cpu().contiguous() for n, t in state.get("movement_scores", {}).items()}
     _atomic_save_safetensors(tensors, directory / MASKS_FILE, {"step": str(state["step"])})
     atomic_write_json(
         directory / STATE_FILE,
@@ -58,11 +60,15 @@ def load_sparsity_state(directory: str | os.PathLike) -> dict[str, Any]:
             raise ValueError(
                 f"{directory}: {MASKS_FILE} is from step {header_step} but {STATE_FILE} from step {meta['step']}"
             )
-        return {
+        state = {
             "step": meta["step"],
             "masks": {n: f.get_tensor(f"mask/{n}").bool() for n in meta["layers"]},
             "initial_masks": {n: f.get_tensor(f"initial/{n}").bool() for n in meta["layers"]},
         }
+        stored = set(f.keys())
+        if all(f"score/{n}" in stored for n in meta["layers"]):
+            state["movement_scores"] = {n: f.get_tensor(f"score/{n}") for n in meta["layers"]}
+        return state
 
 
 def _atomic_save_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict[str, str]) -> None:

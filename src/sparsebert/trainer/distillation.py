@@ -25,6 +25,9 @@ class DistillationConfig:
     alpha: float = 0.5  # weight of the distillation term at the start
     alpha_end: float | None = None  # if set, alpha moves linearly to this value by the last step
     temperature: float = 2.0
+    # start the student from the teacher's weights (the same task's finetuned run): a sparse student is then pruned
+    # from the dense model that finished training, not from the pretrained one
+    student_from_teacher: bool = False
 
     def validate(self) -> None:
         if not self.teacher:

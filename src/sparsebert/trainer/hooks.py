@@ -34,6 +34,9 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
                              "clip_in_optimizer": cfg.train.clip_in_optimizer,
                              "half_precision_residual": cfg.model.half_precision_residual,
                              "fast_dropout": cfg.model.fast_dropout}
+    if cfg.kd is not None:
+        # the teacher first: a student that starts from it must hold its weights before magnitude masks are drawn
+        hooks["distillation"] = (cfg.kd, _teacher(cfg, model, teacher_source, load_teacher))
     if cfg.sparsity is not None:
         try:
             hooks["sparsity"] = SparsityController(model, cfg.sparsity, rigl=cfg.rigl, gmp=cfg.gmp,
@@ -42,15 +45,26 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
             # settings that only fail against this model or run length (an include matching no weight, a RigL / GMP
             # range beyond an epoch-counted run): the controller names the key, the CLI prints it in one line
             raise SparseBertError(str(e)) from None
-    if cfg.kd is not None:
-        if teacher_source is None or load_teacher is None:
-            raise SparseBertError(f"distillation is not supported for task {cfg.task}")
-        teacher = load_teacher(teacher_source)
-        t_vocab = getattr(teacher.config, "vocab_size", None)
-        if t_vocab != getattr(model.config, "vocab_size", None):
-            raise SparseBertError(f"kd.teacher {cfg.kd.teacher} has a vocabulary of {t_vocab}, the student "
-                                  f"{model.config.vocab_size}: they must share the tokenizer")
-        hooks["distillation"] = (cfg.kd, teacher)
     if cfg.onecycle is not None:
         hooks["onecycle"] = cfg.onecycle
     return hooks
+
+
+def _teacher(cfg: ExperimentConfig, student: nn.Module, source: str | None,
+             load_teacher: Callable[[str], nn.Module] | None) -> nn.Module:
+    """The distillation teacher; with ``kd.student_from_teacher`` its weights are copied into the student."""
+    if source is None or load_teacher is None:
+        raise SparseBertError(f"distillation is not supported for task {cfg.task}")
+    teacher = load_teacher(source)
+    t_vocab = getattr(teacher.config, "vocab_size", None)
+    if t_vocab != getattr(student.config, "vocab_size", None):
+        raise SparseBertError(f"kd.teacher {cfg.kd.teacher} has a vocabulary of {t_vocab}, the student "
+                              f"{student.config.vocab_size}: they must share the tokenizer")
+    if cfg.kd.student_from_teacher:
+        try:
+            student.load_state_dict(teacher.state_dict())
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[-1].strip()
+            raise SparseBertError(f"kd.student_from_teacher: the teacher {source} does not have the student's "
+                                  f"layers ({first})") from None
+    return teacher

@@ -17,12 +17,14 @@ Gradient accumulation therefore gives exactly one update per optimizer step, nev
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
+import torch
 from transformers import TrainerCallback
 
 from sparsebert.io import atomic_write_json
-from sparsebert.sparsity import SparsityController
+from sparsebert.sparsity import SparsityController, rewound_linear_factor
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,17 @@ class SparseTrainingMixin:
         if self.sparsity is not None and self.accelerator.sync_gradients:
             self.sparsity.before_optimizer_step()
         return loss
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        gmp = self.sparsity.gmp if self.sparsity is not None else None
+        if gmp is None or not gmp.rewind_lr:
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:  # gmp.rewind_lr: the linear schedule starts again when pruning ends
+            factor = partial(rewound_linear_factor, warmup_steps=self.args.get_warmup_steps(num_training_steps),
+                             rewind_step=self.sparsity.gmp_end_step, total_steps=num_training_steps)
+            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, factor)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
 
     def _save_optimizer_and_scheduler(self, output_dir, *args, **kwargs):
         # the masks go into the checkpoint with the optimizer state, before trainer_state.json marks it complete

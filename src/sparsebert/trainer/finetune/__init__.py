@@ -128,9 +128,18 @@ class FinetuneJob:
         name = task.split(":", 1)[-1]
         return self.cfg.finetune.runs_per_task.get(name, self.cfg.finetune.num_runs)
 
+    def task_context(self, task: str) -> FinetuneContext:
+        """The context of one task: ``finetune.epochs_per_task`` may give it its own number of epochs."""
+        epochs = self.ctx.cfg.finetune.epochs_per_task.get(task.split(":", 1)[-1])
+        if epochs is None:
+            return self.ctx
+        cfg = self.ctx.cfg
+        return replace(self.ctx, cfg=replace(cfg, train=replace(cfg.train, epochs=epochs)))
+
     def train(self, run_dir: Path, resume: bool) -> dict[str, Any]:
         summary: dict[str, Any] = {}
         for task in self.tasks:
+            ctx = self.task_context(task)
             runs = []
             for k in range(self.runs(task)):
                 sub = run_dir / task_dir(task) / f"run{k}"
@@ -142,7 +151,7 @@ class FinetuneJob:
                 set_seed(seed)
                 log.info("finetuning %s on %s, run %d (seed %d) -> %s", self.cfg.name, task, k, seed, sub)
                 kind, _, glue_name = task.partition(":")  # "glue:rte" -> glue runner on rte; else the task
-                runs.append(RUNNERS[kind](self.ctx, glue_name or task, seed, sub))
+                runs.append(RUNNERS[kind](ctx, glue_name or task, seed, sub))
             summary[task] = summarize(runs)
         return summary
 
