@@ -143,6 +143,12 @@ EXPERIMENTS = {
         "finetune": {"glue_tasks": ["rte", "stsb"], "max_train_samples": 128, "max_eval_samples": 64,
                      "runs_per_task": {"rte": 2, "stsb": 1}},
     },
+    "tiny_search": {
+        "parent": "tiny_glue",
+        "description": "MiniLM on 64 RTE examples (eval 32), seq 64, 1 epoch, no model export: one CPU search trial",
+        "finetune": {"glue_tasks": ["rte"], "runs_per_task": {}, "max_train_samples": 64, "max_eval_samples": 32,
+                     "max_seq_length": 64, "save_model": False},
+    },
     "tiny_glue_2to4": {
         "parent": "tiny_glue",
         "description": "tiny_glue with 2:4 semi-structured encoder layers: CPU smoke run",

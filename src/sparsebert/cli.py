@@ -1,8 +1,9 @@
-"""``python run.py``: list, run experiments in sequence, with --set overrides."""
+"""``python run.py``: list, run experiments in sequence, with --set overrides; search hyperparameters."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -54,7 +55,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-format", choices=["wikiextractor", "text"], default="wikiextractor")
     p.add_argument("--vocab-size", type=int, default=30522, help="with --train-tokenizer")
     p.add_argument("--max-files", type=int, default=None, help="with --train-tokenizer: read only N files")
+    p.add_argument("--search", metavar="NAME",
+                   help="hyperparameter search over experiment NAME with --space and --trials; run again to resume "
+                        "(see src/sparsebert/search/)")
+    p.add_argument("--space", help="with --search: the search space (SEARCH_SPACES in experiments/*.py)")
+    p.add_argument("--trials", type=int, metavar="N",
+                   help="with --search: the complete trials the study should hold (those it has count)")
+    p.add_argument("--metric", metavar="KEY",
+                   help="with --search: what to optimize: headline (finetuning default), TASK/METRIC (e.g. "
+                        "glue:rte/accuracy), or a pretraining metrics.json key (default eval_loss)")
+    p.add_argument("--direction", choices=["max", "min"],
+                   help="with --search: default min for losses and perplexity, else max")
+    p.add_argument("--parallel", type=int, metavar="P",
+                   help="with --search: trials at once, each on one GPU (default: one per visible GPU; 1 on CPU)")
+    p.add_argument("--study", metavar="NAME",
+                   help="with --search: the study, in <output root>/search/NAME (default EXPERIMENT-SPACE)")
     p.add_argument("--experiments-dir", type=Path, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--run-name", default=None, help=argparse.SUPPRESS)  # a search trial's run directory
     return p
 
 
@@ -71,6 +88,9 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
     try:
         registry_dir = args.experiments_dir or experiments_dir or Path("experiments")
         registry = Registry.from_directory(registry_dir)
+        if args.search:
+            return search(args, registry, registry_dir)
+        _refuse_search_flags(args)
         if args.gpus and "LOCAL_RANK" not in os.environ:
             return choose_gpus(args.gpus, argv, registry_dir)
         if args.train_tokenizer:
@@ -90,6 +110,10 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
             return 2
         # build every experiment first: a typo in the third name must not surface after two long runs
         configs = [registry.build(name, args.overrides) for name in args.experiments]
+        if args.run_name:
+            if len(configs) != 1:
+                raise ConfigError("--run-name names the run of one experiment")
+            configs = [dataclasses.replace(configs[0], name=args.run_name)]
         from sparsebert.data.paths import resolve_data_dir
         from sparsebert.runner import RunOptions, run_experiment
 
@@ -111,17 +135,61 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
         return 2
 
 
-def choose_gpus(spec: str, argv: list[str], experiments_dir: Path) -> int:
-    """Set CUDA_VISIBLE_DEVICES before CUDA starts; one GPU continues here, several restart under torchrun.
+SEARCH_FLAGS = ("space", "trials", "metric", "direction", "parallel", "study")
 
-    ``experiments_dir`` is the registry this call found: the continued or restarted run reads the same one, wherever
-    its cwd is."""
-    from sparsebert.gpus import allowed_gpus, pick_gpus, query_gpus, torchrun_command, without_gpus_flag
+
+def _refuse_search_flags(args: argparse.Namespace) -> None:
+    given = [f"--{name}" for name in SEARCH_FLAGS if getattr(args, name) is not None]
+    if given:
+        raise ConfigError(f"{', '.join(given)}: only with --search EXPERIMENT")
+
+
+def search(args: argparse.Namespace, registry: Registry, experiments_dir: Path) -> int:
+    """``--search``: check the request in full, then run the study's missing trials (see sparsebert.search)."""
+    if args.experiments:
+        raise ConfigError(f"--search runs one experiment, named by --search; drop {' '.join(args.experiments)}")
+    clashing = [flag for flag, given in (("--overwrite", args.overwrite), ("--profile", args.profile),
+                                         ("--table", args.table), ("--plot", args.plot), ("--list", args.list),
+                                         ("--train-tokenizer", args.train_tokenizer)) if given]
+    if clashing:  # --resume needs no refusal: a search always resumes
+        raise ConfigError(f"{', '.join(clashing)} cannot be combined with --search")
+    if args.space is None or args.trials is None:
+        raise ConfigError("--search needs --space SPACE and --trials N")
+    if args.gpus:
+        _use_gpus(args.gpus)  # the trials share out these GPUs; no torchrun relaunch
+    from sparsebert.data.paths import resolve_data_dir
+    from sparsebert.search import plan_search, run_search
+
+    plan = plan_search(registry, args.search, args.space, args.trials, output_root=output_root(args.output_dir),
+                       data_dir=resolve_data_dir(args.data_dir), experiments_dir=experiments_dir,
+                       overrides=args.overrides, metric=args.metric, direction=args.direction,
+                       parallel=args.parallel, study=args.study)
+    summary = run_search(plan)
+    print(f"summary: {plan.study_dir / 'summary.md'}")
+    print(f"best: trial {summary['best_trial']}, {summary['metric']} = {summary['best_value']:.4g}: "
+          f"{summary['best_command']}")
+    return 0
+
+
+def _use_gpus(spec: str) -> list[int]:
+    """Choose the GPUs of ``--gpus SPEC`` and make them the visible ones (before CUDA starts)."""
+    from sparsebert.gpus import allowed_gpus, pick_gpus, query_gpus
 
     ids = pick_gpus(spec, allowed_gpus(query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")))
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's, which chose the ids
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, ids))
     log.info("--gpus %s: using GPU(s) %s", spec, os.environ["CUDA_VISIBLE_DEVICES"])
+    return ids
+
+
+def choose_gpus(spec: str, argv: list[str], experiments_dir: Path) -> int:
+    """Set CUDA_VISIBLE_DEVICES before CUDA starts; one GPU continues here, several restart under torchrun.
+
+    ``experiments_dir`` is the registry this call found: the continued or restarted run reads the same one, wherever
+    its cwd is."""
+    from sparsebert.gpus import torchrun_command, without_gpus_flag
+
+    ids = _use_gpus(spec)
     if len(ids) == 1:
         return main(without_gpus_flag(argv), experiments_dir)
     argv = [*argv, "--experiments-dir", str(experiments_dir.resolve())]  # last wins: the one already found
@@ -220,3 +288,7 @@ def _headline(metrics: dict) -> str:
                 headline.append(f"{task} {key}={summary[key]['mean']:.4g}")
                 break
     return ", ".join(headline)
+
+
+if __name__ == "__main__":  # a search trial: python -m sparsebert.cli (run.py may not exist beside the package)
+    sys.exit(main())

@@ -4,6 +4,9 @@ Each module in the experiments directory defines ``EXPERIMENTS: dict[str, dict]`
 ``parent``; it then states only what differs from it, and is resolved as a deep copy of the parent with the
 entry's keys merged in recursively. ``build`` resolves a name, applies ``--set`` overrides and validates the
 result into an :class:`ExperimentConfig`.
+
+A module may also define ``SEARCH_SPACES: dict[str, dict]`` (hyperparameter search spaces for ``--search``);
+they are collected here by name, and checked by :mod:`sparsebert.search` when one is used.
 """
 
 from __future__ import annotations
@@ -52,12 +55,15 @@ class Registry:
     def __init__(self, experiments: dict[str, Experiment] | None = None):
         self._raw: dict[str, Experiment] = {}
         self._origin: dict[str, str] = {}
+        self._spaces: dict[str, dict[str, Any]] = {}
+        self._space_origin: dict[str, str] = {}
         for name, exp in (experiments or {}).items():
             self.add(name, exp, origin="<code>")
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> Registry:
-        """Load every ``*.py`` in ``directory`` (not starting with ``_``) and collect its ``EXPERIMENTS``."""
+        """Load every ``*.py`` in ``directory`` (not starting with ``_``); collect its ``EXPERIMENTS`` and
+        ``SEARCH_SPACES``."""
         directory = Path(directory)
         if not directory.is_dir():
             raise ConfigError(f"experiments directory not found: {directory}")
@@ -71,6 +77,8 @@ class Registry:
             spec.loader.exec_module(module)
             for name, exp in getattr(module, "EXPERIMENTS", {}).items():
                 reg.add(name, exp, origin=str(path))
+            for name, space in getattr(module, "SEARCH_SPACES", {}).items():
+                reg.add_space(name, space, origin=str(path))
         return reg
 
     def add(self, name: str, experiment: Experiment, origin: str = "<code>") -> None:
@@ -81,8 +89,29 @@ class Registry:
         self._raw[name] = experiment
         self._origin[name] = origin
 
+    def add_space(self, name: str, space: dict[str, Any], origin: str = "<code>") -> None:
+        if name in self._spaces:
+            raise ConfigError(f"search space '{name}' is defined twice: {self._space_origin[name]} and {origin}")
+        if not isinstance(space, dict):
+            raise ConfigError(f"search space '{name}' in {origin} must be a dict")
+        self._spaces[name] = space
+        self._space_origin[name] = origin
+
     def names(self) -> list[str]:
         return sorted(self._raw)
+
+    def space_names(self) -> list[str]:
+        return sorted(self._spaces)
+
+    def space(self, name: str) -> dict[str, Any]:
+        """The search space ``name`` as defined (a deep copy: the caller may not change the registry's)."""
+        if name not in self._spaces:
+            close = difflib.get_close_matches(name, self._spaces, n=3, cutoff=0.5)
+            # there are few spaces and --list shows only experiments: name them all when none is close
+            hint = (f"; closest: {', '.join(close)}" if close
+                    else f"; defined: {', '.join(self.space_names()) or 'none'}")
+            raise ConfigError(f"unknown search space '{name}'{hint}")
+        return copy.deepcopy(self._spaces[name])
 
     def description(self, name: str) -> str:
         return str(self.resolve(name).get("description", ""))
