@@ -5,14 +5,16 @@ high, step) or ``categorical`` (choices); see ``sparsebert/search.py``.
 """
 
 SEARCH_SPACES = {
-    "sparse_glue": {
-        "description": "GMP-pruned, distilled GLUE finetuning (minilm_glue_sparse80): learning rate, epochs, when "
-                       "pruning ends, distillation weight and temperature",
+    "sparse_finetune": {
+        "description": "the sparse finetuning recipe (minilm_glue_sparse80, search_glue_sparse80): learning rate, "
+                       "epochs, when pruning ends, score, global or per-layer ranking, LR rewinding, KD temperature",
         "params": {
             "train.learning_rate": {"type": "float", "low": 2e-5, "high": 2e-4, "log": True},
-            "train.epochs": {"type": "categorical", "choices": [3, 6, 10]},
-            "gmp.end_fraction": {"type": "float", "low": 0.3, "high": 0.8},
-            "kd.alpha": {"type": "float", "low": 0.5, "high": 1.0},
+            "train.epochs": {"type": "categorical", "choices": [4, 6, 8, 12]},
+            "gmp.end_fraction": {"type": "float", "low": 0.2, "high": 0.8},
+            "gmp.score": {"type": "categorical", "choices": ["magnitude", "movement"]},
+            "gmp.global_ranking": {"type": "categorical", "choices": [False, True]},
+            "gmp.rewind_lr": {"type": "categorical", "choices": [False, True]},
             "kd.temperature": {"type": "float", "low": 1.0, "high": 4.0},
         },
     },

@@ -1,0 +1,108 @@
+"""The tables of docs/results.md "Sparse finetuning" from a study's output root (scripts/finetune_study.sh).
+
+    python scripts/finetune_report.py ROOT [--json runs.json]
+
+Reads every ``registry.sqlite`` under ROOT and prints markdown: the GLUE table (``--table glue --agg mean``), the
+GLUE average over seeds, SQuAD and GAP, each variant against its dense baseline, and the issue's targets.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from sparsebert.results import Registry, RunRecord, glue_table
+
+VARIANTS = ("", "_kd", "_sparse80", "_sparse90")  # dense, dense + KD, 80 %, 90 % sparse + KD
+LABELS = {"": "dense", "_kd": "dense + KD", "_sparse80": "80 % + KD", "_sparse90": "90 % + KD"}
+BERT_TASKS = ("cola", "mrpc", "rte", "sst2", "stsb")
+# (GLUE average_bert, SQuAD F1, GAP accuracy) may lose at most this many points against dense
+TARGETS = {"_sparse80": (1.0, 2.0, 1.5), "_sparse90": (3.0, 5.0, 3.0)}
+
+
+def records(root: Path) -> list[RunRecord]:
+    found = []
+    for path in sorted(root.glob("**/registry.sqlite")):
+        found += Registry(path, read_only=True).runs()
+    return found
+
+
+def variant(experiment: str, family: str) -> str | None:
+    suffix = experiment.removeprefix(family)
+    return suffix if experiment.startswith(family) and suffix in VARIANTS else None
+
+
+def glue_average_by_seed(runs: list[RunRecord], suffix: str) -> list[float]:
+    """average_bert of each seed: run k of every task (a task with one run counts its one run for every seed)."""
+    by_task: dict[str, dict[int, float]] = {}
+    for r in runs:
+        task = r.task.removeprefix("glue:")
+        if variant(r.experiment, "minilm_glue") == suffix and task in BERT_TASKS:
+            by_task.setdefault(task, {})[r.seed] = r.metrics["score"]
+    if set(by_task) != set(BERT_TASKS):
+        return []
+    seeds = sorted({seed for scores in by_task.values() for seed in scores if len(scores) > 1})
+    return [100 * statistics.fmean(scores.get(seed, next(iter(scores.values()))) for scores in by_task.values())
+            for seed in seeds]
+
+
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.fmean(values):.1f} ± {std:.1f}"
+
+
+def single(runs: list[RunRecord], family: str, suffix: str, key: str, scale: float = 1.0) -> list[float]:
+    return [scale * r.metrics[key] for r in runs if variant(r.experiment, family) == suffix and key in r.metrics]
+
+
+def report(runs: list[RunRecord]) -> str:
+    lines = ["### GLUE dev (mean over seeds; ± is the sample std of the task score)", ""]
+    glue = [r for r in runs if r.task.startswith("glue:")]
+    if glue:
+        lines += [glue_table(glue, agg="mean"), ""]
+    rows = [("| variant | GLUE average_bert (seeds) | Δ | SQuAD F1 | Δ | GAP mul acc | Δ | GAP concat acc | Δ |"),
+            "|---|---|---|---|---|---|---|---|---|"]
+    dense = {"glue": glue_average_by_seed(runs, ""), "squad": single(runs, "minilm_squad_v1", "", "f1"),
+             "mul": single(runs, "minilm_gap_mul", "", "accuracy", 100),
+             "concat": single(runs, "minilm_gap_concat", "", "accuracy", 100)}
+    checks = []
+    for suffix in VARIANTS:
+        mine = {"glue": glue_average_by_seed(runs, suffix), "squad": single(runs, "minilm_squad_v1", suffix, "f1"),
+                "mul": single(runs, "minilm_gap_mul", suffix, "accuracy", 100),
+                "concat": single(runs, "minilm_gap_concat", suffix, "accuracy", 100)}
+        cells = []
+        for key in ("glue", "squad", "mul", "concat"):
+            delta = (statistics.fmean(mine[key]) - statistics.fmean(dense[key])) if mine[key] and dense[key] else None
+            cells += [mean_std(mine[key]), "-" if delta is None or not suffix else f"{delta:+.1f}"]
+            if suffix in TARGETS and delta is not None:
+                limit = TARGETS[suffix][{"glue": 0, "squad": 1, "mul": 2, "concat": 2}[key]]
+                checks.append(f"- {LABELS[suffix]}, {key}: {delta:+.1f} against a limit of −{limit}: "
+                              f"{'met' if delta >= -limit else 'not met'}")
+        rows.append(f"| {LABELS[suffix]} | " + " | ".join(cells) + " |")
+    lines += ["### Every task against dense", "", *rows, "", "Targets:", *checks]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("root", type=Path)
+    p.add_argument("--json", type=Path, help="also write every run (registry rows) to this JSON file")
+    args = p.parse_args(argv)
+    runs = records(args.root)
+    if not runs:
+        print(f"error: no finished runs in any registry.sqlite under {args.root}", file=sys.stderr)
+        return 2
+    print(report(runs))
+    if args.json:
+        args.json.write_text(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
