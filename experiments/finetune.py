@@ -44,8 +44,8 @@ EXPERIMENTS = {
     "minilm_glue_kd": {
         "parent": "minilm_glue",
         "description": "dense MiniLM distilled from minilm_glue, starting from it (the control for the sparse runs)",
-        "train": {"epochs": 8},
-        "finetune": {"epochs_per_task": {"sst2": 3}},
+        "train": {"epochs": 6, "learning_rate": 1e-4},
+        "finetune": {"epochs_per_task": {"sst2": 1}},
         "kd": {**SPARSE_KD, "teacher": "minilm_glue"},
     },
     "minilm_glue_sparse80": {
@@ -79,7 +79,7 @@ EXPERIMENTS = {
     "minilm_squad_v1_kd": {
         "parent": "minilm_squad_v1",
         "description": "dense MiniLM on SQuAD v1.1 distilled from minilm_squad_v1, starting from it",
-        "train": {"epochs": 6},
+        "train": {"epochs": 4},
         "kd": {**SPARSE_KD, "teacher": "minilm_squad_v1"},
     },
     "minilm_squad_v1_sparse80": {
@@ -111,7 +111,7 @@ EXPERIMENTS = {
             f"minilm_gap_{head}_kd": {
                 "parent": f"minilm_gap_{head}",
                 "description": f"dense MiniLM on GAP ({head} head) distilled from minilm_gap_{head}, starting from it",
-                "train": {"epochs": 10},
+                "train": {"epochs": 6, "learning_rate": 1e-4},
                 "kd": {**SPARSE_KD, "teacher": f"minilm_gap_{head}"},
             },
             f"minilm_gap_{head}_sparse80": {
