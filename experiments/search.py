@@ -18,6 +18,16 @@ SEARCH_SPACES = {
             "kd.temperature": {"type": "float", "low": 1.0, "high": 4.0},
         },
     },
+    "sparse_schedule": {
+        "description": "how long and how fast to prune (search_glue_sparse80 on MRPC and RTE): epochs, when pruning "
+                       "ends, learning rate, global or per-layer ranking",
+        "params": {
+            "train.epochs": {"type": "categorical", "choices": [6, 12, 20]},
+            "gmp.end_fraction": {"type": "float", "low": 0.3, "high": 0.7},
+            "train.learning_rate": {"type": "float", "low": 3e-5, "high": 2e-4, "log": True},
+            "gmp.global_ranking": {"type": "categorical", "choices": [False, True]},
+        },
+    },
     "glue_lr": {
         "description": "dense GLUE finetuning (minilm_glue and relatives): learning rate and epochs",
         "params": {
