@@ -44,6 +44,8 @@ class Holder:
     started: str
 
     def __str__(self) -> str:
+        if self == STARTING:
+            return "another process (it took the lock a moment ago)"
         return f"process {self.pid} on host {self.host} (started {self.started})"
 
     @classmethod

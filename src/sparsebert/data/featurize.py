@@ -302,7 +302,7 @@ def featurize(
         return found
 
 
-def _build_locked(entry: Path, key: str, verify: bool, build: Callable[[Path], int]):
+def _build_locked(entry: Path, key: str, verify: bool, build: Callable[[Path], int]) -> tuple[Any, int, Path]:
     """(dataset, processes used or 0 when loaded, entry) holding the entry's lock: a process that waited for
     another's build loads its result. Where the cache cannot be written, the entry goes to a private folder."""
     lock = _lock_entry(entry)
@@ -507,8 +507,8 @@ def _map_shard(shared: dict[str, Any], index: int, start: int, stop: int) -> dic
     with open(path, "rb") as f:
         os.fsync(f.fileno())
     return {"index": index, "path": path, "num_rows": num_rows, "bytes": os.path.getsize(path),
-            "xxh3_128": shard_checksum(path), "features": features, "rows": [start, stop], "pid": os.getpid(), "began": began,
-            "seconds": time.time() - began, "cpu_seconds": time.process_time() - cpu}
+            "xxh3_128": shard_checksum(path), "features": features, "rows": [start, stop], "pid": os.getpid(),
+            "began": began, "seconds": time.time() - began, "cpu_seconds": time.process_time() - cpu}
 
 
 @contextmanager

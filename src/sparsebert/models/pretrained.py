@@ -11,6 +11,7 @@ from sparsebert.config.sections import ModelConfig
 from sparsebert.errors import SparseBertError
 
 MINILM = "minilm"
+HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # org/name: a model of the Hugging Face hub
 
 
 def dropout_overrides(cfg: ModelConfig) -> dict[str, Any]:
@@ -70,9 +71,6 @@ def resolve_pretrained(name: str, output_root: Path | None = None, what: str = "
     close = _close_runs(name, output_root)
     raise SparseBertError(f"{what} {name}: no run {name} exists {where}"
                           + (f" (close: {', '.join(close)})" if close else "") + ", nor a model directory of that name")
-
-
-HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # org/name
 
 
 def _in_hub_cache(name: str) -> bool:
