@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -340,3 +341,89 @@ def test_several_gpus_restart_with_the_experiments_dir(tmp_path, capsys, monkeyp
     (cmd,) = calls
     assert cmd[0] == sys.executable
     assert "--gpus" not in cmd and cmd[-2:] == ["--experiments-dir", str(EXPERIMENTS)]
+
+
+# --- in-process: names of runs and inputs of finetuning jobs fail before any run directory exists --------------
+
+
+def test_an_output_dir_under_a_file_fails_before_anything_is_prepared(tmp_path, capsys, data_dir, monkeypatch):
+    import sparsebert.runner
+
+    monkeypatch.setattr(sparsebert.runner, "make_job", lambda *a, **k: pytest.fail("data and model were prepared"))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for out in (blocker, blocker / "out"):
+        code, _, err = run_main([EXPERIMENT, "--output-dir", str(out), "--data-dir", str(data_dir)], capsys)
+        assert code == 2
+        line = final_error(err)
+        assert str(out) in line and f"{blocker} is a file" in line
+
+
+def test_a_mistyped_run_name_is_no_such_run_with_the_close_names(tmp_path, capsys, data_dir):
+    out = tmp_path / "out"
+    (out / "bert_tiny_quick").mkdir(parents=True)  # the run meant (what it holds does not matter here)
+    code, _, err = run_main(["glue_from=bert_tiny_quik", "--output-dir", str(out), "--data-dir", str(data_dir)],
+                            capsys)
+    assert code == 2
+    line = final_error(err)
+    assert "no run bert_tiny_quik" in line and str(out) in line and "close: bert_tiny_quick" in line
+    assert "hub" not in line and "huggingface" not in line  # not a network failure
+    assert not (out / "glue_from=bert_tiny_quik").exists()
+
+
+def test_a_hub_id_that_does_not_load_fails_before_the_run_directory(tmp_path, capsys, data_dir, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no retries against an unreachable hub
+    out = tmp_path / "out"
+    code, _, err = run_main(["tiny_glue", "--set", "model.init_from=someorg/no-such-model", "--output-dir", str(out),
+                             "--data-dir", str(data_dir)], capsys)
+    assert code == 2
+    line = final_error(err)
+    assert "someorg/no-such-model" in line and "huggingface" in line.lower()
+    assert not (out / "tiny_glue").exists()
+
+
+def test_a_missing_pretraining_teacher_is_no_such_run(tmp_path, capsys, data_dir):
+    out = tmp_path / "out"
+    code, _, err = run_main(["sparse_tiny_kd_onecycle_lr_rigl", "--output-dir", str(out), "--data-dir",
+                             str(data_dir)], capsys)
+    assert code == 2
+    line = final_error(err)
+    assert "kd.teacher bert_tiny_quick" in line and str(out) in line and "huggingface" not in line
+    assert not (out / "sparse_tiny_kd_onecycle_lr_rigl").exists()
+
+
+def test_a_missing_finetuning_teacher_fails_before_the_run_directory(tmp_path, capsys, data_dir):
+    out = tmp_path / "out"
+    code, _, err = run_main(["tiny_gap_kd", "--output-dir", str(out), "--data-dir", str(data_dir)], capsys)
+    assert code == 2
+    line = final_error(err)
+    assert "kd.teacher tiny_gap" in line and str(out) in line
+    assert not (out / "tiny_gap_kd").exists()
+
+
+def test_after_a_bad_gap_row_is_fixed_the_same_command_runs(tmp_path, capsys, data_dir):
+    """The bad row is found before the run directory exists, so the fixed data are not refused as an
+    "unfinished run" of the failed command."""
+    gap = tmp_path / "data" / "gap"
+    gap.mkdir(parents=True)
+    shutil.copy(data_dir / "gap" / "gap-validation.tsv", gap)
+    good = (data_dir / "gap" / "gap-development.tsv").read_text(encoding="utf-8")
+    lines = good.splitlines(keepends=True)
+    row = lines[5].split("\t")
+    row[5] = "x"  # A-offset
+    (gap / "gap-development.tsv").write_text("".join([*lines[:5], "\t".join(row), *lines[6:]]), encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["tiny_gap", "--output-dir", str(out), "--data-dir", str(tmp_path / "data"), "--set",
+            "finetune.max_train_samples=8", "--set", "finetune.max_eval_samples=8", "--set",
+            "finetune.save_model=false"]
+    code, _, err = run_main(argv, capsys)
+    assert code == 2
+    line = final_error(err)
+    assert "gap-development.tsv" in line and f"row {row[0]}" in line and "A-offset" in line
+    assert not (out / "tiny_gap").exists()
+    (gap / "gap-development.tsv").write_text(good, encoding="utf-8")
+    code, _, err = run_main(argv, capsys)
+    assert code == 0, err
+    assert (out / "tiny_gap" / "DONE").is_file()

@@ -107,6 +107,14 @@ def test_small_wikiextractor_file(tmp_path, suffix):
     ]
 
 
+@pytest.mark.parametrize("suffix", ["", ".gz", ".xz"])
+def test_a_byte_order_mark_is_accepted(tmp_path, suffix):
+    wiki = write(tmp_path / f"wiki_00{suffix}", "\ufeff" + doc("1", "First", "Body."))
+    assert [d["text"] for d in iter_wikiextractor(wiki)] == ["Body."]
+    text = write(tmp_path / f"plain{suffix}", "\ufeffFirst line.\n")
+    assert [d["text"] for d in iter_plain_text(text)] == ["First line."]
+
+
 def test_document_without_body_is_skipped(tmp_path):
     path = write(tmp_path / "wiki_00", doc("1", "Stub") + doc("2", "Real", "Body."))
     assert [d["id"] for d in iter_wikiextractor(path)] == ["2"]

@@ -12,7 +12,9 @@ import hashlib
 import json
 import logging
 import os
+import random
 import signal
+import time
 from pathlib import Path
 
 import datasets
@@ -432,8 +434,9 @@ def test_failure_in_a_worker_leaves_no_cache(tmp_path, tokenizer, few_docs, monk
     assert_same(rebuilt, flaky_run(few_docs, tokenizer, tmp_path / "serial", 1))
 
 
-def test_killed_featurization_is_never_trusted(tmp_path, tokenizer, few_docs):
-    """A process killed mid-way leaves only a temporary directory: not read, removed by the next build."""
+def test_killed_featurization_is_never_trusted(tmp_path, tokenizer, few_docs, caplog):
+    """A process killed mid-way leaves a temporary directory and its lock: the directory is not read, and the
+    next build takes the lock over and removes both."""
 
     def killed():
         os.environ.update(FLAKY_PACK="kill", FLAKY_LAST_ID=few_docs[8 * 3 - 1]["id"])  # dies in its 3rd batch
@@ -443,10 +446,14 @@ def test_killed_featurization_is_never_trusted(tmp_path, tokenizer, few_docs):
     proc.start()
     proc.join(60)
     assert proc.exitcode == -signal.SIGKILL
-    left = list(tmp_path.iterdir())
-    assert len(left) == 1 and ".tmp-" in left[0].name and list(left[0].iterdir()), left
+    (tmp,) = [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    assert list(tmp.iterdir())
+    (lock,) = [p for p in tmp_path.iterdir() if p.name.endswith(".lock")]
+    assert json.loads(lock.read_text())["pid"] == proc.pid
     assert entries(tmp_path) == {}
-    rebuilt = flaky_run(few_docs, tokenizer, tmp_path, 1)
+    with caplog.at_level(logging.WARNING, logger="sparsebert.locks"):
+        rebuilt = flaky_run(few_docs, tokenizer, tmp_path, 1)
+    assert f"process {proc.pid} on host" in caplog.text and "no longer runs" in caplog.text
     assert [p.name for p in tmp_path.iterdir()] == [Path(rebuilt.cache_files[0]["filename"]).parent.name]
     assert_same(rebuilt, flaky_run(few_docs, tokenizer, tmp_path / "fresh", 2))
 
@@ -467,7 +474,22 @@ def bad_rows(entry: Path) -> None:  # a manifest that lies about the row count
     (entry / "manifest.json").write_text(json.dumps(manifest))
 
 
+def damaged_bytes(entry: Path) -> None:
+    """4 KiB of random bytes in the middle of a shard, its size unchanged: what a bad disk or an interrupted copy
+    leaves. The shard still opens as Arrow with the recorded row count: only its content tells."""
+    from datasets.table import MemoryMappedTable
+
+    shard = entry / "shard-00000.arrow"
+    data = bytearray(shard.read_bytes())
+    start = len(data) // 2 - 2048
+    data[start:start + 4096] = random.Random(0).randbytes(4096)
+    shard.write_bytes(bytes(data))
+    recorded = json.loads((entry / "manifest.json").read_text())["shards"][0]["num_rows"]
+    assert MemoryMappedTable.from_file(str(shard)).num_rows == recorded
+
+
 CORRUPTIONS = {
+    "damaged bytes": damaged_bytes,
     "truncated shard": truncate,
     "deleted shard": lambda entry: (entry / "shard-00000.arrow").unlink(),
     "unreadable shard": zero,
@@ -493,6 +515,51 @@ def test_corrupt_cache_is_detected_and_rebuilt(corrupt, tmp_path, tokenizer, few
     with caplog.at_level(logging.WARNING, logger="sparsebert.data.featurize"):
         flaky_run(few_docs, tokenizer, tmp_path, 2)
     assert not caplog.records  # and the rebuilt entry is trusted
+
+
+def slow_pack(batch, tokenizer, max_seq_length):
+    """pack_batch, slowly, leaving a file in $PACK_MARKS named after the process that featurized the batch."""
+    (Path(os.environ["PACK_MARKS"]) / f"{os.getpid()}-{batch['id'][0]}").touch()
+    time.sleep(0.5)
+    return pack_batch(batch, tokenizer, max_seq_length)
+
+
+def slow_run(docs, tokenizer, cache):
+    return featurize(docs, slow_pack, name="slow", tokenizer=tokenizer, num_proc=1, batch_size=8,
+                     fn_kwargs={"tokenizer": tokenizer, "max_seq_length": 64}, cache_dir=cache,
+                     remove_columns=docs.column_names)
+
+
+def test_a_second_process_waits_for_the_entry_being_built(tmp_path, tokenizer, few_docs, monkeypatch, caplog):
+    marks, cache = tmp_path / "marks", tmp_path / "cache"
+    marks.mkdir()
+    monkeypatch.setenv("PACK_MARKS", str(marks))
+    first = multiprocess.get_context("fork").Process(target=slow_run, args=(few_docs, tokenizer, cache))
+    first.start()
+    deadline = time.monotonic() + 60
+    while not list(marks.iterdir()):  # the first process is featurizing: it holds the entry's lock
+        assert first.is_alive() and time.monotonic() < deadline
+        time.sleep(0.05)
+    with caplog.at_level(logging.INFO, logger="sparsebert.locks"):
+        second = slow_run(few_docs, tokenizer, cache)
+    first.join(60)
+    assert first.exitcode == 0
+    assert f"waiting for process {first.pid} on host" in caplog.text
+    assert {p.name.split("-")[0] for p in marks.iterdir()} == {str(first.pid)}  # the second featurized nothing
+    assert second[:] == flaky_run(few_docs, tokenizer, tmp_path / "fresh", 1)[:]
+    assert sorted(p.name for p in cache.iterdir()) == [Path(second.cache_files[0]["filename"]).parent.name]
+
+
+def test_a_cache_folder_that_cannot_be_written_is_replaced_by_a_private_one(tmp_path, tokenizer, few_docs,
+                                                                          monkeypatch, caplog):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    # a folder under a file: nobody can create it, root included (CI runs as root, where chmod stops nothing)
+    monkeypatch.setenv("SPARSEBERT_CACHE", str(blocker / "cache"))
+    with caplog.at_level(logging.WARNING, logger="sparsebert.data.featurize"):
+        out = flaky_run(few_docs, tokenizer, None, 1)
+    assert str(blocker / "cache") in caplog.text and "SPARSEBERT_CACHE" in caplog.text
+    assert out[:] == flaky_run(few_docs, tokenizer, tmp_path / "fresh", 1)[:]
 
 
 def test_shard_count_is_a_batch_per_shard_up_to_a_cap():

@@ -1,7 +1,13 @@
-"""run_experiment's handling of a run directory that already holds a finished run (no training needed)."""
+"""run_experiment's handling of a run directory that holds a finished run, or that another process is using."""
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -31,3 +37,74 @@ def test_a_finished_run_is_skipped_only_with_the_same_settings(tmp_path):
     with pytest.raises(SparseBertError, match=r"holds a finished run of bert_tiny_quick with other settings "
                                               r"\(train.max_steps\); use --overwrite"):
         run_experiment(changed, opts)
+
+
+# --- one writer per run directory: real processes racing on one output root ----------------------------------
+
+# a run long enough to still be training when the other processes have started and been refused
+LONG_RUN = ["--set", "data.max_files=1", "--set", "data.max_seq_length=64", "--set", "data.max_eval_samples=32",
+            "--set", "train.global_batch_size=8", "--set", "train.max_steps=100000", "--set", "train.eval_steps=50000",
+            "--set", "train.save_steps=50000", "--set", "train.report_to=[]"]
+
+
+@dataclass
+class Started:
+    proc: subprocess.Popen
+    stderr: Path
+
+    def error_line(self) -> str:
+        lines = self.stderr.read_text().strip().splitlines()
+        assert "Traceback" not in self.stderr.read_text() and lines and lines[-1].startswith("error:"), lines[-20:]
+        return lines[-1]
+
+
+def start(tmp_path: Path, out: Path, data_dir: Path, name: str, *flags: str) -> Started:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_DATASETS_CACHE": str(tmp_path / "hf"), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false"}
+    stderr = tmp_path / f"{name}.stderr"
+    with open(stderr, "w") as f:  # a file, not a pipe: a training process must never block on a full pipe
+        proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), "bert_tiny_quick", "--output-dir", str(out),
+                                 "--data-dir", str(data_dir), *LONG_RUN, *flags], env=env, stdout=subprocess.DEVNULL,
+                                stderr=f)
+    return Started(proc, stderr)
+
+
+def wait_for(condition, seconds: float, what: str) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def refusal(refused: Started, holder: Started, run_dir: Path) -> None:
+    assert refused.proc.wait(60) == 2
+    line = refused.error_line()
+    assert f"run directory {run_dir} is in use by process {holder.proc.pid} on host {socket.gethostname()}" in line
+
+
+@pytest.mark.slow
+def test_a_second_process_on_the_same_run_is_refused_naming_the_first(tmp_path, data_dir):
+    """Two processes started a second apart (a double-submitted job): one trains, the other is refused naming
+    it; then an --overwrite while the first trains is refused too, and the run directory is left alone."""
+    out = tmp_path / "out"
+    run_dir = out / "bert_tiny_quick"
+    first = start(tmp_path, out, data_dir, "first")
+    time.sleep(1)
+    second = start(tmp_path, out, data_dir, "second")
+    started = [first, second]
+    try:
+        wait_for(lambda: any(s.proc.poll() is not None for s in started), 120, "one of the two to be refused")
+        refused, holder = (first, second) if first.proc.poll() is not None else (second, first)
+        refusal(refused, holder, run_dir)
+        wait_for(lambda: (run_dir / "env.json").is_file(), 120, "the run to start training")
+        assert holder.proc.poll() is None
+        overwrite = start(tmp_path, out, data_dir, "overwrite", "--overwrite")
+        started.append(overwrite)
+        refusal(overwrite, holder, run_dir)
+        assert holder.proc.poll() is None and (run_dir / "env.json").is_file()  # still training, in its directory
+    finally:
+        for s in started:
+            if s.proc.poll() is None:
+                s.proc.kill()
+                s.proc.wait()

@@ -1,8 +1,13 @@
 """Running one experiment into ``<output root>/<name>/``.
 
 Order matters for honesty: train settings are checked and data and model are prepared first (bad input fails
-before any directory exists), then ``config.json`` and ``env.json`` are written, training runs, ``metrics.json``
+before any run directory exists), then ``config.json`` and ``env.json`` are written, training runs, ``metrics.json``
 follows, and ``DONE`` is written last. A directory without ``DONE`` is never a finished run; ``--resume`` continues it.
+
+One writer per run directory: from the first check to ``DONE``, the main process holds ``<output root>/.<name>.lock``
+(:mod:`sparsebert.locks`), so a second process on the same experiment and output root (a double-submitted job,
+an ``--overwrite`` while the run trains) is refused in one line naming the process that holds it. The other
+processes of a multi-process job take no lock: they write only what the main process coordinates.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +28,7 @@ from sparsebert.distributed import process_state, world_size
 from sparsebert.env_info import environment
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
+from sparsebert.locks import FileLock, LockHeld
 from sparsebert.trainer.arguments import batch_layout, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -53,6 +61,40 @@ def make_job(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = N
 def run_experiment(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = None) -> dict[str, Any] | None:
     """Run ``cfg``; returns its metrics, or None when it had already finished."""
     run_dir = opts.output_root / cfg.name
+    state = process_state()
+    make_output_root(opts.output_root)
+    with run_lock(run_dir) if state.is_main_process else nullcontext():
+        return _run(cfg, opts, run_dir, callbacks)
+
+
+def make_output_root(root: Path) -> None:
+    """The output root, created now: one that cannot be (a file in the way) fails before data and model are
+    prepared."""
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        blocker = next((p for p in [root, *root.parents] if p.exists() and not p.is_dir()), None)
+        why = f"{blocker} is a file" if blocker is not None else e.strerror
+        raise SparseBertError(f"--output-dir {root} cannot be created: {why}") from None
+
+
+@contextmanager
+def run_lock(run_dir: Path) -> Iterator[None]:
+    """One process at a time writes ``run_dir``: another one holding it is a one-line error naming it."""
+    lock = FileLock(run_dir.parent / f".{run_dir.name}.lock", f"run directory {run_dir}")
+    try:
+        lock.acquire()
+    except LockHeld as e:  # two writers would mix two runs in one directory
+        raise SparseBertError(f"{e}; wait for it to end, or stop it first") from None
+    except OSError as e:
+        raise SparseBertError(f"cannot write in the output root {run_dir.parent}: {e.strerror}") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list | None) -> dict[str, Any] | None:
     state = process_state()
     if is_finished(run_dir) and not opts.overwrite:
         _check_same_config(run_dir, cfg, f"{run_dir} holds a finished run of {cfg.name} with other settings")

@@ -41,6 +41,12 @@ def _write_rows(path, rows: list[list[str]]) -> None:
     path.write_text("".join("\t".join(r) + "\n" for r in rows), encoding="utf-8")
 
 
+def test_a_byte_order_mark_is_accepted(tmp_path, data_dir, val):
+    path = tmp_path / "bom.tsv"
+    path.write_bytes(b"\xef\xbb\xbf" + (data_dir / "gap" / "gap-validation.tsv").read_bytes())
+    assert read_gap(path) == val
+
+
 def test_read_real_files(dev, val):
     assert len(dev) == 2000 and len(val) == 454
     assert dev[0].id == "development-1" and val[-1].id == "validation-454"

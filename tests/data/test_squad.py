@@ -73,6 +73,12 @@ def test_read_real_files(v1, v2):
     assert all(ex["answers"]["text"] == [] for ex in v2 if ex["is_impossible"])
 
 
+def test_a_byte_order_mark_is_accepted(tmp_path, data_dir, v1):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + (data_dir / "squad" / "dev-v1.1.json").read_bytes())
+    assert read_squad(path) == v1
+
+
 def test_truncated_json_names_file(tmp_path, data_dir):
     text = (data_dir / "squad" / "dev-v1.1.json").read_text(encoding="utf-8")
     bad = tmp_path / "cut.json"

@@ -234,3 +234,51 @@ def test_a_file_that_is_not_a_database_is_a_one_line_error(tmp_path: Path, read_
     path.write_bytes(b"these are not the bytes of a SQLite database\n" * 100)
     with pytest.raises(SparseBertError, match=f"run registry {path}: file is not a database"):
         Registry(path, read_only=read_only).runs()
+
+
+# -- reading never writes ---------------------------------------------------------------------------------------
+
+
+def test_table_reads_a_registry_in_a_read_only_folder_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    """Reading needs no write access: not to the folder, where SQLite would create -wal and -shm files. The
+    listing is compared, not just a write attempted, because CI runs as root, for whom chmod stops nothing."""
+    from sparsebert.cli import main
+
+    root = tmp_path / "results"
+    Registry.in_output_root(root).record(_rec("runs/a"))
+    before = sorted(p.name for p in root.iterdir())
+    root.chmod(0o555)
+    try:
+        assert main(["--table", "glue", "--output-dir", str(root)], Path(__file__).parents[2] / "experiments") == 0
+        assert sorted(p.name for p in root.iterdir()) == before == [REGISTRY_FILENAME]
+    finally:
+        root.chmod(0o755)
+    assert "| exp" in capsys.readouterr().out
+
+
+def test_a_reader_sees_rows_still_in_a_writers_log(tmp_path: Path) -> None:
+    path = tmp_path / REGISTRY_FILENAME
+    Registry(path).record(_rec("runs/a"))
+    holder = sqlite3.connect(path)  # an open connection: the log is not folded into the file when a writer closes
+    try:
+        holder.execute("SELECT count(*) FROM runs").fetchone()
+        Registry(path).record(_rec("runs/b"))
+        assert (tmp_path / f"{REGISTRY_FILENAME}-wal").stat().st_size > 0
+        assert [r.run_dir for r in Registry(path, read_only=True).runs()] == ["runs/a", "runs/b"]
+    finally:
+        holder.close()
+
+
+def test_a_read_during_which_a_writer_changed_the_file_is_repeated(tmp_path: Path) -> None:
+    path = tmp_path / REGISTRY_FILENAME
+    Registry(path).record(_rec("runs/a"))
+    reader = Registry(path, read_only=True)
+    writes = [lambda: Registry(path).record(_rec("runs/b"))]
+
+    def read(conn: sqlite3.Connection) -> list[str]:
+        rows = [row["run_dir"] for row in conn.execute("SELECT run_dir FROM runs ORDER BY run_dir")]
+        if writes:  # a writer commits (and folds its log into the file) while this read is open
+            writes.pop()()
+        return rows
+
+    assert reader._with_retry(read) == ["runs/a", "runs/b"]

@@ -21,11 +21,12 @@ _DOC_OPEN = re.compile(r'^<doc id="([^"]*)" url="[^"]*" title="([^"]*)">$')
 
 
 def _open_text(path: Path):
+    # utf-8-sig: a byte-order mark (Windows editors write one) would otherwise start the first line
     if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
     if path.suffix == ".xz":  # about 30 % smaller than .gz: what fits a size-limited transfer
-        return lzma.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return lzma.open(path, "rt", encoding="utf-8-sig")
+    return open(path, encoding="utf-8-sig")
 
 
 def _lines(path: Path) -> Iterator[str]:

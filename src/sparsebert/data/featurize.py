@@ -32,22 +32,30 @@ Layout: ``<cache_dir>/<name>-<key[:32]>/`` holds ``shard-00000.arrow ...`` and `
 directory is ``cache_dir``, else ``$SPARSEBERT_CACHE``, else ``~/.cache/sparsebert/features``.
 
 Atomic protocol. Shards are built in a temporary sibling directory ``.<entry>.tmp-<host>-<pid>-<random>``;
-when every shard is written and fsynced, ``manifest.json`` (shard file names, row counts, byte sizes, key,
-version; for information, ``build``: processes, shards, seconds per stage) is written last, the directory is
-fsynced and renamed into place. An entry is trusted only if its manifest parses, names this key and version,
-and every shard exists with the recorded size, opens as Arrow, has the recorded row count and the first
-shard's schema. Anything else is logged as a warning naming the path, removed and rebuilt. A failed
-featurization removes its temporary directory; one killed outright leaves only a temporary directory, which
-is never read and is removed by the next build of that entry on the same host once its process is gone.
-Two builders racing (two nodes on a shared file system) both finish; the first rename wins, the other
-discards its copy and loads the winner's.
+when every shard is written and fsynced, ``manifest.json`` (shard file names, row counts, byte sizes, an
+xxh3-128 checksum of each shard's bytes, key, version; for information, ``build``: processes, shards, seconds per
+stage) is written last, the directory is fsynced and renamed into place. An entry is trusted only if its
+manifest parses, names this key and version, and every shard exists with the recorded size and checksum, opens
+as Arrow, has the recorded row count and the first shard's schema: bytes damaged on disk or in a copy are found
+even where the file still parses. Anything else is logged as a warning naming the path, removed and rebuilt. A
+failed featurization removes its temporary directory; one killed outright leaves only a temporary directory,
+which is never read and is removed by the next build of that entry on the same host once its process is gone.
+
+One builder per entry: a build holds the lock file ``<cache_dir>/.<entry>.lock`` (:mod:`sparsebert.locks`,
+naming its host and process); a second process that needs the same entry waits for it and loads the result,
+and a lock left by a killed process is taken over. Where file locks do not reach other nodes, two nodes may
+both build: both finish, the first rename wins, the other discards its copy and loads the winner's. A cache
+folder that cannot be written is read where it holds the entry, and otherwise replaced, with a warning, by a
+private temporary folder removed when the process ends.
 
 Under multi-process training, ``featurize`` runs inside ``process_state().local_main_process_first()``: the
-local main process of each node featurizes (or finds the cache), the other ranks wait and then load it.
+local main process of each node featurizes (or finds and verifies the cache), the other ranks wait and then
+load it without hashing it again.
 """
 
 from __future__ import annotations
 
+import atexit
 import gc
 import hashlib
 import inspect
@@ -65,10 +73,12 @@ from pathlib import Path
 from typing import Any
 
 from sparsebert.io import publish_permissions
+from sparsebert.locks import FileLock
 
 log = logging.getLogger(__name__)
 
-FEATURIZE_VERSION = 1
+# 2: shards carry a content checksum (entries of version 1 have none and are rebuilt)
+FEATURIZE_VERSION = 2
 MANIFEST = "manifest.json"
 MAX_NUM_PROC = 16  # default cap on worker processes; $SPARSEBERT_NUM_PROC overrides it
 # rows per call of the function; also the unit of work split among workers, so kept small enough that a
@@ -113,6 +123,17 @@ def default_num_proc(num_proc: int | None = None) -> int:
 def file_digest(path: str | os.PathLike) -> str:
     """sha256 of a file's bytes, read in 1 MiB chunks."""
     h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def shard_checksum(path: str | os.PathLike) -> str:
+    """xxh3-128 of a file's bytes: reads at memory speed, so it costs little next to the load it guards."""
+    import xxhash
+
+    h = xxhash.xxh3_128()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
@@ -256,23 +277,76 @@ def featurize(
         "features": features.to_dict() if features is not None else None,
     }
     key = cache_key(material)
-    root = cache_root(cache_dir)
-    entry = root / f"{_safe(name)}-{key[:32]}"
+    entry = cache_root(cache_dir) / f"{_safe(name)}-{key[:32]}"
     from sparsebert.distributed import process_state
 
-    with process_state().local_main_process_first():
-        found = _load(entry, key)
+    state = process_state()
+    with state.local_main_process_first():
+        # the other ranks of a node load what its local main process checked or built a moment ago
+        verify = state.is_local_main_process
+        found = _load(entry, key, verify=verify, remove_bad=False)  # the usual case: no lock needed
         if found is not None:
             log.info("%s: %d rows from the feature cache %s", name, len(found), entry)
             return found
-        procs = _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_proc, entry, key,
-                       material, key_seconds=time.perf_counter() - started)
-        found = _load(entry, key)
-        if found is None:
-            raise RuntimeError(f"feature cache {entry} is unreadable right after it was written")
-        log.info("%s: featurized %d rows into %d in %.1f s with %d process%s -> %s", name, len(dataset),
-                 len(found), time.perf_counter() - started, procs, "es" if procs > 1 else "", entry)
+
+        def build(target: Path) -> int:
+            return _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_proc, target, key,
+                          material, key_seconds=time.perf_counter() - started)
+
+        found, procs, entry = _build_locked(entry, key, verify, build)
+        if procs:
+            log.info("%s: featurized %d rows into %d in %.1f s with %d process%s -> %s", name, len(dataset),
+                     len(found), time.perf_counter() - started, procs, "es" if procs > 1 else "", entry)
+        else:
+            log.info("%s: %d rows from the feature cache %s", name, len(found), entry)
         return found
+
+
+def _build_locked(entry: Path, key: str, verify: bool, build: Callable[[Path], int]) -> tuple[Any, int, Path]:
+    """(dataset, processes used or 0 when loaded, entry) holding the entry's lock: a process that waited for
+    another's build loads its result. Where the cache cannot be written, the entry goes to a private folder."""
+    lock = _lock_entry(entry)
+    if lock is None:
+        entry = _private_cache() / entry.name
+    try:
+        found = _load(entry, key, verify=verify)  # the build we waited for; a bad entry is removed here
+        if found is not None:
+            return found, 0, entry
+        procs = build(entry)
+        found = _load(entry, key)
+    finally:
+        if lock is not None:
+            lock.release()
+    if found is None:
+        raise RuntimeError(f"feature cache {entry} is unreadable right after it was written")
+    return found, procs, entry
+
+
+def _lock_entry(entry: Path) -> FileLock | None:
+    """The build lock of ``entry``, taken (waiting while another process builds the entry); None, with a
+    warning, when the cache folder cannot be written."""
+    lock = FileLock(entry.parent / f".{entry.name}.lock", f"feature cache entry {entry}", honour_other_hosts=False)
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire_waiting()
+    except OSError as e:
+        log.warning("feature cache %s cannot be written (%s): featurizing into a temporary folder removed when "
+                    "this process ends; set $SPARSEBERT_CACHE to a writable folder to keep features between runs",
+                    entry.parent, e.strerror or e)
+        return None
+    return lock
+
+
+_PRIVATE_CACHE: Path | None = None
+
+
+def _private_cache() -> Path:
+    """This process's stand-in for a cache folder it cannot write: made once, removed at exit."""
+    global _PRIVATE_CACHE
+    if _PRIVATE_CACHE is None:
+        _PRIVATE_CACHE = Path(tempfile.mkdtemp(prefix="sparsebert-features-"))
+        atexit.register(shutil.rmtree, _PRIVATE_CACHE, ignore_errors=True)
+    return _PRIVATE_CACHE
 
 
 def _empty(dataset, remove_columns: list[str] | None, features):
@@ -299,8 +373,10 @@ class _Corrupt(Exception):
     pass
 
 
-def _load(entry: Path, key: str):
-    """The cached dataset of a valid entry; None when there is none (a bad one is removed with a warning)."""
+def _load(entry: Path, key: str, verify: bool = True, remove_bad: bool = True):
+    """The cached dataset of a valid entry; None when there is none. A bad one is removed with a warning, or
+    with ``remove_bad=False`` left for the caller to handle under the entry's lock. ``verify``: compare each
+    shard's bytes with its checksum."""
     import datasets
     from datasets.table import MemoryMappedTable, concat_tables
 
@@ -328,6 +404,9 @@ def _load(entry: Path, key: str):
             size = path.stat().st_size
             if size != shard["bytes"]:
                 raise _Corrupt(f"shard {path.name} has {size} bytes, the manifest says {shard['bytes']}")
+            if verify and shard_checksum(path) != shard["xxh3_128"]:
+                raise _Corrupt(f"shard {path.name} does not match its checksum: its bytes changed after it was "
+                               "written")
             try:
                 table = MemoryMappedTable.from_file(str(path))
             except Exception as e:
@@ -342,8 +421,11 @@ def _load(entry: Path, key: str):
         # one memory-mapped table over all shards (what concatenate_datasets of Dataset.from_file per shard gives,
         # without building a Dataset per shard: several times faster to load at 64 shards)
         return datasets.Dataset(shards[0] if len(shards) == 1 else concat_tables(shards))
-    except (_Corrupt, KeyError, TypeError) as e:
-        reason = str(e) if isinstance(e, _Corrupt) else f"malformed manifest ({type(e).__name__}: {e})"
+    except (_Corrupt, KeyError, TypeError, OSError) as e:
+        if not remove_bad:
+            return None
+        reason = (str(e) if isinstance(e, _Corrupt) else f"unreadable: {e}" if isinstance(e, OSError)
+                  else f"malformed manifest ({type(e).__name__}: {e})")
         log.warning("feature cache %s is corrupt (%s): removing it and featurizing again", entry, reason)
         shutil.rmtree(entry, ignore_errors=True)
         return None
@@ -425,8 +507,8 @@ def _map_shard(shared: dict[str, Any], index: int, start: int, stop: int) -> dic
     with open(path, "rb") as f:
         os.fsync(f.fileno())
     return {"index": index, "path": path, "num_rows": num_rows, "bytes": os.path.getsize(path),
-            "features": features, "rows": [start, stop], "pid": os.getpid(), "began": began,
-            "seconds": time.time() - began, "cpu_seconds": time.process_time() - cpu}
+            "xxh3_128": shard_checksum(path), "features": features, "rows": [start, stop], "pid": os.getpid(),
+            "began": began, "seconds": time.time() - began, "cpu_seconds": time.process_time() - cpu}
 
 
 @contextmanager
@@ -632,8 +714,9 @@ def _build(dataset, fn, fn_kwargs, batch_size, remove_columns, features, num_pro
                 os.replace(path + ".cast", path)
                 with open(path, "rb") as f:
                     os.fsync(f.fileno())
-                r["bytes"] = os.path.getsize(path)
-        shards = [{"file": Path(r["path"]).name, "num_rows": r["num_rows"], "bytes": r["bytes"]} for r in written]
+                r["bytes"], r["xxh3_128"] = os.path.getsize(path), shard_checksum(path)
+        shards = [{"file": Path(r["path"]).name, "num_rows": r["num_rows"], "bytes": r["bytes"],
+                   "xxh3_128": r["xxh3_128"]} for r in written]
         # per shard: its input rows, the worker's pid, when it began (seconds after the build began), how long
         # it took and the CPU time it used
         stats["shard_timings"] = [{"rows": r["rows"], "pid": r["pid"], "began": r["began"] - began,

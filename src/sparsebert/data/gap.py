@@ -108,7 +108,7 @@ def read_gap(path: str | os.PathLike, on_bad_row: str = "error") -> list[GapExam
     if on_bad_row not in ("error", "skip"):
         raise SparseBertError(f"read_gap: on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with open(path, encoding="utf-8-sig", newline="") as f:  # a byte-order mark is not part of "ID"
             # csv_rows: a file in another encoding or with a runaway line is a one-line error, not a bad row
             rows = [row for _, row in csv_rows(path, f, delimiter="\t", quoting=csv.QUOTE_NONE)]
     except OSError as e:

@@ -37,7 +37,7 @@ def read_squad(path: str | os.PathLike) -> list[dict[str, Any]]:
     is_impossible`` (False for v1.1 files, which have no such flag).
     """
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:  # json refuses a leading byte-order mark
             data = json.load(f)
     except json.JSONDecodeError as e:
         raise SparseBertError(f"{path}: not valid JSON (truncated or corrupt?): {e}") from None

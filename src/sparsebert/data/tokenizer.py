@@ -14,7 +14,7 @@ def load_tokenizer(name: str, output_root: Path | None = None) -> PreTrainedToke
     """``minilm``, a run or model directory, a directory written by ``--train-tokenizer``, or a hub name."""
     path = Path(name)
     is_tokenizer_dir = (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()
-    source = str(path) if is_tokenizer_dir else resolve_pretrained(name, output_root)
+    source = str(path) if is_tokenizer_dir else resolve_pretrained(name, output_root, "tokenizer")
     try:
         tok = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as e:

@@ -114,7 +114,7 @@ def build_mlm_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, data: 
     """The model an MLM experiment trains: from ``model.init_from`` or a named size, checked against the
     data's sequence length and the tokenizer, with the static decoder rows of ``data.static_mask_count``."""
     if cfg.init_from:
-        model = load_mlm_model(resolve_pretrained(cfg.init_from, output_root), cfg.attn_implementation,
+        model = load_mlm_model(resolve_pretrained(cfg.init_from, output_root, "model.init_from"), cfg.attn_implementation,
                                **dropout_overrides(cfg))
     else:
         model = BertForMaskedLMAtMasked(bert_config(cfg, len(tokenizer), tokenizer.pad_token_id))

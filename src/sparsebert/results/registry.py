@@ -8,7 +8,11 @@ Several runs (processes) write to the same file at once, so:
   switching the journal mode or creating the schema while another process does the same);
 * a connection lives for one operation only, so a registry object is safe to keep across ``fork``/``spawn``;
 * all values go through SQL parameters, never string formatting;
-* metrics are stored as JSON text (plain data, never pickle).
+* metrics are stored as JSON text (plain data, never pickle);
+* reading (``read_only``, for tables and plots) never writes: a database with no write-ahead log in use is read
+  as an immutable file, so neither write access to its folder nor the ``-wal``/``-shm`` files that SQLite would
+  create there are needed, and the read is repeated if a writer changed the file meanwhile. While a writer's
+  log exists it is read through SQLite's read-only mode, which sees the log.
 
 The schema version lives in ``PRAGMA user_version``; the schema is created (or migrated) on first use.
 """
@@ -116,9 +120,8 @@ class Registry:
         max_attempts: int = 20,
         read_only: bool = False,
     ) -> None:
-        """``read_only``: for tables and plots. The file must exist; it is opened with SQLite's read-only mode
-        and never locked for writing, so a registry on a read-only file system (or owned by a colleague) can be
-        read."""
+        """``read_only``: for tables and plots. The file must exist; it is read without writing anything (see the
+        module docstring), so a registry in a read-only folder (or owned by a colleague) can be read."""
         self.path = Path(path)
         self.busy_timeout_s = busy_timeout_s
         self.max_attempts = max_attempts
@@ -188,26 +191,40 @@ class Registry:
 
     # -- internals -------------------------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, immutable: bool = False) -> sqlite3.Connection:
         # isolation_level=None: autocommit; a single upsert is its own atomic transaction and the schema
         # setup uses an explicit BEGIN IMMEDIATE.  timeout= installs SQLite's busy handler.
         if self.read_only:
-            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
-                                   timeout=self.busy_timeout_s, isolation_level=None)
+            uri = f"{self.path.resolve().as_uri()}?mode=ro" + ("&immutable=1" if immutable else "")
+            conn = sqlite3.connect(uri, uri=True, timeout=self.busy_timeout_s, isolation_level=None)
         else:
             conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
         conn.row_factory = sqlite3.Row
         return conn
 
+    def _unlogged_state(self) -> tuple[int, int, int] | None:
+        """For a read-only registry whose write-ahead log is absent or empty (no writer has changes pending): the
+        file's identity, size and mtime, which an immutable read compares before and after. None otherwise."""
+        if not self.read_only:
+            return None
+        wal = self.path.with_name(self.path.name + "-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            return None
+        st = self.path.stat()
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
     def _with_retry(self, op: Callable[[sqlite3.Connection], _T]) -> _T:
-        """Run ``op`` on a fresh connection, retrying with backoff while the database is locked."""
+        """Run ``op`` on a fresh connection, retrying with backoff while the database is locked (or, read as an
+        immutable file, was changed by a writer during the read)."""
         delay = 0.02
         for attempt in range(1, self.max_attempts + 1):
-            conn = self._connect()
+            before = self._unlogged_state()
+            conn = self._connect(immutable=before is not None)
             try:
-                return op(conn)
+                result = op(conn)
             except sqlite3.DatabaseError as e:  # OperationalError (locks among them) is one
-                if not (isinstance(e, sqlite3.OperationalError) and _is_lock_error(e)):
+                changed = before is not None and before != self._unlogged_state()
+                if not changed and not (isinstance(e, sqlite3.OperationalError) and _is_lock_error(e)):
                     # not a database, a corrupt one, a read-only folder: one line that names the file
                     raise SparseBertError(f"run registry {self.path}: {e}") from e
                 if attempt == self.max_attempts:
@@ -215,12 +232,15 @@ class Registry:
                         f"run registry {self.path} stayed locked after {attempt} attempts: {e}; "
                         "is another process holding a long transaction on it?"
                     ) from e
+            else:
+                if before is None or before == self._unlogged_state():
+                    return result
             finally:
                 conn.close()  # also rolls back a transaction the failed op left open
             # jitter so that processes that collided do not retry in lockstep
             time.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 1.0)
-        raise AssertionError("unreachable")
+        raise SparseBertError(f"run registry {self.path} changed during each of {self.max_attempts} reads")
 
     def _initialize(self, conn: sqlite3.Connection) -> None:
         # WAL is a property of the file (persistent), so setting it once per open is cheap and idempotent.

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -48,12 +50,13 @@ class PretrainJob:
     def prepare(self) -> None:
         """Everything that can fail on bad input, before a run directory exists."""
         cfg = self.cfg
+        # the teacher first: a missing one is found in a moment, not after featurizing the corpus
+        teacher = resolve_pretrained(cfg.kd.teacher, self.output_root, "kd.teacher") if cfg.kd else None
         self.tokenizer = load_tokenizer(cfg.model.tokenizer, self.output_root)
         # featurize once per node: the local main process fills the datasets cache, the others load it
         with process_state().local_main_process_first():
             self.data = build_pretrain_data(cfg.data, self.tokenizer, self.data_dir, cfg.seed)
         self.model = build_mlm_model(cfg.model, self.tokenizer, cfg.data, self.output_root)
-        teacher = resolve_pretrained(cfg.kd.teacher, self.output_root) if cfg.kd else None
         self.hooks = build_hooks(cfg, self.model, cfg.train.max_steps, cfg.seed, teacher,
                                  lambda source: load_mlm_model(source, cfg.model.attn_implementation))
 
@@ -105,15 +108,75 @@ def missing_checkpoint_files(checkpoint: Path, sparse: bool) -> list[str]:
     return [name for name in needed if not (checkpoint / name).is_file()]
 
 
+def damaged_checkpoint_file(checkpoint: Path) -> str | None:
+    """The first file of ``checkpoint`` that does not read back whole, named with what is wrong; None if none.
+
+    Safetensors files must have a header that parses and describes the file's length, JSON files must parse, and
+    the archives of ``torch.save`` (optimizer, scheduler, RNG states) must match the CRC of every member. A
+    damaged file would otherwise fail the resume deep in the Trainer with a traceback."""
+    for path in sorted(checkpoint.iterdir()):
+        check = _FILE_CHECKS.get(path.suffix)
+        problem = check(path) if check is not None and path.is_file() else None
+        if problem is not None:
+            return f"{path} {problem}"
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        if size < 8 or length > size - 8:
+            return "is cut short or its header length is garbage"
+        try:
+            header = json.loads(f.read(length))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError):
+            return "has an unreadable header"
+    return None if 8 + length + end == size else f"has {size} bytes where its header describes {8 + length + end}"
+
+
+def _json_problem(path: Path) -> str | None:
+    try:
+        json.loads(path.read_bytes())
+    except ValueError as e:
+        return f"is not valid JSON ({e})"
+    return None
+
+
+def _archive_problem(path: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except zipfile.BadZipFile as e:
+        return f"is not a readable torch.save archive ({e})"
+    return None if bad is None else f"fails the checksum of its member {bad}"
+
+
+_FILE_CHECKS = {".safetensors": _safetensors_problem, ".json": _json_problem, ".pt": _archive_problem,
+                ".pth": _archive_problem, ".bin": _archive_problem}
+
+
 def last_complete_checkpoint(run_dir: Path, sparse: bool) -> Path | None:
-    """The newest ``checkpoint-N`` that holds everything a resume loads; newer incomplete ones are skipped."""
+    """The newest ``checkpoint-N`` that holds everything a resume loads, whole. Newer incomplete ones (a crash
+    while saving) are skipped; so are damaged ones, with a warning, but when no whole checkpoint is left the
+    damage is an error: starting over would silently throw the run's progress away."""
     steps = {path: step for path in run_dir.glob("checkpoint-*") if (step := checkpoint_step(path)) is not None}
+    damaged = []
     for checkpoint in sorted(steps, key=steps.__getitem__, reverse=True):
         missing = missing_checkpoint_files(checkpoint, sparse)
-        if not missing:
+        if missing:
+            log.warning("--resume: skipping the incomplete checkpoint %s (no %s; a crash while it was saved?)",
+                        checkpoint, ", ".join(missing))
+            continue
+        problem = damaged_checkpoint_file(checkpoint)
+        if problem is None:
             return checkpoint
-        log.warning("--resume: skipping the incomplete checkpoint %s (no %s; a crash while it was saved?)",
-                    checkpoint, ", ".join(missing))
+        log.warning("--resume: skipping the damaged checkpoint %s (%s)", checkpoint.name, problem)
+        damaged.append(problem)
+    if damaged:
+        raise SparseBertError(f"--resume: no whole checkpoint in {run_dir}: {damaged[0]}; delete that checkpoint "
+                              "to start the run over, or pass --overwrite")
     return None
 
 

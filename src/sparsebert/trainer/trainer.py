@@ -121,6 +121,14 @@ class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, D
         super().__init__(*args, **kwargs)
         self.drop_last_batch = drop_last_batch
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        # A checkpoint stores each tied tensor once (the MLM decoder's weight is the word embeddings, its bias the
+        # head's bias), so a resume reports the decoder's names as missing although their tensors were loaded under
+        # the other name. Only keys whose tensor nothing loaded are worth a warning.
+        missing = set(load_result.missing_keys) - loaded_through_a_tie(self.model, load_result.missing_keys)
+        super()._issue_warnings_after_load(
+            load_result._replace(missing_keys=[k for k in load_result.missing_keys if k in missing]))
+
     def get_train_dataloader(self):
         # TrainingArguments.dataloader_drop_last would drop rows of the evaluation sets as well
         if not self.drop_last_batch:
@@ -135,3 +143,12 @@ class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, D
                                   f"batch of {self._train_batch_size} per device x {self.args.world_size} "
                                   "process(es); use more data or a smaller batch")
         return loader
+
+
+def loaded_through_a_tie(model, missing_keys: list[str]) -> set[str]:
+    """The names among ``missing_keys`` whose parameter is the same tensor as one under a name that was loaded."""
+    names: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(parameter), []).append(name)
+    missing = set(missing_keys)
+    return {name for aliases in names.values() if not set(aliases) <= missing for name in aliases if name in missing}

@@ -24,10 +24,10 @@ from sparsebert.errors import SparseBertError
 from sparsebert.models.pretrained import resolve_pretrained
 from sparsebert.sparsity import SparsityConfig
 from sparsebert.trainer.finetune.common import FinetuneContext, read_metrics
-from sparsebert.trainer.finetune.csv_task import run_csv
-from sparsebert.trainer.finetune.gap import run_gap
-from sparsebert.trainer.finetune.glue import run_glue
-from sparsebert.trainer.finetune.squad import run_squad
+from sparsebert.trainer.finetune.csv_task import load_csv, run_csv
+from sparsebert.trainer.finetune.gap import load_gap, run_gap
+from sparsebert.trainer.finetune.glue import load_glue_task, run_glue
+from sparsebert.trainer.finetune.squad import load_squad, run_squad
 
 log = logging.getLogger(__name__)
 
@@ -74,19 +74,24 @@ def sparsity_of_run(source_name: str | None, output_root: Path) -> SparsityConfi
 
 
 def check_positions(source: str, max_seq_length: int) -> None:
-    """Refuse finetune.max_seq_length beyond the model's position embeddings before any run directory exists
-    (the forward pass would fail on the first long batch)."""
+    """Refuse a model whose config does not load (a hub id mistyped, the hub out of reach) and
+    finetune.max_seq_length beyond its position embeddings before any run directory exists (the forward pass
+    would fail on the first long batch)."""
     from transformers import AutoConfig
 
     try:
         positions = AutoConfig.from_pretrained(source).max_position_embeddings
-    except (OSError, ValueError, AttributeError):
-        return  # not readable here: loading the model reports it
+    except OSError as e:
+        raise SparseBertError(f"cannot load model '{source}': {str(e).splitlines()[0]}") from None
+    except (ValueError, AttributeError):
+        return  # a config of another kind: loading the model reports what is wrong with it
     if max_seq_length > positions:
         raise SparseBertError(f"finetune.max_seq_length={max_seq_length} is beyond the {positions} position "
                               f"embeddings of {source}")
 
 
+# per task kind: what reads and checks its inputs (data, teacher) in prepare(), and what trains one run on them
+LOADERS = {"glue": load_glue_task, "squad_v1": load_squad, "squad_v2": load_squad, "gap": load_gap, "csv": load_csv}
 RUNNERS = {"glue": run_glue, "squad_v1": run_squad, "squad_v2": run_squad, "gap": run_gap, "csv": run_csv}
 
 
@@ -100,7 +105,7 @@ class FinetuneJob:
     def prepare(self) -> None:
         cfg = self.cfg
         self.tasks = task_list(cfg, self.data_dir)
-        source = resolve_pretrained(cfg.model.init_from, self.output_root)
+        source = resolve_pretrained(cfg.model.init_from, self.output_root, "model.init_from")
         check_positions(source, cfg.finetune.max_seq_length)
         inherited = sparsity_of_run(cfg.model.init_from, self.output_root)
         if cfg.sparsity is None and inherited is not None:
@@ -116,6 +121,13 @@ class FinetuneJob:
             pretrain_metrics=pretrain_metrics_of(cfg.model.init_from, self.output_root),
             callbacks=self.callbacks,
         )
+        # every task's data and teacher are read and checked here, before the runner creates a run directory: a
+        # bad row or a missing teacher must not leave a directory that the fixed command takes for an unfinished run
+        self.inputs = {task: self._inputs(task) for task in self.tasks}
+
+    def _inputs(self, task: str) -> Any:
+        kind, _, name = task.partition(":")  # "glue:rte" -> the GLUE loader on rte; else the task itself
+        return LOADERS[kind](self.ctx, name or task)
 
     def _tokenizer(self, source: str):
         """The tokenizer saved with the model (our runs and the MiniLM ship one), else model.tokenizer."""
@@ -150,8 +162,7 @@ class FinetuneJob:
                 seed = self.cfg.seed + k
                 set_seed(seed)
                 log.info("finetuning %s on %s, run %d (seed %d) -> %s", self.cfg.name, task, k, seed, sub)
-                kind, _, glue_name = task.partition(":")  # "glue:rte" -> glue runner on rte; else the task
-                runs.append(RUNNERS[kind](ctx, glue_name or task, seed, sub))
+                runs.append(RUNNERS[task.partition(":")[0]](ctx, self.inputs[task], seed, sub))
             summary[task] = summarize(runs)
         return summary
 

@@ -55,12 +55,23 @@ class FinetuneContext:
         """A finetuning teacher: the same task's first run of the named experiment, or any model it names."""
         if self.cfg.kd is None:
             return None
-        run = self.output_root / self.cfg.kd.teacher / task_dir / "run0"
+        teacher = self.cfg.kd.teacher
+        run = self.output_root / teacher / task_dir / "run0"
         if (run / "model" / "config.json").is_file() or (run / "model" / "model.safetensors").is_file():
             if not (run / "DONE").is_file():
                 raise SparseBertError(f"teacher run {run} has not finished")
             return str(run / "model")
-        return resolve_pretrained(self.cfg.kd.teacher, self.output_root)
+        if _finetuning_experiment(self.output_root / teacher):
+            raise SparseBertError(f"kd.teacher {teacher}: {run} holds no model; run {teacher} on this task first")
+        return resolve_pretrained(teacher, self.output_root, "kd.teacher")
+
+
+def _finetuning_experiment(path: Path) -> bool:
+    """Whether ``path`` is one of our finetuning experiments (its models are per task and run, not model/)."""
+    try:
+        return json.loads((path / "config.json").read_text()).get("task") not in (None, "mlm")
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def limit(dataset, n: int | None):

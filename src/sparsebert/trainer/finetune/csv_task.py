@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -11,18 +12,34 @@ import numpy as np
 from transformers import DataCollatorWithPadding
 
 from sparsebert.data.classification_metrics import classification_metrics, plot_confusion_matrix
-from sparsebert.data.csv_task import aggregate_folded, build_csv_datasets, write_csv_predictions
+from sparsebert.data.csv_task import CsvData, aggregate_folded, build_csv_datasets, write_csv_predictions
 from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, limit, make_trainer, softmax
 from sparsebert.trainer.finetune.glue import load_classifier
 
 
-def run_csv(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[str, Any]:
-    started = time.time()
-    cfg, fcfg = ctx.cfg, ctx.cfg.finetune
+@dataclass
+class CsvInputs:
+    """Everything a CSV run reads, checked before any run directory exists."""
+
+    splits: Any  # datasets.DatasetDict of folded rows: train, dev (unless csv.val_fraction=0), test
+    data: CsvData
+    teacher: str | None
+
+
+def load_csv(ctx: FinetuneContext, task: str) -> CsvInputs:
+    cfg = ctx.cfg
     assert cfg.csv is not None  # validated with the experiment
+    teacher = ctx.teacher_source("csv")
     # the split follows the experiment seed: every run of the experiment is measured on the same test rows
     splits, data = build_csv_datasets(cfg.csv, ctx.require_data_dir("task csv"), ctx.tokenizer,
-                                      fcfg.max_seq_length, cfg.seed)
+                                      cfg.finetune.max_seq_length, cfg.seed)
+    return CsvInputs(splits, data, teacher)
+
+
+def run_csv(ctx: FinetuneContext, inputs: CsvInputs, seed: int, run_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    fcfg = ctx.cfg.finetune
+    splits, data = inputs.splits, inputs.data
     num_labels = len(data.label_names)
     train = limit(splits["train"], fcfg.max_train_samples).remove_columns("row_id")
     # csv.val_fraction=0: no dev split, so no per-epoch evaluation (the test rows are only for the end)
@@ -30,10 +47,10 @@ def run_csv(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
     test = splits["test"]
 
     model = load_classifier(ctx.model_source, num_labels, regression=False, **ctx.pretrained_kwargs)
-    collator = DataCollatorWithPadding(ctx.tokenizer, pad_to_multiple_of=ctx.cfg.finetune.pad_to_multiple_of)
+    collator = DataCollatorWithPadding(ctx.tokenizer, pad_to_multiple_of=fcfg.pad_to_multiple_of)
     trainer = make_trainer(ctx, model, run_dir, seed, train, dev, collator,
                            ["labels"], compute_metrics=lambda p: _chunk_accuracy(p),
-                           teacher_source=ctx.teacher_source("csv"),
+                           teacher_source=inputs.teacher,
                            load_teacher=lambda s: load_classifier(s, num_labels, regression=False))
     trainer.train()
     out = trainer.predict(test.remove_columns("row_id"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from transformers import default_data_collator
 from sparsebert.data.classification_metrics import plot_confusion_matrix
 from sparsebert.data.gap import (
     GAP_CLASSES,
+    GapExample,
     gap_features,
     gap_metrics,
     read_gap,
@@ -22,10 +24,23 @@ from sparsebert.data.gap import (
 from sparsebert.models.gap_heads import GapClassifier
 from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, make_trainer, softmax
 
+MODEL_INPUTS = ["input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "labels"]
 
-def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[str, Any]:
-    started = time.time()
+
+@dataclass
+class GapInputs:
+    """Everything a GAP run reads, checked before any run directory exists."""
+
+    train_examples: list[GapExample]
+    eval_examples: list[GapExample]
+    train_features: Any  # datasets.Dataset of MODEL_INPUTS
+    eval_features: Any
+    teacher: str | None
+
+
+def load_gap(ctx: FinetuneContext, task: str) -> GapInputs:
     fcfg = ctx.cfg.finetune
+    teacher = ctx.teacher_source("gap")
     train_ex = read_gap(ctx.data_file(fcfg.gap_train_file), on_bad_row=fcfg.gap_bad_rows)
     eval_ex = read_gap(ctx.data_file(fcfg.gap_eval_file), on_bad_row=fcfg.gap_bad_rows)
     if fcfg.max_train_samples:
@@ -34,25 +49,30 @@ def run_gap(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[s
         eval_ex = eval_ex[:fcfg.max_eval_samples]
     train_features = gap_features(train_ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head)
     eval_features = gap_features(eval_ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head)
+    return GapInputs(train_ex, eval_ex, train_features.select_columns(MODEL_INPUTS),
+                     eval_features.select_columns(MODEL_INPUTS), teacher)
 
+
+def run_gap(ctx: FinetuneContext, inputs: GapInputs, seed: int, run_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    fcfg = ctx.cfg.finetune
     model = GapClassifier.from_pretrained_encoder(ctx.model_source, fcfg.gap_head,
                                                   encoder_kwargs=ctx.pretrained_kwargs)
-    model_inputs = ["input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "labels"]
-    train_features = train_features.select_columns(model_inputs)
-    eval_features = eval_features.select_columns(model_inputs)
-    trainer = make_trainer(ctx, model, run_dir, seed, train_features, eval_features, default_data_collator,
-                           ["labels"], compute_metrics=_accuracy, teacher_source=ctx.teacher_source("gap"),
+    trainer = make_trainer(ctx, model, run_dir, seed, inputs.train_features, inputs.eval_features,
+                           default_data_collator, ["labels"], compute_metrics=_accuracy,
+                           teacher_source=inputs.teacher,
                            load_teacher=lambda source: load_gap_teacher(ctx.model_source, fcfg.gap_head, source))
     trainer.train()
-    out = trainer.predict(eval_features)
+    out = trainer.predict(inputs.eval_features)
     probs = softmax(out.predictions)
-    metrics = gap_metrics(probs, eval_ex)
-    ids = [ex.id for ex in eval_ex]
+    metrics = gap_metrics(probs, inputs.eval_examples)
+    ids = [ex.id for ex in inputs.eval_examples]
     outputs = [partial(write_kaggle_submission, run_dir / "submission.csv", ids, probs),
                partial(write_gap_system_file, run_dir / "gap_system.tsv", ids, probs),
                partial(plot_confusion_matrix, metrics["confusion_matrix"], GAP_CLASSES,
                        run_dir / "confusion_matrix.png")]
-    metrics.update({"head": fcfg.gap_head, "train_examples": len(train_ex), "eval_examples": len(eval_ex)})
+    metrics.update({"head": fcfg.gap_head, "train_examples": len(inputs.train_examples),
+                    "eval_examples": len(inputs.eval_examples)})
     return finish_run(ctx, trainer, run_dir, "gap", seed, metrics, started, outputs)
 
 

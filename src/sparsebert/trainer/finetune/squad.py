@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -54,31 +55,49 @@ def squad_features(examples: list[dict], tokenizer, *, train: bool, max_seq_leng
                      num_proc=num_proc, remove_columns=raw.column_names, cache_dir=cache_dir)
 
 
-def run_squad(ctx: FinetuneContext, task: str, seed: int, run_dir: Path) -> dict[str, Any]:
-    started = time.time()
+@dataclass
+class SquadInputs:
+    """Everything a SQuAD run reads, checked before any run directory exists."""
+
+    version_2: bool
+    train_examples: list[dict]
+    eval_examples: list[dict]
+    train_features: datasets.Dataset
+    eval_features: datasets.Dataset
+    teacher: str | None
+
+
+def load_squad(ctx: FinetuneContext, task: str) -> SquadInputs:
     fcfg = ctx.cfg.finetune
-    version_2 = task == "squad_v2"
+    teacher = ctx.teacher_source(task)
     train_ex, eval_ex = squad_examples(ctx)
     window = {"max_seq_length": fcfg.max_seq_length, "doc_stride": fcfg.doc_stride,
               "max_query_length": fcfg.max_query_length}
-    train_features = squad_features(train_ex, ctx.tokenizer, train=True, **window)
-    eval_features = squad_features(eval_ex, ctx.tokenizer, train=False, **window)
+    return SquadInputs(task == "squad_v2", train_ex, eval_ex,
+                       squad_features(train_ex, ctx.tokenizer, train=True, **window),
+                       squad_features(eval_ex, ctx.tokenizer, train=False, **window), teacher)
 
+
+def run_squad(ctx: FinetuneContext, inputs: SquadInputs, seed: int, run_dir: Path) -> dict[str, Any]:
+    started = time.time()
+    fcfg = ctx.cfg.finetune
+    task = "squad_v2" if inputs.version_2 else "squad_v1"
+    eval_ex, eval_features = inputs.eval_examples, inputs.eval_features
     model = AutoModelForQuestionAnswering.from_pretrained(ctx.model_source, **ctx.pretrained_kwargs)
-    trainer = make_trainer(ctx, model, run_dir, seed, train_features, None, default_data_collator,
-                           ["start_positions", "end_positions"], teacher_source=ctx.teacher_source(task),
+    trainer = make_trainer(ctx, model, run_dir, seed, inputs.train_features, None, default_data_collator,
+                           ["start_positions", "end_positions"], teacher_source=inputs.teacher,
                            load_teacher=AutoModelForQuestionAnswering.from_pretrained)
     trainer.train()
     out = trainer.predict(eval_features.remove_columns(["example_id", "offset_mapping"]))
     start_logits, end_logits = out.predictions[:2]
     predictions, null_odds = postprocess_predictions(
         eval_ex, eval_features, start_logits, end_logits, n_best_size=fcfg.n_best_size,
-        max_answer_length=fcfg.max_answer_length, version_2=version_2,
+        max_answer_length=fcfg.max_answer_length, version_2=inputs.version_2,
         null_score_diff_threshold=fcfg.null_score_diff_threshold)
-    metrics = squad_metrics(eval_ex, predictions, version_2)
-    metrics.update({"train_examples": len(train_ex), "eval_examples": len(eval_ex),
-                    "train_windows": len(train_features), "eval_windows": len(eval_features)})
+    metrics = squad_metrics(eval_ex, predictions, inputs.version_2)
+    metrics.update({"train_examples": len(inputs.train_examples), "eval_examples": len(eval_ex),
+                    "train_windows": len(inputs.train_features), "eval_windows": len(eval_features)})
     outputs = [partial(write_predictions_json, run_dir / "predictions.json", predictions)]
-    if version_2:
+    if inputs.version_2:
         outputs.append(partial(atomic_write_json, run_dir / "null_odds.json", null_odds))
     return finish_run(ctx, trainer, run_dir, task, seed, metrics, started, outputs)
