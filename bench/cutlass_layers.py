@@ -30,8 +30,6 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from cuda_timing import alternating_graph_ms  # noqa: E402
-from cusparselt_layouts import SHAPES as BERT_SHAPES  # noqa: E402
-from cusparselt_layouts import check  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
@@ -39,7 +37,23 @@ from sparsebert.sparsity.masks import nm_mask  # noqa: E402
 from sparsebert.sparsity.semi_structured import cusparselt_linear  # noqa: E402
 from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Linear  # noqa: E402
 
-SHAPES = {**BERT_SHAPES, "minilm": [("q/k/v/out", 384, 384), ("up", 1536, 384), ("down", 384, 1536)]}
+SHAPES = {  # model -> (layer, out, in): the encoder Linear shapes
+    "bert-large": [("q/k/v/out", 1024, 1024), ("up", 4096, 1024), ("down", 1024, 4096)],
+    "bert-base": [("q/k/v/out", 768, 768), ("up", 3072, 768), ("down", 768, 3072)],
+    "minilm": [("q/k/v/out", 384, 384), ("up", 1536, 384), ("down", 384, 1536)],
+}
+# One matmul against its fp32 reference, relative to the reference's largest |value|: a few bf16 spacings at that
+# magnitude (2^-8 to 2^-7 of it each, the results rounded to bf16); a misplaced operand is O(1).
+RTOL = 2**-6
+
+
+def check(label: str, out: torch.Tensor, reference: torch.Tensor) -> float:
+    """Max |out - reference|; raises beyond ``RTOL`` of the reference's largest value: a wrong variant must not
+    be timed."""
+    diff = (out.float() - reference).abs().max().item()
+    if not diff <= RTOL * reference.abs().max().item():  # NaN fails too: an output left unwritten
+        raise RuntimeError(f"{label}: differs from the dense result by {diff:.3g}")
+    return diff
 
 
 @torch.inference_mode()

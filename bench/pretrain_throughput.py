@@ -86,7 +86,7 @@ OURS = [
     ("ours-sparse-static-half-residual-tuned", "sparse_80_rigl", True, (*HALF, GRAPHS, TUNED),
      " + static mask count + CUDA graphs + bf16 residual stream + Inductor kernel tuning"),
     # dropout's random numbers (one 10-round Philox call per value in Inductor's kernels) from a counter hash
-    # instead (model.fast_dropout; bench/elementwise_kernels.py times the kernels alone)
+    # instead (model.fast_dropout)
     ("ours-static-half-residual-fast-dropout", "bert_100k", True, (*HALF, FAST_DROPOUT),
      " + static mask count + bf16 residual stream + fast dropout"),
     ("ours-sparse-static-half-residual-fast-dropout", "sparse_80_rigl", True, (*HALF, GRAPHS, FAST_DROPOUT),

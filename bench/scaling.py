@@ -125,24 +125,6 @@ DDP_LEVERS = {
 for _name in ("static_cudagraphs_nosplit_flat_bf16_p3", "sparse_static_cudagraphs_nosplit_sparse_allreduce_p3"):
     _reference, _ddp = DDP_LEVERS[_name]
     DDP_LEVERS[_name + CLIP_OUTSIDE] = (_reference + CLIP_OUTSIDE, _ddp)
-# A diagnostic, not a setting: DDP with a communication hook that returns every bucket as it is, so the step
-# does all of DDP's work (graph split, bucket copies, hooks) except the all-reduce itself; the gradients are then
-# not averaged, so only its time means anything. With the 1-GPU run it splits the multi-GPU loss into the
-# all-reduce's share and the rest.
-NO_ALLREDUCE = "static_cudagraphs_no_allreduce"
-DDP_LEVERS[NO_ALLREDUCE] = ("bert_100k_static_cudagraphs", [])
-# Diagnostics of the unsplit step's exposed phase (bench/ddp_diagnostics.py): gradients kept as bucket views
-# between steps, so the reducer copies nothing, and each bucket averaged in place in fp32 or through bf16
-DDP_LEVERS["static_cudagraphs_nosplit_views"] = ("bert_100k_static_cudagraphs", NOSPLIT)
-DDP_LEVERS["static_cudagraphs_nosplit_views_bf16"] = ("bert_100k_static_cudagraphs", NOSPLIT)
-# variant -> (the hook Accelerate registers instead of its own, gradients kept between steps)
-DIAGNOSTICS = {NO_ALLREDUCE: ("keep_bucket", False), "static_cudagraphs_nosplit_views": ("view_allreduce", True),
-               "static_cudagraphs_nosplit_views_bf16": ("view_allreduce_bf16", True)}
-# The backward as one compiled-autograd graph with DDP's Python reducer traced into it (ddp_diagnostics.py;
-# does not run on torch 2.11): variant -> the variant it changes
-COMPILED_AUTOGRAD = {"static_cudagraphs_compiled_autograd": "bert_100k_static_cudagraphs",
-                     "static_compiled_autograd": "bert_100k_static_compiled"}
-DDP_LEVERS.update({name: (reference, []) for name, reference in COMPILED_AUTOGRAD.items()})
 for _name, (_reference, _ddp) in DDP_LEVERS.items():
     VARIANTS[_name] = (VARIANTS[_reference][0], [*VARIANTS[_reference][1], *_ddp])
 DDP_ONLY = {name: reference for name, (reference, _) in DDP_LEVERS.items()}
@@ -215,7 +197,6 @@ def worker(args: argparse.Namespace) -> None:
     drift spreads over all of them); rank 0 writes the results. One launch per world size saves the start-up
     (imports, process group) of every further run."""
     import torch._dynamo
-    from ddp_diagnostics import compiled_autograd_reducer, patched_ddp
     from gpu_clocks import ClockSampler
     from sparse_overhead import random_blocks, time_variant, timing_overrides
 
@@ -245,11 +226,7 @@ def worker(args: argparse.Namespace) -> None:
                 result = time_plain_ddp(registry.build("bert_100k", overrides), tokenizer, data, args.warmup)
             else:
                 experiment, items = overrides_of(variant)
-                record: dict = {}
-                with patched_ddp(*DIAGNOSTICS.get(variant, (None, False))), \
-                        compiled_autograd_reducer(variant in COMPILED_AUTOGRAD and world > 1, record):
-                    result = time_variant(registry, experiment, items, tokenizer, data, args.warmup, callbacks)
-                result.update(record)
+                result = time_variant(registry, experiment, items, tokenizer, data, args.warmup, callbacks)
         window = result.pop("window")
         result.update(clocks.summary(window) if clocks else {})
         result.update(per_rank(result, window))
@@ -259,11 +236,10 @@ def worker(args: argparse.Namespace) -> None:
 
     variants = args.variant.split(",")
     if args.untimed_first:
-        # a freshly started machine's first training run can be slow for reasons outside the step (call I in
-        # docs/benchmarks.md: 3 398 samples/s at 502 W, then 4 501 at 691 W; cause not found), and so is the first
-        # run of a multi-GPU launch (4 GPUs: ~34 ms per step instead of ~29.7 over 80 steps, in every call that
-        # timed one; a 380-step first run averaged 30.2 ms, so it passes within the first ~100 steps): one run of
-        # the first variant before the timed ones, kept in the JSON as "untimed" and left out of every median
+        # a freshly started machine's first training run can be slow for reasons outside the step (the GPU partly
+        # idle; cause not found), and so is the first run of a multi-GPU launch, for its first ~100 steps
+        # (docs/performance.md): one run of the first variant before the timed ones, kept in the JSON as
+        # "untimed" and left out of every median
         results.append({**run_once(variants[0]), "repeat": -1, "untimed": True})
     for repeat in range(args.repeats):
         for variant in variants:

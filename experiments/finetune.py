@@ -36,8 +36,8 @@ EXPERIMENTS = {
     "minilm_glue_fast": {
         "parent": "minilm_glue",
         "description": "minilm_glue for a GPU: one CUDA graph per step (reduce-overhead), every training batch of one "
-                       "shape (padded to 128, short last batch dropped) so it compiles once; 2.31x / 2.66x end to "
-                       "end on SST-2, seeds 42 / 43 (docs/benchmarks.md)",
+                       "shape (padded to 128, short last batch dropped) so it compiles once (end-to-end timing: "
+                       "docs/performance.md)",
         "train": {"torch_compile": True, "torch_compile_mode": "reduce-overhead", "drop_last_batch": True},
         "finetune": {"pad_to_multiple_of": 128},
     },

@@ -1,5 +1,5 @@
 """model.fast_dropout: what the counter-hash dropout computes (CPU; the compiled CUDA kernels in
-tests/gpu/test_fast_dropout_gpu.py, timings in bench/elementwise_kernels.py and bench/pretrain_throughput.py)."""
+tests/gpu/test_fast_dropout_gpu.py, timings in bench/pretrain_throughput.py)."""
 
 from __future__ import annotations
 

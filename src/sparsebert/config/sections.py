@@ -90,9 +90,8 @@ class DataConfig:
 
 # train.ddp.comm_hook values that replace DDP's reducer by sparsebert's flat all-reduce after the backward
 FLAT_COMM_HOOKS = ("flat", "flat_bf16", "sparse")
-# pieces of that all-reduce unless train.ddp.flat_pieces says otherwise (docs/benchmarks.md: 4 x H200, sparse
-# 80 % +2.0 % samples/s at 2 GPUs and +1.0 % at 4 against one piece; dense flat_bf16 within the noise at 2 GPUs,
-# not compared at 4)
+# pieces of that all-reduce unless train.ddp.flat_pieces says otherwise: faster than one piece for sparse runs,
+# no slower for dense ones (docs/performance.md, multi-GPU scaling)
 DEFAULT_FLAT_PIECES = 3
 
 
@@ -127,7 +126,7 @@ class DDPConfig:
     # torch.compile under DDP: Dynamo's DDPOptimizer splits every graph compiled inside DDP's forward at the
     # gradient buckets, so each bucket's all-reduce can start inside the graph's backward. With
     # train.torch_compile_scope=layers the layer boundaries already give DDP those points, and the split made
-    # per-layer graphs slower than eager (4 x H200: 2 GPUs 0.57 efficiency split, 0.93 without). None (default):
+    # per-layer graphs slower than eager. None (default):
     # split a whole-model graph, not per-layer ones, nor any graph under comm_hook=flat, flat_bf16 or sparse
     # (nothing to overlap);
     # true / false: always / never
@@ -191,16 +190,16 @@ class TrainConfig:
     torch_compile_mode: str = "default"
     # what torch.compile wraps: "model" (one graph) or "layers" (each encoder layer and each other part compiled
     # on its own, Accelerate's regional compilation: identical layers share one compile, and between layers
-    # DDP's all-reduce hooks run as in eager mode); see trainer/compile_options.py for what was measured
+    # DDP's all-reduce hooks run as in eager mode); see trainer/compile_options.py
     torch_compile_scope: str = "model"
     # symbolic shapes: None = torch's default (exact shapes first, recompile symbolic on a new shape); true =
     # symbolic from the first compile (one compile for all padded lengths and the last short batch); false = a
     # compile per distinct shape (past Dynamo's recompile limit, 8 by default, further shapes run uncompiled)
     torch_compile_dynamic: bool | None = None
     # Inductor's coordinate-descent tuning of its own Triton kernels (block sizes, warps), set for the process:
-    # the pointwise and normalization kernels run faster, for a longer first compile (BERT-base pretraining on
-    # an H200, two calls: +1.6-1.8 % sparse, nothing dense, ~2 min more compile; docs/benchmarks.md). Matrix
-    # products keep cuBLAS. The max-autotune modes tune kernels whatever this says
+    # the pointwise and normalization kernels run faster, for a longer first compile (for BERT-base pretraining
+    # it paid for sparse runs, not for dense ones; docs/performance.md). Matrix products keep cuBLAS. The
+    # max-autotune modes tune kernels whatever this says
     torch_compile_tune_kernels: bool = False
     ddp: DDPConfig = field(default_factory=DDPConfig)
 

@@ -86,7 +86,7 @@ MAX_NUM_PROC = 16  # default cap on worker processes; $SPARSEBERT_NUM_PROC overr
 DEFAULT_BATCH_SIZE = 256
 # at most this many shards per worker process (a shard is one batch or more): documents differ in length, so
 # equal-row shards take unequal time; handed out longest first to whichever worker is free, several small shards
-# per process leave no straggler tail. A shard costs ~5 ms of map set-up and a file; 4 per process kept the
+# per process leave no straggler tail. A shard costs its own map set-up and a file; 4 per process kept the
 # simulated efficiency at 16 processes >= 0.8 on SQuAD dev and Wikipedia batches (per-batch times measured)
 SHARDS_PER_PROC = 4
 _CHUNK = 1 << 20

@@ -1,4 +1,4 @@
-"""Build the 2:4 kernel library (``sparse24.cu``) for H100 (sm_90a): ``python -m sparsebert.kernels.build``.
+"""Build the 2:4 kernel library (``sparse24.cu``) for sm90 GPUs (sm_90a): ``python -m sparsebert.kernels.build``.
 
 No GPU and no CUDA install needed: CUDA 13.0's compiler (matching torch's cu130 wheels) and CUTLASS 4.2's headers
 come as wheels from PyPI into a cache (about 105 MB, once), then nvcc compiles (about 4 minutes on 2 cores, needs

@@ -1,9 +1,10 @@
-// A 2:4 sparse Linear for H100 built on CUTLASS's SM90 sparse GEMM, with the bias and an optional exact GELU
-// fused into its epilogue, reading and writing activations row-major (tokens x features), as a BERT layer does.
+// A 2:4 sparse Linear for sm90 GPUs (H100, H200) on CUTLASS's SM90 sparse GEMM, with the bias and an optional
+// exact GELU fused into its epilogue, reading and writing activations row-major (tokens x features), as a BERT
+// layer does.
 //
 // Why: cuSPARSELt 0.8-0.10 has no bf16 GELU epilogue and, with row-major activations in and out, its 2:4 matmul
-// is at best even with dense on BERT's shapes; this kernel is up to 1.45x faster than dense there
-// (bench/cutlass_layers.py, docs/benchmarks.md).
+// is at best even with dense on BERT's shapes; this kernel is faster than dense there (bench/cutlass_layers.py,
+// docs/performance.md).
 //
 // The product is y = act(x W^T + b) with W (out x in) 2:4 along `in`. CUTLASS's SM90 sparse GEMM takes only the
 // A operand sparse, so it computes D = W x^T: A = W (M = out, K-major), B = x (N = tokens, K-major), and D is

@@ -36,8 +36,8 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
         """The encoder's last hidden state. Without an attention mask (packed blocks have no padding) the layers
         get no mask at all, so attention runs its unmasked fused kernel. BertModel would build one: under
         torch.compile, transformers 5.17 cannot tell while tracing that no mask means no padding and hands
-        attention an all-true 4-D mask, for which sdpa falls back to its unfused math kernels (measured in
-        docs/benchmarks.md, attention section)."""
+        attention an all-true 4-D mask, for which sdpa falls back to its unfused math kernels
+        (docs/performance.md)."""
         if attention_mask is not None or self.config.is_decoder or input_ids is None \
                 or kwargs.get("inputs_embeds") is not None:
             return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,

@@ -1,12 +1,12 @@
 """Dropout with counter-hash random bits under ``torch.compile`` (``model.fast_dropout``).
 
 Inductor's dropout draws each value's random number with its own 10-round Philox call; in a compiled bf16
-BERT-base step those kernels cost more than their bytes (docs/benchmarks.md). ``HashDropout`` keeps the keep
+BERT-base step those kernels cost more than their bytes (docs/performance.md). ``HashDropout`` keeps the keep
 probability (to 2^-24) and takes each value's random bits from two rounds of MurmurHash3's 32-bit finalizer over
 the value's index, keyed by two random 32-bit keys drawn from torch's generator per call: runs are reproducible
-from the seed, and under CUDA graphs the keys come from the compiler's own random-number state. Measured: the
-compiled pretraining step +2.7 / +3.2 % on an H200 (two calls); the dropout kernel timed alone was not faster,
-and the step was not profiled, so where the gain comes from is not established.
+from the seed, and under CUDA graphs the keys come from the compiler's own random-number state. The compiled
+pretraining step is faster with it (docs/performance.md), though the dropout kernel timed alone was not, and the
+step was not profiled, so where the gain comes from is not established.
 
 It is a different random stream from ``nn.Dropout``'s (a run does not reproduce one made without it), and the
 hash has been checked for bias and correlation by the tests, not by a random-number test suite. Outside

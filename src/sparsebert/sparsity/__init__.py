@@ -1,5 +1,5 @@
 """Sparse training core: select weights, build and apply masks, evolve them with RigL or GMP, and report; export
-2:4 masked Linear layers for inference, to torch's semi-structured sparse tensors or to our own H100 kernel.
+2:4 masked Linear layers for inference, to torch's semi-structured sparse tensors or to our own sm90 kernel.
 
 Plain PyTorch on purpose (nothing from ``transformers``): it works on any ``nn.Module`` whose parameter names
 the include/exclude regexes can address.

@@ -1,9 +1,9 @@
 """Average the gradients across ranks in one flat all-reduce after the backward, instead of DDP's reducer.
 
-With one compiled graph for the whole model (the fastest DDP setting measured on H200s), every gradient is ready
-only at the end of the backward, so DDP's buckets overlap nothing: the reducer copies each gradient into its
-bucket on its own (202 small copies per step for BERT-base, which paced the end of the step) and then runs one
-all-reduce per 25 MB bucket. ``FlatGradientSync`` replaces that: the backward runs under DDP's ``no_sync`` (the
+With one compiled graph for the whole model (the fastest DDP setting measured, docs/performance.md), every
+gradient is ready only at the end of the backward, so DDP's buckets overlap nothing: the reducer copies each
+gradient into its bucket on its own (202 small copies per step for BERT-base, which paced the end of the step)
+and then runs one all-reduce per 25 MB bucket. ``FlatGradientSync`` replaces that: the backward runs under DDP's ``no_sync`` (the
 Trainer integration, trainer/ddp.py, does that), and afterwards the sync
 
 1. copies every trainable parameter's gradient into one flat buffer per dtype and device (one batched copy per
@@ -172,7 +172,7 @@ class FlatGradientSync:
             if index is not None:
                 flat[piece.start:piece.end].zero_()
                 flat.index_copy_(0, index, wire.to(dtype))
-            elif rounded:  # a batched, casting copy: copy_ back ran a non-vectorized kernel (0.32 ms, BERT-base)
+            elif rounded:  # a batched, casting copy: copy_ back ran a non-vectorized kernel
                 torch._foreach_copy_([flat[piece.start:piece.end]], [wire])
             if self.track_norm and wire.numel():
                 at_least_fp32 = torch.promote_types(wire.dtype, torch.float32)  # bf16 summed in fp32
@@ -186,8 +186,8 @@ class FlatGradientSync:
     @staticmethod
     def _copy_in(piece: _Piece, buffer: torch.Tensor) -> None:
         """The piece's gradient values into its range of ``buffer``, by one batched copy. Not torch.cat: its CUDA
-        kernel gives every input the same number of thread blocks whatever its size (BERT-base's 440 MB moved at
-        ~1.5 TB/s on an H200, 0.58 ms per step), and copies one input at a time into another dtype."""
+        kernel gives every input the same number of thread blocks whatever its size (so the large gradients are
+        copied at low occupancy), and copies one input at a time into another dtype."""
         targets = buffer[piece.start:piece.end].split([end - first for _, first, end in piece.segments])
         # reshape(-1) is a view of a contiguous gradient and a copy of a strided one
         sources = [param.grad.reshape(-1)[first:end] for param, first, end in piece.segments]
@@ -243,7 +243,8 @@ def _cut(params: list[nn.Parameter], pieces: int, align: int = 128) -> list[_Pie
     """Ranges of the flat buffer of ``params`` (a parameter may span two). With three pieces or more the first and
     the last take 1/8 of the values each and the rest is cut equally: the all-reduce starts after a short first
     copy and the step waits for a short last copy back, while the long middle pieces' copies overlap the
-    all-reduce of their neighbours (each piece costs ~0.06 ms more of all-reduce on 2 H200s, so few pieces pay best).
+    all-reduce of their neighbours (each piece adds a fixed cost to the all-reduce beyond its bytes, so few pieces
+    pay best).
     Two pieces: 1/8 and 7/8. Boundaries are rounded to ``align`` values (aligned vectorized copies)."""
     total = sum(param.numel() for param in params)
     if pieces == 1:
@@ -279,5 +280,5 @@ def _ranges(params: list[nn.Parameter]) -> list[tuple[nn.Parameter, int, int]]:
 def nccl_average_is_exact(dtype: torch.dtype, world: int) -> bool:
     """Whether NCCL's average equals DDP's multiplication by 1 / world before the sum. NCCL multiplies by 1 / world
     rounded to the values' dtype: the same reciprocal as DDP's in fp32 and fp64, exact at any power of two, but in
-    a 16-bit dtype at other world sizes a biased one (3 H200s: bf16 averages read 0.04 % high)."""
+    a 16-bit dtype at other world sizes a biased one (bf16 averages over 3 ranks read high)."""
     return torch.finfo(dtype).bits >= 32 or world & (world - 1) == 0

@@ -52,10 +52,8 @@ def _largest(keys: torch.Tensor, k: int) -> torch.Tensor:
     """Indices of the ``k`` largest int64 ``keys`` (in no particular order).
 
     On CUDA a full radix sort is faster than ``topk``: CUB's sort takes 8 bits per pass over the 64-bit keys,
-    torch's top-k radix select 2. One RigL update step of ``sparse_80_rigl`` (BERT-base) on an H200 took 69 ms
-    this way, 100 ms with ``topk`` and 78 ms with the permutation plus stable sort used before (median of 5,
-    ``bench/sparse_overhead.py --upkeep``, three machines of the same kind). On CPU ``topk`` is the faster one
-    (tiny BERT: 13 ms against 32 ms for the old way). Both return the same set unless equal keys straddle the k-th
+    torch's top-k radix select 2 (``bench/sparse_overhead.py --upkeep``; docs/performance.md). On CPU ``topk``
+    is the faster one. Both return the same set unless equal keys straddle the k-th
     place (ineligible keys never do, as k never exceeds the eligible count; tied scores with equal random bits
     almost never).
     """

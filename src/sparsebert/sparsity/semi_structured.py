@@ -13,9 +13,9 @@ only on sm8x (Ampere/Ada): on Hopper and newer only cuSPARSELt works. The sparse
 
 Layouts: cuSPARSELt multiplies the transposed problem, sparse weight first (``W @ x^T``), and its speed depends on
 which operands are transposed. Row-major activations in and row-major results out is its slowest combination for
-BERT-base's shapes on an H100 (torch 2.11); a column-major result, or a column-major input, is up to 1.7x faster
-(``bench/semi_structured.py --kernels``). So a layer listed in ``column_major`` returns its result column-major
-(a transposed view, no copy): BERT's feed-forward up-projection, whose output goes only through GELU (elementwise,
+BERT's shapes; a column-major result, or a column-major input, is faster (docs/performance.md). So a layer
+listed in ``column_major`` returns its result column-major (a transposed view, no copy): BERT's feed-forward
+up-projection, whose output goes only through GELU (elementwise,
 keeps the layout) into the down-projection, which then reads it as a contiguous transposed operand (when the row
 count needs no padding; padding copies it to row-major) and writes a row-major result again. Every other layer
 returns row-major results, as attention's head split and LayerNorm want. The values are the same either way.
@@ -221,9 +221,9 @@ def to_semi_structured(
 def feed_forward_names(model: nn.Module) -> list[str]:
     """The names of a BERT-style encoder's feed-forward Linear layers, ``...intermediate.dense`` and the
     ``...output.dense`` after it (not ``...attention.output.dense``), for ``to_semi_structured(model,
-    names=feed_forward_names(model))``. On an H100 (torch 2.11) exporting only these is the fastest 2:4 model:
-    attention's projections lose as 2:4 in the row-major layout that its head split and LayerNorm need
-    (docs/benchmarks.md). A model with none of them is an error rather than an export that converts nothing."""
+    names=feed_forward_names(model))``. Exporting only these is the fastest 2:4 model on this path: attention's
+    projections are slower as 2:4 than dense in the row-major layout that its head split and LayerNorm need
+    (docs/performance.md). A model with none of them is an error rather than an export that converts nothing."""
     names = [
         name
         for name, module in model.named_modules()

@@ -1,10 +1,10 @@
-"""Inference export of 2:4 Linear layers to our own H100 kernel (``sparsebert/kernels/sparse24.cu``).
+"""Inference export of 2:4 Linear layers to our own sm90 kernel (``sparsebert/kernels/sparse24.cu``).
 
 ``to_sparse24_kernel(model)`` replaces, in place, every eligible 2:4 ``nn.Linear`` with a ``Sparse24Linear``: the
 weight compressed (half its values plus 2-bit positions), the product computed by a CUTLASS SM90 sparse GEMM that
 reads and writes activations row-major and fuses the bias, and, for a BERT-family feed-forward up-projection,
-the exact GELU that follows it. On an H100 this runs BERT-style encoders 1.2-1.35x faster than the same masked
-weights dense at batch 256 (``bench/semi_structured.py``, docs/benchmarks.md), where torch's cuSPARSELt export
+the exact GELU that follows it. At large batches this runs BERT-style encoders faster than the same masked
+weights dense (``bench/semi_structured.py``, docs/performance.md), where torch's cuSPARSELt export
 (``semi_structured.py``) is held back by slow row-major layouts and no bf16 GELU epilogue.
 
 Requirements: an sm90 GPU (H100/H200), bf16, ``in_features`` and ``out_features`` multiples of 128 (other layers

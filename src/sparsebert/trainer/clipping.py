@@ -1,8 +1,8 @@
 """ClipInOptimizerMixin: gradient clipping folded into the fused AdamW step (``train.clip_in_optimizer``).
 
 ``clip_grad_norm_`` computes the gradients' total norm and then multiplies every gradient by
-``min(1, max_norm / (norm + 1e-6))``: one more pass that reads and writes all of them (BERT-base: 440 MB in fp32,
-~0.25 ms per step on an H200). Torch's fused Adam / AdamW kernel already divides each gradient by a
+``min(1, max_norm / (norm + 1e-6))``: one more pass that reads and writes all of them (BERT-base: 440 MB in
+fp32). Torch's fused Adam / AdamW kernel already divides each gradient by a
 ``grad_scale`` tensor when one is set on the optimizer (the hook torch's GradScaler uses to unscale fp16
 gradients inside the step), so the clip factor goes there instead, as its reciprocal
 ``max(1, (norm + 1e-6) / max_norm)``: the same update up to the rounding of a division against a multiplication

@@ -10,7 +10,8 @@ plugin after ``Trainer.__init__`` is in time. Two plugin settings are added here
   fraction of the time, and between compiled layers the ordinary autograd engine runs DDP's per-parameter hooks,
   so DDP gets overlap points without Dynamo splitting graphs at the buckets (``train.ddp.split_compiled_graphs=
   false``; Dynamo's DDPOptimizer otherwise splits every graph compiled inside DDP's forward, per-layer ones too).
-  Measured (docs/benchmarks.md, H200): +28 % for BERT-base pretraining on one GPU.
+  For BERT-base pretraining it is faster than eager, but slower than one whole-model graph, on one GPU and
+  under DDP alike (docs/performance.md).
 - ``train.torch_compile_dynamic``: the plugin's ``dynamic``. ``None`` is torch's default: the first batch
   compiles for its exact shape, and the first batch of another shape compiles again with the changed sizes
   symbolic (finetuning with dynamic padding compiles three times: one shape, another sequence length, the last

@@ -68,8 +68,8 @@ class ThroughputLoggingMixin:
     """Adds samples/s and tokens/s since the previous training log, and stops on a NaN or infinite loss.
 
     Both are computed only at logging steps, so there is no extra host-device sync per step. The Trainer's FLOP
-    count (6 x tokens x non-embedding parameters) walks every module to count the parameters at every step
-    (~0.4 ms of host time for BERT-base); the count never changes, so it is taken once.
+    count (6 x tokens x non-embedding parameters) walks every module to count the parameters at every step, host
+    time on every step; the count never changes, so it is taken once.
     """
 
     def __init__(self, *args, tokens_per_sample: int = 0, **kwargs):
