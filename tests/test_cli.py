@@ -427,3 +427,20 @@ def test_after_a_bad_gap_row_is_fixed_the_same_command_runs(tmp_path, capsys, da
     code, _, err = run_main(argv, capsys)
     assert code == 0, err
     assert (out / "tiny_gap" / "DONE").is_file()
+
+
+def test_keys_lists_every_key_set_accepts(capsys):
+    """--keys is the reference of every experiment key: each one it prints resolves as a --set key, and the
+    sections' keys are all there (a key added to a section shows up without editing any list)."""
+    import dataclasses
+
+    from sparsebert.config import ExperimentConfig
+    from sparsebert.config.schema import field_type
+    from sparsebert.sparsity.config import GMPConfig
+
+    assert main(["--keys"]) == 0
+    keys = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    for key in keys:
+        field_type(ExperimentConfig, key)  # raises ConfigError for a key --set would refuse
+    assert {f"gmp.{f.name}" for f in dataclasses.fields(GMPConfig)} <= set(keys)
+    assert {"train.learning_rate", "kd.student_from_teacher", "finetune.epochs_per_task"} <= set(keys)

@@ -24,6 +24,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("experiments", nargs="*", metavar="NAME", help="experiments to run, in order")
     p.add_argument("--list", action="store_true", help="list every experiment with a one-line description")
+    p.add_argument("--keys", action="store_true",
+                   help="list every experiment key --set accepts, with its type and default")
     p.add_argument("--output-dir", type=Path, default=None,
                    help=f"output root (default: ${OUTPUT_ENV}, else runs/)")
     p.add_argument("--data-dir", type=Path, default=None,
@@ -100,6 +102,8 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
         if args.plot:
             return make_plot(output_root(args.output_dir), args.plot, args.table_experiments,
                              args.out or Path(f"{args.plot}.png"))
+        if args.keys:
+            return print_keys()
         if args.list:
             width = max(map(len, registry.names()))
             for name in registry.names():
@@ -198,6 +202,17 @@ def choose_gpus(spec: str, argv: list[str], experiments_dir: Path) -> int:
     cmd = torchrun_command(sys.argv[0], argv, len(ids))
     os.execv(cmd[0], cmd)
     return 1  # not reached
+
+
+def print_keys() -> int:
+    from sparsebert.config import ExperimentConfig
+    from sparsebert.config.schema import all_keys
+
+    rows = [row for row in all_keys(ExperimentConfig) if row[0] not in ("name", "description")]
+    width = max(len(key) for key, _, _ in rows)
+    for key, type_name, default in rows:
+        print(f"{key:<{width}}  {type_name:<22}  {default!r}")
+    return 0
 
 
 def train_tokenizer(args: argparse.Namespace) -> int:

@@ -154,6 +154,29 @@ def field_type(cls: type, dotted: str) -> Any:
     return tp
 
 
+def all_keys(cls: type, prefix: str = "") -> list[tuple[str, str, Any]]:
+    """Every settable key of dataclass ``cls`` as (dotted key, type name, default), sections walked into: the
+    reference ``python run.py --keys`` prints. A section that is off by default (``X | None``) lists its keys with
+    the defaults it gets once present."""
+    rows = []
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        key = f"{prefix}{f.name}"
+        _, inner = is_optional(_hints(cls)[f.name])
+        if dataclasses.is_dataclass(inner):
+            rows += all_keys(inner, f"{key}.")
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = "(required)"
+        rows.append((key, _type_name(_hints(cls)[f.name]), default))
+    return rows
+
+
 def parse_value(text: str, tp: Any, key: str) -> Any:
     """Parse the string of ``--set key=text`` into a value of type ``tp`` (checked again by from_dict)."""
     optional, inner = is_optional(tp)
