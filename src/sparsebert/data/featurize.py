@@ -120,24 +120,24 @@ def default_num_proc(num_proc: int | None = None) -> int:
 # ---------------------------------------------------------------------------------------------- digests
 
 
-def file_digest(path: str | os.PathLike) -> str:
-    """sha256 of a file's bytes, read in 1 MiB chunks."""
-    h = hashlib.sha256()
+def _hexdigest(path: str | os.PathLike, h: Any) -> str:
+    """``h`` (a hashlib-style object) fed a file's bytes in 1 MiB chunks."""
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes."""
+    return _hexdigest(path, hashlib.sha256())
 
 
 def shard_checksum(path: str | os.PathLike) -> str:
     """xxh3-128 of a file's bytes: reads at memory speed, so it costs little next to the load it guards."""
     import xxhash
 
-    h = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    return _hexdigest(path, xxhash.xxh3_128())
 
 
 def files_digest(paths: Iterable[str | os.PathLike]) -> str:
