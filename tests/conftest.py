@@ -1,7 +1,10 @@
-"""Shared fixtures: the real data directory and the package-shipped MiniLM tokenizer.
+"""Shared fixtures: the real data directory, the small checked-in assets and the package-shipped MiniLM tokenizer.
 
-Tests read small slices of the real data in ``$SPARSEBERT_DATA`` (``.ci/run`` points it at ``../shared/data``).
-A missing data directory is a failure, not a skip: a test that silently skips proves nothing.
+Most data tests read slices of the real data in ``$SPARSEBERT_DATA``, else ``../shared/data`` beside the checkout
+(``.ci/run`` sets the variable). Without it, on a fresh clone, those tests skip with the reason, and the core tests
+run on ``tests/assets/data`` (a few KB of the same files, see ``tests/assets/README.md``). In CI, or when
+``SPARSEBERT_DATA`` names a directory that is not there, a missing data directory is an error instead: a run that
+skipped every data test would prove nothing.
 """
 
 from __future__ import annotations
@@ -12,19 +15,35 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+ASSETS = REPO / "tests" / "assets" / "data"
 
 
 def _data_dir() -> Path:
     env = os.environ.get("SPARSEBERT_DATA")
     path = Path(env) if env else REPO.parent / "shared" / "data"
-    if not (path / "glue").is_dir():
-        raise RuntimeError(f"test data not found at {path}: set SPARSEBERT_DATA to the shared data directory")
-    return path
+    if (path / "glue").is_dir():
+        return path
+    if env:  # asked for explicitly: a typo must not turn into skipped tests
+        raise RuntimeError(f"SPARSEBERT_DATA={env}: no data directory there (expected {path / 'glue'})")
+    if os.environ.get("CI", "").lower() not in ("", "0", "false"):
+        raise RuntimeError(f"CI: real test data not found at {path}: set SPARSEBERT_DATA to the data directory")
+    pytest.skip(f"needs the real data (no $SPARSEBERT_DATA, no {path}): set SPARSEBERT_DATA to the data "
+                "directory; the README says how to get it")
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
+    """The real data directory; skips (error in CI or when SPARSEBERT_DATA is set) when it is missing."""
     return _data_dir()
+
+
+@pytest.fixture(scope="session")
+def asset_data_dir() -> Path:
+    """``tests/assets/data``: checked-in slices of the real files, laid out like the data directory.
+
+    Read-only for tests: copy a file into ``tmp_path`` to change it.
+    """
+    return ASSETS
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 
 The end-to-end cases run ``run.py`` as a subprocess from a temp directory (so nothing depends on the cwd), all
 started at once by a module fixture to keep the suite fast on two cores. Pure configuration errors are also
-checked in-process through ``cli.main``.
+checked in-process through ``cli.main``. A command that needs a data directory only to get as far as its error
+gets the checked-in slices (``asset_data_dir``): none of these tests depends on more data than they hold.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ GARBAGE = bytes((i * 7919 + 13) % 256 for i in range(4096))
 
 
 @pytest.fixture(scope="module")
-def cases(tmp_path_factory, data_dir):
+def cases(tmp_path_factory, asset_data_dir):
     def root(name: str) -> Path:
         return tmp_path_factory.mktemp(name)
 
@@ -102,8 +103,9 @@ def cases(tmp_path_factory, data_dir):
     _corrupt_gz(r, GARBAGE)
     made["garbage"] = Case(r, [EXPERIMENT, "--data-dir", str(r / "data"), "--output-dir", str(r / "out")])
     r = root("truncated")
-    real = (data_dir / CORPUS / "text" / "AA" / "wiki_00.gz").read_bytes()
-    _corrupt_gz(r, real[: len(real) // 2])
+    # real text gzipped, then cut in half: the stream ends before its end-of-stream marker
+    whole = gzip.compress((asset_data_dir / CORPUS / "text" / "AA" / "wiki_00").read_bytes(), mtime=0)
+    _corrupt_gz(r, whole[: len(whole) // 2])
     made["truncated"] = Case(r, [EXPERIMENT, "--data-dir", str(r / "data"), "--output-dir", str(r / "out")])
     for case in made.values():
         case.start()
@@ -276,9 +278,9 @@ def test_abbreviated_flags_are_refused(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_finetuning_beyond_the_models_positions_is_refused_before_a_run_exists(tmp_path, capsys, data_dir):
+def test_finetuning_beyond_the_models_positions_is_refused_before_a_run_exists(tmp_path, capsys, asset_data_dir):
     code, out, err = run_main(["tiny_glue", "--set", "finetune.max_seq_length=1024", "--output-dir",
-                               str(tmp_path / "out"), "--data-dir", str(data_dir)], capsys)
+                               str(tmp_path / "out"), "--data-dir", str(asset_data_dir)], capsys)
     assert code == 2
     line = err.strip().splitlines()[-1]
     assert line.startswith("error:") and "finetune.max_seq_length=1024" in line and "512 position" in line
@@ -295,19 +297,19 @@ def test_missing_data_dir_from_env_exits_2(tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")
-def test_half_precision_on_cpu_is_refused_before_the_run_directory(tmp_path, capsys, data_dir):
+def test_half_precision_on_cpu_is_refused_before_the_run_directory(tmp_path, capsys, asset_data_dir):
     out = tmp_path / "out"
     code, _, err = run_main([EXPERIMENT, "--set", "train.precision=fp16", "--output-dir", str(out),
-                             "--data-dir", str(data_dir)], capsys)
+                             "--data-dir", str(asset_data_dir)], capsys)
     assert code == 2
     assert "train.precision=fp16" in final_error(err)
     assert not (out / EXPERIMENT).exists()  # else the next plain run would call it an unfinished run
 
 
-def test_sparsity_include_matching_nothing_exits_2_in_one_line(tmp_path, capsys, data_dir):
+def test_sparsity_include_matching_nothing_exits_2_in_one_line(tmp_path, capsys, asset_data_dir):
     out = tmp_path / "out"
     code, _, err = run_main(["sparse_tiny_rigl", "--set", "sparsity.include=nomatch", "--set", "data.max_files=1",
-                             "--output-dir", str(out), "--data-dir", str(data_dir)], capsys)
+                             "--output-dir", str(out), "--data-dir", str(asset_data_dir)], capsys)
     assert code == 2
     assert "sparsity.include" in final_error(err)
     assert not (out / "sparse_tiny_rigl").exists()
@@ -346,23 +348,23 @@ def test_several_gpus_restart_with_the_experiments_dir(tmp_path, capsys, monkeyp
 # --- in-process: names of runs and inputs of finetuning jobs fail before any run directory exists --------------
 
 
-def test_an_output_dir_under_a_file_fails_before_anything_is_prepared(tmp_path, capsys, data_dir, monkeypatch):
+def test_an_output_dir_under_a_file_fails_before_anything_is_prepared(tmp_path, capsys, asset_data_dir, monkeypatch):
     import sparsebert.runner
 
     monkeypatch.setattr(sparsebert.runner, "make_job", lambda *a, **k: pytest.fail("data and model were prepared"))
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for out in (blocker, blocker / "out"):
-        code, _, err = run_main([EXPERIMENT, "--output-dir", str(out), "--data-dir", str(data_dir)], capsys)
+        code, _, err = run_main([EXPERIMENT, "--output-dir", str(out), "--data-dir", str(asset_data_dir)], capsys)
         assert code == 2
         line = final_error(err)
         assert str(out) in line and f"{blocker} is a file" in line
 
 
-def test_a_mistyped_run_name_is_no_such_run_with_the_close_names(tmp_path, capsys, data_dir):
+def test_a_mistyped_run_name_is_no_such_run_with_the_close_names(tmp_path, capsys, asset_data_dir):
     out = tmp_path / "out"
     (out / "bert_tiny_quick").mkdir(parents=True)  # the run meant (what it holds does not matter here)
-    code, _, err = run_main(["glue_from=bert_tiny_quik", "--output-dir", str(out), "--data-dir", str(data_dir)],
+    code, _, err = run_main(["glue_from=bert_tiny_quik", "--output-dir", str(out), "--data-dir", str(asset_data_dir)],
                             capsys)
     assert code == 2
     line = final_error(err)
@@ -371,45 +373,45 @@ def test_a_mistyped_run_name_is_no_such_run_with_the_close_names(tmp_path, capsy
     assert not (out / "glue_from=bert_tiny_quik").exists()
 
 
-def test_a_hub_id_that_does_not_load_fails_before_the_run_directory(tmp_path, capsys, data_dir, monkeypatch):
+def test_a_hub_id_that_does_not_load_fails_before_the_run_directory(tmp_path, capsys, asset_data_dir, monkeypatch):
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no retries against an unreachable hub
     out = tmp_path / "out"
     code, _, err = run_main(["tiny_glue", "--set", "model.init_from=someorg/no-such-model", "--output-dir", str(out),
-                             "--data-dir", str(data_dir)], capsys)
+                             "--data-dir", str(asset_data_dir)], capsys)
     assert code == 2
     line = final_error(err)
     assert "someorg/no-such-model" in line and "huggingface" in line.lower()
     assert not (out / "tiny_glue").exists()
 
 
-def test_a_missing_pretraining_teacher_is_no_such_run(tmp_path, capsys, data_dir):
+def test_a_missing_pretraining_teacher_is_no_such_run(tmp_path, capsys, asset_data_dir):
     out = tmp_path / "out"
     code, _, err = run_main(["sparse_tiny_kd_onecycle_lr_rigl", "--output-dir", str(out), "--data-dir",
-                             str(data_dir)], capsys)
+                             str(asset_data_dir)], capsys)
     assert code == 2
     line = final_error(err)
     assert "kd.teacher bert_tiny_quick" in line and str(out) in line and "huggingface" not in line
     assert not (out / "sparse_tiny_kd_onecycle_lr_rigl").exists()
 
 
-def test_a_missing_finetuning_teacher_fails_before_the_run_directory(tmp_path, capsys, data_dir):
+def test_a_missing_finetuning_teacher_fails_before_the_run_directory(tmp_path, capsys, asset_data_dir):
     out = tmp_path / "out"
-    code, _, err = run_main(["tiny_gap_kd", "--output-dir", str(out), "--data-dir", str(data_dir)], capsys)
+    code, _, err = run_main(["tiny_gap_kd", "--output-dir", str(out), "--data-dir", str(asset_data_dir)], capsys)
     assert code == 2
     line = final_error(err)
     assert "kd.teacher tiny_gap" in line and str(out) in line
     assert not (out / "tiny_gap_kd").exists()
 
 
-def test_after_a_bad_gap_row_is_fixed_the_same_command_runs(tmp_path, capsys, data_dir):
+def test_after_a_bad_gap_row_is_fixed_the_same_command_runs(tmp_path, capsys, asset_data_dir):
     """The bad row is found before the run directory exists, so the fixed data are not refused as an
     "unfinished run" of the failed command."""
     gap = tmp_path / "data" / "gap"
     gap.mkdir(parents=True)
-    shutil.copy(data_dir / "gap" / "gap-validation.tsv", gap)
-    good = (data_dir / "gap" / "gap-development.tsv").read_text(encoding="utf-8")
+    shutil.copy(asset_data_dir / "gap" / "gap-validation.tsv", gap)
+    good = (asset_data_dir / "gap" / "gap-development.tsv").read_text(encoding="utf-8")
     lines = good.splitlines(keepends=True)
     row = lines[5].split("\t")
     row[5] = "x"  # A-offset

@@ -1,4 +1,5 @@
-"""Corpus readers on the real WikiExtractor files and on malformed input; corpus file discovery."""
+"""Corpus readers on the real WikiExtractor files, the checked-in slice and malformed input; corpus file
+discovery."""
 
 from __future__ import annotations
 
@@ -25,17 +26,43 @@ def wiki_01(data_dir) -> Path:
     return data_dir / CORPUS / "text" / "AA" / "wiki_01.gz"
 
 
+@pytest.fixture(scope="module")
+def wiki_asset(asset_data_dir) -> Path:
+    """The checked-in slice: 12 short whole articles of wiki_00.gz - wiki_02.gz, as a plain (not gzipped) file."""
+    return asset_data_dir / CORPUS / "text" / "AA" / "wiki_00"
+
+
+def read_text(path: Path) -> str:
+    """A corpus file's text (plain or .gz), read independently of the code under test."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return f.read()
+
+
 def doc_open_lines(path: Path) -> list[tuple[str, str]]:
     """(id, title) of every ``<doc `` line, read independently of the code under test."""
-    out = []
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("<doc "):
-                out.append((re.search(r'id="([^"]*)"', line).group(1), re.search(r'title="([^"]*)"', line).group(1)))
-    return out
+    return [(re.search(r'id="([^"]*)"', line).group(1), re.search(r'title="([^"]*)"', line).group(1))
+            for line in read_text(path).split("\n") if line.startswith("<doc ")]
 
 
-# --- WikiExtractor on the real files ---------------------------------------------------------------------------
+# --- WikiExtractor on the real files and the checked-in slice ------------------------------------------------
+
+
+def assert_body_text_only(docs: list[dict]) -> None:
+    for doc in docs:
+        text = doc["text"]
+        assert text
+        assert "<doc" not in text and "</doc>" not in text
+        lines = text.split("\n")
+        assert lines[0] != doc["title"], f"title line left in the text of {doc['title']!r}"
+        assert all(line and line == line.strip() for line in lines), "blank or unstripped paragraph"
+
+
+def first_document_text(path: Path, doc_id: str, title: str) -> str:
+    """The first document's paragraphs: the non-blank lines between its title line and </doc>."""
+    raw = read_text(path).split("\n")
+    assert raw[0].startswith(f'<doc id="{doc_id}"') and raw[1] == title
+    return "\n".join(line.strip() for line in raw[2:raw.index("</doc>")] if line.strip())
 
 
 def test_real_file_yields_every_document_in_order(wiki_00):
@@ -49,25 +76,22 @@ def test_real_file_yields_every_document_in_order(wiki_00):
 
 def test_real_documents_hold_body_text_only(wiki_00):
     docs = list(iter_wikiextractor(wiki_00))
-    for doc in docs:
-        text = doc["text"]
-        assert text
-        assert "<doc" not in text and "</doc>" not in text
-        lines = text.split("\n")
-        assert lines[0] != doc["title"], f"title line left in the text of {doc['title']!r}"
-        assert all(line and line == line.strip() for line in lines), "blank or unstripped paragraph"
+    assert_body_text_only(docs)
     anarchism = docs[0]["text"]
     assert anarchism.startswith("Anarchism is a political philosophy that advocates stateless societies")
 
 
 def test_real_document_text_matches_the_file(wiki_00):
-    """The first document's paragraphs are exactly the non-blank lines between its title line and </doc>."""
-    with gzip.open(wiki_00, "rt", encoding="utf-8") as f:
-        raw = f.read().split("\n")
-    end = raw.index("</doc>")
-    assert raw[0].startswith('<doc id="12"') and raw[1] == "Anarchism"
-    expected = "\n".join(line.strip() for line in raw[2:end] if line.strip())
-    assert next(iter_wikiextractor(wiki_00))["text"] == expected
+    assert next(iter_wikiextractor(wiki_00))["text"] == first_document_text(wiki_00, "12", "Anarchism")
+
+
+def test_asset_file_reads_like_the_real_ones(wiki_asset):
+    docs = list(iter_wikiextractor(wiki_asset))
+    assert [(d["id"], d["title"]) for d in docs] == doc_open_lines(wiki_asset)
+    assert len(docs) == 12 and (docs[0]["id"], docs[0]["title"]) == ("316", "Academy Award for Best Production Design")
+    assert_body_text_only(docs)
+    assert docs[0]["text"] == first_document_text(wiki_asset, "316", "Academy Award for Best Production Design")
+    assert corpus_files(wiki_asset.parents[2]) == [wiki_asset]
 
 
 def test_second_real_file(wiki_01):

@@ -79,8 +79,9 @@ def unmasked(input_ids: list[int], labels: list[int]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def real_texts(data_dir) -> list[str]:
-    docs = iter_wikiextractor(data_dir / CORPUS / "text" / "AA" / "wiki_00.gz")
+def real_texts(asset_data_dir) -> list[str]:
+    # 4 real articles (0.6-2.2 KB) of the checked-in corpus slice: packing needs real text, not the whole corpus
+    docs = iter_wikiextractor(asset_data_dir / CORPUS / "text" / "AA" / "wiki_00")
     return [next(docs)["text"][:3000] for _ in range(4)]
 
 

@@ -45,6 +45,7 @@ def plan(registry: Registry, root: Path, data_dir: Path, space: str = "tiny", **
 
 
 # --- search spaces ---------------------------------------------------------------------------------------------
+# (planning reads only the data directory's layout: these tests use the checked-in slices, asset_data_dir)
 
 
 def lr(**spec) -> dict:
@@ -92,11 +93,11 @@ def test_specs_become_the_distributions_they_describe():
     ({"finetune.gap_head": {"type": "categorical", "choices": ["mul", "sum"]}},
      ["finetune.gap_head=sum", "finetune.gap_head must be one of"]),
 ])
-def test_every_key_and_value_of_a_space_is_built_before_any_trial(data_dir, tmp_path, params, words):
+def test_every_key_and_value_of_a_space_is_built_before_any_trial(asset_data_dir, tmp_path, params, words):
     registry = Registry.from_directory(EXPERIMENTS)  # its own: the space added here stays in this test
     registry.add_space("typo", {"params": params})
     with pytest.raises(ConfigError) as e:
-        plan(registry, tmp_path, data_dir, space="typo")
+        plan(registry, tmp_path, asset_data_dir, space="typo")
     assert "search space 'typo' on tiny_search" in str(e.value)
     for word in words:
         assert word in str(e.value)
@@ -106,8 +107,8 @@ def test_every_key_and_value_of_a_space_is_built_before_any_trial(data_dir, tmp_
 @pytest.mark.parametrize("experiment,space", [
     ("search_glue_sparse80", "sparse_finetune"), ("search_glue_sparse80", "sparse_schedule"), ("minilm_glue", "glue_lr"), ("tiny_search", "tiny"),
 ])
-def test_shipped_spaces_fit_their_experiments(registry, data_dir, tmp_path, experiment, space):
-    p = plan_search(registry, experiment, space, 5, output_root=tmp_path, data_dir=data_dir,
+def test_shipped_spaces_fit_their_experiments(registry, asset_data_dir, tmp_path, experiment, space):
+    p = plan_search(registry, experiment, space, 5, output_root=tmp_path, data_dir=asset_data_dir,
                     experiments_dir=EXPERIMENTS)
     assert p.metric == "headline" and p.direction == "max" and p.study == f"{experiment}-{space}"
     assert p.parallel == 1 and p.gpus == []  # CPU
@@ -116,9 +117,9 @@ def test_shipped_spaces_fit_their_experiments(registry, data_dir, tmp_path, expe
 def test_space_names_are_unique_and_looked_up_with_close_names(tmp_path, registry):
     for name in ("a.py", "b.py"):
         (tmp_path / name).write_text('SEARCH_SPACES = {"s": {"params": {}}}\n')
-    with pytest.raises(ConfigError, match="search space 's' is defined twice"):
+    with pytest.raises(ConfigError, match="search space 's'.*twice"):
         Registry.from_directory(tmp_path)
-    with pytest.raises(ConfigError, match="unknown search space 'tinny'; closest: tiny"):
+    with pytest.raises(ConfigError, match="'tinny'.*tiny"):
         registry.space("tinny")
 
 
@@ -173,9 +174,9 @@ def test_metric_form_must_fit_the_experiment(registry):
             check_metric(metric, cfg, tasks)
 
 
-def test_cli_refuses_bad_search_input_in_one_line_before_writing(tmp_path, data_dir, capsys):
+def test_cli_refuses_bad_search_input_in_one_line_before_writing(tmp_path, asset_data_dir, capsys):
     base = ["--search", "tiny_search", "--space", "tiny", "--output-dir", str(tmp_path / "out"),
-            "--data-dir", str(data_dir)]
+            "--data-dir", str(asset_data_dir)]
     for extra, words in [(["--trials", "0"], "--trials 0"), (["--trials", "2", "--parallel", "0"], "--parallel 0"),
                          (["--trials", "2", "--metric", "rte/accuracy"], "glue:rte/accuracy"),
                          (["--trials", "2", "--study", "../x"], "--study ../x"), ([], "--trials N")]:
@@ -193,14 +194,14 @@ def test_cli_refuses_bad_search_input_in_one_line_before_writing(tmp_path, data_
 # --- studies: no trial runs here ---------------------------------------------------------------------------------
 
 
-def test_each_trial_gets_one_gpu_or_a_share_of_the_cpu(registry, data_dir, tmp_path, monkeypatch):
+def test_each_trial_gets_one_gpu_or_a_share_of_the_cpu(registry, asset_data_dir, tmp_path, monkeypatch):
     """What pins a trial to its GPU (no GPU here: the environment handed to the trial process is checked)."""
     assert gpu_slots(["2", "5"], 2) == ["2", "5"]
     assert gpu_slots(["2", "5"], 3) == ["2", "5", "2"]
     assert gpu_slots([], 2) == [None, None]
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
-    p = plan(registry, tmp_path, data_dir, parallel=2)
+    p = plan(registry, tmp_path, asset_data_dir, parallel=2)
     monkeypatch.setattr(os, "cpu_count", lambda: 8)
     assert trial_env(p, "5")["CUDA_VISIBLE_DEVICES"] == "5"
     # trials side by side get a share of the cores each, on GPUs too (their host work would oversubscribe the CPU)
@@ -209,23 +210,23 @@ def test_each_trial_gets_one_gpu_or_a_share_of_the_cpu(registry, data_dir, tmp_p
     assert trial_env(p, None)["PYTHONPATH"].split(os.pathsep)[0] == src  # the trial imports this sparsebert
 
 
-def test_a_study_continues_only_with_the_settings_it_started_with(registry, data_dir, tmp_path):
-    first = plan(registry, tmp_path, data_dir)
+def test_a_study_continues_only_with_the_settings_it_started_with(registry, asset_data_dir, tmp_path):
+    first = plan(registry, tmp_path, asset_data_dir)
     first.study_dir.mkdir(parents=True)
     open_study(first)
-    open_study(plan(registry, tmp_path, data_dir))  # the same: fine
+    open_study(plan(registry, tmp_path, asset_data_dir))  # the same: fine
     for changed, word in [({"metric": "glue:rte/accuracy"}, "metric"), ({"direction": "min"}, "direction"),
                           ({"overrides": ["train.epochs=2"]}, "overrides")]:
-        with pytest.raises(SparseBertError, match=f"started with another {word}; pass --study"):
-            open_study(plan(registry, tmp_path, data_dir, **changed))
+        with pytest.raises(SparseBertError, match=f"{word}.*--study"):
+            open_study(plan(registry, tmp_path, asset_data_dir, **changed))
 
 
-def test_a_second_search_of_a_running_study_is_refused(registry, data_dir, tmp_path):
-    p = plan(registry, tmp_path, data_dir)
+def test_a_second_search_of_a_running_study_is_refused(registry, asset_data_dir, tmp_path):
+    p = plan(registry, tmp_path, asset_data_dir)
     p.study_dir.mkdir(parents=True)
     with open(p.study_dir / "search.lock", "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
-        with pytest.raises(SparseBertError, match="another --search is running study tiny_search-tiny"):
+        with pytest.raises(SparseBertError, match="--search.*tiny_search-tiny"):
             run_search(p)
 
 

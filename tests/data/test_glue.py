@@ -1,4 +1,5 @@
-"""GLUE readers on the real files, malformed-input errors, featurization, metrics and leaderboard files."""
+"""GLUE readers on the real files and the checked-in slices, malformed-input errors, featurization, metrics and
+leaderboard files."""
 
 from __future__ import annotations
 
@@ -107,6 +108,35 @@ def test_available_tasks_real(data_dir):
     assert available_glue_tasks(data_dir / "glue") == ["cola", "sst2", "mrpc", "stsb", "rte", "wnli"]
 
 
+def test_asset_rows(asset_data_dir):
+    """The checked-in slices (the header and first 20 rows of RTE and STS-B) read like the real files."""
+    for task, split in [("rte", "train"), ("rte", "dev"), ("stsb", "train"), ("stsb", "dev")]:
+        rows = read_glue_split(asset_data_dir, task, split)
+        assert [r["idx"] for r in rows] == list(range(20))
+        assert all(r["text_a"].strip() and r["text_b"].strip() for r in rows)
+    stsb = read_glue_split(asset_data_dir, "stsb", "dev")
+    assert stsb[0] == {"idx": 0, "text_a": "A man with a hard hat is dancing.",
+                       "text_b": "A man wearing a hard hat is dancing.", "label": 5.0}
+    assert stsb[1]["label"] == pytest.approx(4.75)
+    assert all(0.0 <= r["label"] <= 5.0 for r in stsb)
+    rte = read_glue_split(asset_data_dir, "rte", "train")
+    assert rte[0]["text_a"] == "No Weapons of Mass Destruction Found in Iraq Yet."
+    assert rte[0]["text_b"] == "Weapons of Mass Destruction Found in Iraq."
+    assert GLUE_TASKS["rte"].label_names[rte[0]["label"]] == "not_entailment"
+    assert {r["label"] for r in rte} == {0, 1}  # a shifted column would collapse the labels
+    dev = read_glue_split(asset_data_dir, "rte", "dev")
+    assert dev[0]["text_b"] == "Christopher Reeve had an accident."
+    assert GLUE_TASKS["rte"].label_names[dev[0]["label"]] == "not_entailment"
+    assert available_glue_tasks(asset_data_dir) == ["stsb", "rte"]
+
+
+def test_load_glue_asset_stsb(asset_data_dir):
+    ds = load_glue("stsb", asset_data_dir)
+    assert list(ds) == ["train", "dev"] and (ds.num_rows["train"], ds.num_rows["dev"]) == (20, 20)
+    assert ds["dev"].features["label"].dtype == "float32"
+    assert ds["dev"][1]["label"] == pytest.approx(4.75)
+
+
 def test_task_table():
     assert get_glue_task("SST-2") is GLUE_TASKS["sst2"] and get_glue_task("STS-B").name == "stsb"
     assert GLUE_TASKS["stsb"].num_labels == 1 and GLUE_TASKS["stsb"].is_regression
@@ -128,10 +158,10 @@ RTE_HEADER = "index\tsentence1\tsentence2\tlabel"
 
 
 @pytest.mark.parametrize("bad_line,problem", [
-    ("1\tonly two columns", "expected 4 tab-separated columns, found 2"),
-    ("1\tA premise.\tA hypothesis.\tmaybe", "unknown label 'maybe'"),
-    ("1\t  \tA hypothesis.\tentailment", "empty text"),
-    ("x\tA premise.\tA hypothesis.\tentailment", "row id 'x' is not an integer"),
+    ("1\tonly two columns", "columns"),
+    ("1\tA premise.\tA hypothesis.\tmaybe", "'maybe'"),
+    ("1\t  \tA hypothesis.\tentailment", "empty"),
+    ("x\tA premise.\tA hypothesis.\tentailment", "'x'"),
 ])
 def test_malformed_row_names_file_and_line(tmp_path, bad_line, problem):
     _write(tmp_path / "glue" / "RTE" / "train.tsv",
@@ -146,16 +176,16 @@ def test_malformed_stsb_score_and_missing_header(tmp_path):
     header = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore"
     _write(tmp_path / "STS-B" / "dev.tsv",
            [header, "0\tg\tf\ty\to\ts\ts\tA.\tB.\t2.5", "1\tg\tf\ty\to\ts\ts\tA.\tB.\t7.0"])
-    with pytest.raises(SparseBertError, match=r"STS-B/dev.tsv: line 3: similarity score '7.0'"):
+    with pytest.raises(SparseBertError, match=r"STS-B/dev.tsv: line 3:.*'7.0'"):
         read_glue_split(tmp_path, "stsb", "dev")
     _write(tmp_path / "RTE" / "dev.tsv", ["index\tpremise\thypothesis\tlabel"])
-    with pytest.raises(SparseBertError, match=r"RTE/dev.tsv: line 1: header has no column 'sentence1'"):
+    with pytest.raises(SparseBertError, match=r"RTE/dev.tsv: line 1:.*'sentence1'"):
         read_glue_split(tmp_path, "rte", "dev")
     with pytest.raises(SparseBertError, match="GLUE file not found"):
         read_glue_split(tmp_path, "rte", "train")
     # a labeled split must have its label column (a test file may lack it)
     _write(tmp_path / "RTE" / "train.tsv", ["index\tsentence1\tsentence2", "0\tA.\tB."])
-    with pytest.raises(SparseBertError, match=r"RTE/train.tsv: line 1: header has no column 'label'"):
+    with pytest.raises(SparseBertError, match=r"RTE/train.tsv: line 1:.*'label'"):
         read_glue_split(tmp_path, "rte", "train")
 
 
@@ -220,12 +250,14 @@ def test_load_glue_real_stsb(data_dir):
     assert ds["dev"][1]["label"] == pytest.approx(4.75)
 
 
-def test_featurize_pairs(data_dir, tokenizer):
-    ds = load_glue("rte", data_dir)["dev"]
-    feats = featurize_glue(ds, tokenizer, max_seq_length=32)
+# the checked-in RTE dev slice has no pair under 32 tokens: at 64, 6 of its 20 pairs are truncated and 14 are not
+@pytest.mark.parametrize("data,max_len", [("data_dir", 32), ("asset_data_dir", 64)])
+def test_featurize_pairs(request, tokenizer, data, max_len):
+    ds = load_glue("rte", request.getfixturevalue(data))["dev"]
+    feats = featurize_glue(ds, tokenizer, max_seq_length=max_len)
     assert set(feats.column_names) == {"idx", "input_ids", "attention_mask", "token_type_ids", "labels"}
     lengths = [len(x) for x in feats["input_ids"]]
-    assert max(lengths) == 32  # long RTE premises were truncated
+    assert max(lengths) == max_len  # long RTE premises were truncated
     assert len(set(lengths)) > 1  # no padding: rows keep their own length
     assert feats["labels"] == ds["label"]
     sep = tokenizer.sep_token_id
@@ -236,7 +268,7 @@ def test_featurize_pairs(data_dir, tokenizer):
         assert types == [0] * (first_sep + 1) + [1] * (len(ids) - first_sep - 1)
         assert ids[0] == tokenizer.cls_token_id and ids[-1] == sep
     # a short pair is untouched: its second segment is exactly text_b's tokens
-    short = next(i for i, x in enumerate(lengths) if x < 32)
+    short = next(i for i, x in enumerate(lengths) if x < max_len)
     ids, types = feats[short]["input_ids"], feats[short]["token_type_ids"]
     second = [t for t, ty in zip(ids, types) if ty == 1][:-1]
     assert second == tokenizer(ds[short]["text_b"], add_special_tokens=False)["input_ids"]

@@ -1,4 +1,5 @@
-"""SQuAD reading, splitting, windowed features (on real dev data), span decoding and metrics."""
+"""SQuAD reading (the real dev files and a checked-in slice), splitting, windowed features (on real dev data),
+span decoding and metrics."""
 
 from __future__ import annotations
 
@@ -33,6 +34,13 @@ def v1(data_dir):
 @pytest.fixture(scope="module")
 def v2(data_dir):
     return read_squad(data_dir / "squad" / "dev-v2.0.reconstructed.json")
+
+
+@pytest.fixture(scope="module")
+def v1_asset(asset_data_dir):
+    """The checked-in slice of dev-v1.1.json: the first paragraph of each of its first 3 articles, 6 questions or
+    fewer each."""
+    return asset_data_dir / "squad" / "dev-v1.1.json"
 
 
 @pytest.fixture(scope="module")
@@ -73,14 +81,27 @@ def test_read_real_files(v1, v2):
     assert all(ex["answers"]["text"] == [] for ex in v2 if ex["is_impossible"])
 
 
-def test_a_byte_order_mark_is_accepted(tmp_path, data_dir, v1):
+def test_read_asset_file(v1_asset):
+    examples = read_squad(v1_asset)
+    assert [ex["title"] for ex in examples] == ["Super_Bowl_50"] * 6 + ["Warsaw"] * 5 + ["Normans"] * 5
+    assert not any(ex["is_impossible"] for ex in examples)
+    first = examples[0]
+    assert first["id"] == "56be4db0acb8001400a502ec" and first["answers"]["text"][0] == "Denver Broncos"
+    for ex in examples:  # every answer is where its offset says
+        for text, start in zip(ex["answers"]["text"], ex["answers"]["answer_start"]):
+            assert ex["context"][start:start + len(text)] == text
+    train, evals = split_by_article(examples, 1 / 3, seed=3)
+    assert len({ex["title"] for ex in evals}) == 1 and len(train) + len(evals) == len(examples)
+
+
+def test_a_byte_order_mark_is_accepted(tmp_path, v1_asset):
     path = tmp_path / "bom.json"
-    path.write_bytes(b"\xef\xbb\xbf" + (data_dir / "squad" / "dev-v1.1.json").read_bytes())
-    assert read_squad(path) == v1
+    path.write_bytes(b"\xef\xbb\xbf" + v1_asset.read_bytes())
+    assert read_squad(path) == read_squad(v1_asset)
 
 
-def test_truncated_json_names_file(tmp_path, data_dir):
-    text = (data_dir / "squad" / "dev-v1.1.json").read_text(encoding="utf-8")
+def test_truncated_json_names_file(tmp_path, v1_asset):
+    text = v1_asset.read_text(encoding="utf-8")
     bad = tmp_path / "cut.json"
     bad.write_text(text[:5000], encoding="utf-8")
     with pytest.raises(SparseBertError, match="cut.json"):

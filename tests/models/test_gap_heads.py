@@ -124,8 +124,9 @@ def test_trainer_train_save_predict(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def real_batch(data_dir, tokenizer):
-    rows = read_gap(data_dir / "gap" / "gap-validation.tsv")[:4]
+def real_batch(asset_data_dir, tokenizer):
+    # the first rows of the real validation file, as checked in (tests/assets)
+    rows = read_gap(asset_data_dir / "gap" / "gap-validation.tsv")[:4]
     assert [r.label for r in rows] == [2, 1, 1, 0]
     out = {}
     for head in HEADS:
