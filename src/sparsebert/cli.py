@@ -72,6 +72,13 @@ def parser() -> argparse.ArgumentParser:
                    help="with --search: trials at once, each on one GPU (default: one per visible GPU; 1 on CPU)")
     p.add_argument("--study", metavar="NAME",
                    help="with --search: the study, in <output root>/search/NAME (default EXPERIMENT-SPACE)")
+    p.add_argument("--predict", metavar="RUN",
+                   help="predict --input with a finished finetuning run (its directory, or its path under the "
+                        "output root, e.g. minilm_glue/glue_rte/run0) in the task's own output format")
+    p.add_argument("--input", type=Path, metavar="FILE",
+                   help="with --predict: the file to predict (the task's format; labels optional: metrics if present)")
+    p.add_argument("--output", type=Path, metavar="FILE",
+                   help="with --predict: the predictions file (default <run>/predict/<input stem>.<ext>)")
     p.add_argument("--experiments-dir", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--run-name", default=None, help=argparse.SUPPRESS)  # a search trial's run directory
     return p
@@ -93,6 +100,8 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
         if args.search:
             return search(args, registry, registry_dir)
         _refuse_search_flags(args)
+        if args.predict or args.input or args.output:
+            return predict(args)
         if args.gpus and "LOCAL_RANK" not in os.environ:
             return choose_gpus(args.gpus, argv, registry_dir)
         if args.train_tokenizer:
@@ -137,6 +146,25 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
     except (ConfigError, SparseBertError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def predict(args: argparse.Namespace) -> int:
+    """``--predict RUN --input FILE [--output FILE]``: write the predictions, print the metrics of a labelled file."""
+    if not args.predict:
+        raise ConfigError("--input and --output go with --predict RUN")
+    if args.input is None:
+        raise ConfigError("--predict needs --input FILE: the file to predict")
+    if args.experiments:
+        raise ConfigError(f"--predict runs no experiment; drop {' '.join(args.experiments)}")
+    from sparsebert.trainer.finetune.predict import predict as run_predict
+
+    result = run_predict(args.predict, args.input, args.output, output_root(args.output_dir))
+    for path in result.written:
+        print(f"wrote {path}")
+    if result.metrics is not None:
+        shown = {k: v for k, v in result.metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+        print("metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in shown.items()))
+    return 0
 
 
 SEARCH_FLAGS = ("space", "trials", "metric", "direction", "parallel", "study")

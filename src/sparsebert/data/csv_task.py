@@ -67,15 +67,22 @@ class CsvTaskConfig:
 class CsvData:
     ids: list[str]  # the id column's values, or the 0-based data row number as a string
     texts: list[str]
-    labels: list[int]  # index into label_names
+    labels: list[int] | None  # index into label_names; None: a file to predict that has no label column
     label_names: list[str]  # distinct label strings, sorted
 
 
-def read_csv_task(path: str | Path, cfg: CsvTaskConfig) -> CsvData:
-    """Read a CSV/TSV; labels become ids in the sorted order of the distinct label strings."""
+def read_csv_task(path: str | Path, cfg: CsvTaskConfig, label_names: Sequence[str] | None = None) -> CsvData:
+    """Read a CSV/TSV; labels become ids in the sorted order of the distinct label strings.
+
+    Args:
+        path: the CSV/TSV file.
+        cfg: the experiment's ``csv`` section (columns, delimiter).
+        label_names: a trained model's classes: the file is one to predict, its label column is optional and
+            its labels must be among these (their ids are the model's).
+    """
     path = Path(path)
     if not path.is_file():
-        raise SparseBertError(f"CSV file not found: {path} (csv.path)")
+        raise SparseBertError(f"CSV file not found: {path}" + ("" if label_names is not None else " (csv.path)"))
     delimiter = cfg.resolve_delimiter(path)
     # TSVs are read like GLUE files (texts may contain bare quotes); CSVs use standard quoting.
     quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
@@ -87,13 +94,17 @@ def read_csv_task(path: str | Path, cfg: CsvTaskConfig) -> CsvData:
         header = [h.strip() for h in next(rows, (1, []))[1]]
         if not header:
             raise SparseBertError(f"{path}: file is empty")
-        wanted = {"csv.text_column": cfg.text_column, "csv.label_column": cfg.label_column}
+        labeled = label_names is None or cfg.label_column in header  # a file to predict may lack labels
+        wanted = {"csv.text_column": cfg.text_column}
+        if labeled:
+            wanted["csv.label_column"] = cfg.label_column
         if cfg.id_column:
             wanted["csv.id_column"] = cfg.id_column
         for key, name in wanted.items():
             if name not in header:
                 raise SparseBertError(f"{path}: no column {name!r} ({key}); columns are {header}")
-        text_col, label_col = header.index(cfg.text_column), header.index(cfg.label_column)
+        text_col = header.index(cfg.text_column)
+        label_col = header.index(cfg.label_column) if labeled else None
         id_col = header.index(cfg.id_column) if cfg.id_column else None
         seen_ids: set[str] = set()
         for line, row in rows:
@@ -102,11 +113,15 @@ def read_csv_task(path: str | Path, cfg: CsvTaskConfig) -> CsvData:
             where = f"{path}: line {line}"
             if len(row) != len(header):
                 raise SparseBertError(f"{where}: expected {len(header)} fields, found {len(row)}")
-            text, label = row[text_col], row[label_col].strip()
+            text = row[text_col]
+            label = row[label_col].strip() if label_col is not None else ""
             if not text.strip():
                 raise SparseBertError(f"{where}: empty text in column {cfg.text_column!r}")
-            if not label:
+            if label_col is not None and not label:
                 raise SparseBertError(f"{where}: missing label in column {cfg.label_column!r}")
+            if label and label_names is not None and label not in label_names:
+                raise SparseBertError(f"{where}: label {label!r} is not one the model knows "
+                                      f"({', '.join(label_names)})")
             row_id = row[id_col].strip() if id_col is not None else str(len(ids))
             if id_col is not None:
                 # ids key the folded-chunk aggregation and the predictions file, so they must be unique
@@ -117,6 +132,11 @@ def read_csv_task(path: str | Path, cfg: CsvTaskConfig) -> CsvData:
             ids.append(row_id)
             texts.append(text)
             raw_labels.append(label)
+    if label_names is not None:
+        to_known = {name: i for i, name in enumerate(label_names)}
+        if not ids:
+            raise SparseBertError(f"{path}: no data rows")
+        return CsvData(ids, texts, [to_known[label] for label in raw_labels] if labeled else None, list(label_names))
     label_names = sorted(set(raw_labels))
     if len(label_names) < 2:
         found = f"only the value {label_names[0]!r}" if label_names else "no rows"
@@ -212,19 +232,10 @@ def build_csv_datasets(cfg: CsvTaskConfig, data_dir: str | Path, tokenizer: Any,
     """
     import datasets
 
-    from sparsebert.data.featurize import featurize
-
     cfg.validate()
     path = cfg.resolve_path(data_dir)
     data = read_csv_task(path, cfg)
     fold_texts([], [], [], tokenizer, max_seq_length, cfg.fold_stride)  # bad settings fail here, not in a worker
-    features = datasets.Features({
-        "input_ids": datasets.Sequence(datasets.Value("int64")),
-        "attention_mask": datasets.Sequence(datasets.Value("int64")),
-        "token_type_ids": datasets.Sequence(datasets.Value("int64")),
-        "labels": datasets.Value("int64"),
-        "row_id": datasets.Value("string"),
-    })
     splits = {}
     for name, key, idx in zip(("train", "dev", "test"), (None, "val_fraction", "test_fraction"),
                               stratified_split(data.labels, cfg.val_fraction, cfg.test_fraction, seed)):
@@ -236,30 +247,53 @@ def build_csv_datasets(cfg: CsvTaskConfig, data_dir: str | Path, tokenizer: Any,
                 f"{path}: csv.{key}={getattr(cfg, key)} leaves the {name} split empty ({len(data.labels)} rows in "
                 f"{len(data.label_names)} classes, each giving round({key} x its rows) and keeping one for "
                 f"train); raise csv.{key}, add rows, or set it to 0 for no {name} split")
-        rows = datasets.Dataset.from_dict(
-            {"text": [data.texts[i] for i in idx], "label": [data.labels[i] for i in idx],
-             "id": [data.ids[i] for i in idx]},
-            features=datasets.Features({"text": datasets.Value("string"), "label": datasets.Value("int64"),
-                                        "id": datasets.Value("string")}))
-        splits[name] = featurize(rows, fold_batch, name="csv-fold", tokenizer=tokenizer,
-                                 fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length,
-                                            "stride": cfg.fold_stride},
-                                 num_proc=num_proc, remove_columns=["text", "label", "id"], features=features,
-                                 cache_dir=cache_dir)
+        splits[name] = fold_dataset([data.texts[i] for i in idx], [data.labels[i] for i in idx],
+                                    [data.ids[i] for i in idx], tokenizer, max_seq_length, cfg.fold_stride,
+                                    num_proc=num_proc, cache_dir=cache_dir)
     return datasets.DatasetDict(splits), data
 
 
-def write_csv_predictions(path: str | Path, row_ids: Sequence[Any], truth: Sequence[int],
+def fold_dataset(texts: Sequence[str], labels: Sequence[int], ids: Sequence[str], tokenizer: Any,
+                 max_seq_length: int, stride: int, *, num_proc: int | None = None,
+                 cache_dir: str | Path | None = None) -> datasets.Dataset:
+    """:func:`fold_texts` of these rows as a ``datasets.Dataset`` (input_ids, attention_mask, token_type_ids,
+    labels, row_id), through the featurizer: parallel, cached by the rows' content, the tokenizer and settings."""
+    import datasets
+
+    from sparsebert.data.featurize import featurize
+
+    features = datasets.Features({
+        "input_ids": datasets.Sequence(datasets.Value("int64")),
+        "attention_mask": datasets.Sequence(datasets.Value("int64")),
+        "token_type_ids": datasets.Sequence(datasets.Value("int64")),
+        "labels": datasets.Value("int64"),
+        "row_id": datasets.Value("string"),
+    })
+    rows = datasets.Dataset.from_dict(
+        {"text": list(texts), "label": list(labels), "id": list(ids)},
+        features=datasets.Features({"text": datasets.Value("string"), "label": datasets.Value("int64"),
+                                    "id": datasets.Value("string")}))
+    return featurize(rows, fold_batch, name="csv-fold", tokenizer=tokenizer,
+                     fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length, "stride": stride},
+                     num_proc=num_proc, remove_columns=["text", "label", "id"], features=features,
+                     cache_dir=cache_dir)
+
+
+def write_csv_predictions(path: str | Path, row_ids: Sequence[Any], truth: Sequence[int] | None,
                           predictions: Sequence[int], probs: Any, label_names: Sequence[str]) -> None:
-    """CSV of row_id, truth, prediction (as label strings) and one ``prob_<label>`` column per class."""
+    """CSV of row_id, truth, prediction (as label strings) and one ``prob_<label>`` column per class; without
+    ``truth`` (rows that have no label) the truth column is left out."""
     probs = np.asarray(probs, dtype=np.float64)
     n = len(row_ids)
-    if not len(truth) == len(predictions) == probs.shape[0] == n or probs.shape[1] != len(label_names):
-        raise ValueError(f"{n} row ids, {len(truth)} truths, {len(predictions)} predictions, "
+    n_truth = n if truth is None else len(truth)
+    if not n_truth == len(predictions) == probs.shape[0] == n or probs.shape[1] != len(label_names):
+        raise ValueError(f"{n} row ids, {n_truth} truths, {len(predictions)} predictions, "
                          f"probs {probs.shape} for {len(label_names)} labels")
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["row_id", "truth", "prediction", *(f"prob_{name}" for name in label_names)])
-    for row_id, t, p, pr in zip(row_ids, truth, predictions, probs):
-        writer.writerow([row_id, label_names[int(t)], label_names[int(p)], *(f"{x:.6f}" for x in pr)])
+    writer.writerow(["row_id", *(["truth"] if truth is not None else []), "prediction",
+                     *(f"prob_{name}" for name in label_names)])
+    for i, (row_id, p, pr) in enumerate(zip(row_ids, predictions, probs)):
+        t = [label_names[int(truth[i])]] if truth is not None else []
+        writer.writerow([row_id, *t, label_names[int(p)], *(f"{x:.6f}" for x in pr)])
     atomic_write_text(path, buf.getvalue())

@@ -35,6 +35,8 @@ COLUMNS = [
     "B-coref",
     "URL",
 ]
+# the Kaggle test file: no A-coref / B-coref, the answers being what a submission predicts
+UNLABELLED_COLUMNS = [c for c in COLUMNS if not c.endswith("-coref")]
 HEADS = ("concat", "mul", "segment")
 MASCULINE = frozenset({"he", "him", "his", "himself"})
 FEMININE = frozenset({"she", "her", "hers", "herself"})
@@ -48,14 +50,21 @@ class GapExample:
     pronoun_offset: int
     a: str
     a_offset: int
-    a_coref: bool
+    a_coref: bool | None  # None (with b_coref): a row of the unlabelled test file
     b: str
     b_offset: int
-    b_coref: bool
+    b_coref: bool | None
     url: str
 
     @property
+    def labelled(self) -> bool:
+        return self.a_coref is not None
+
+    @property
     def label(self) -> int:
+        """0 = A, 1 = B, 2 = neither; -100 (the ignored index of cross-entropy) for an unlabelled row."""
+        if not self.labelled:
+            return -100
         return 0 if self.a_coref else 1 if self.b_coref else 2
 
     @property
@@ -65,11 +74,16 @@ class GapExample:
         return "M" if p in MASCULINE else "F" if p in FEMININE else None
 
 
-def _parse_row(row: list[str]) -> GapExample:
-    """One data row → GapExample; raises ValueError with the problem (the caller adds file and ID)."""
-    if len(row) != len(COLUMNS):
-        raise ValueError(f"expected {len(COLUMNS)} tab-separated fields, got {len(row)}")
-    rid, text, pron, p_off, a, a_off, a_coref, b, b_off, b_coref, url = row
+def _parse_row(row: list[str], labelled: bool = True) -> GapExample:
+    """One data row (11 fields, or the 9 of the unlabelled test file) → GapExample; raises ValueError with the
+    problem (the caller adds file and ID)."""
+    width = len(COLUMNS if labelled else UNLABELLED_COLUMNS)
+    if len(row) != width:
+        raise ValueError(f"expected {width} tab-separated fields, got {len(row)}")
+    if labelled:
+        rid, text, pron, p_off, a, a_off, a_coref, b, b_off, b_coref, url = row
+    else:
+        rid, text, pron, p_off, a, a_off, b, b_off, url = row
     offsets = {}
     for col, value in (("Pronoun-offset", p_off), ("A-offset", a_off), ("B-offset", b_off)):
         try:
@@ -89,6 +103,9 @@ def _parse_row(row: list[str]) -> GapExample:
         if (off > 0 and text[off - 1].isalnum()) or (end < len(text) and text[end].isalnum()):
             raise ValueError(f"{col} {off}: {name!r} there is part of the longer word "
                              f"{_word_around(text, off, end)!r}")
+    if not labelled:
+        return GapExample(rid, text, pron, offsets["Pronoun-offset"], a, offsets["A-offset"], None,
+                          b, offsets["B-offset"], None, url)
     corefs = {}
     for col, value in (("A-coref", a_coref), ("B-coref", b_coref)):
         if value.upper() not in ("TRUE", "FALSE"):
@@ -102,9 +119,12 @@ def _parse_row(row: list[str]) -> GapExample:
     )  # fmt: skip
 
 
-def read_gap(path: str | os.PathLike, on_bad_row: str = "error") -> list[GapExample]:
+def read_gap(path: str | os.PathLike, on_bad_row: str = "error", allow_unlabelled: bool = False) -> list[GapExample]:
     """Read a GAP TSV (header + 11 columns). A bad row raises SparseBertError (file, ID, problem), or with
-    ``on_bad_row="skip"`` is logged as a warning and left out — never kept with a guessed label."""
+    ``on_bad_row="skip"`` is logged as a warning and left out — never kept with a guessed label.
+
+    ``allow_unlabelled``: also accept the 9 columns of the Kaggle test file (no A-coref / B-coref); its rows come
+    back with ``a_coref = b_coref = None`` (``labelled`` False)."""
     if on_bad_row not in ("error", "skip"):
         raise SparseBertError(f"read_gap: on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     try:
@@ -113,8 +133,10 @@ def read_gap(path: str | os.PathLike, on_bad_row: str = "error") -> list[GapExam
             rows = [row for _, row in csv_rows(path, f, delimiter="\t", quoting=csv.QUOTE_NONE)]
     except OSError as e:
         raise SparseBertError(f"{path}: cannot read: {e.strerror}") from None
-    if not rows or rows[0] != COLUMNS:
-        raise SparseBertError(f"{path}: header is not the GAP header {'<TAB>'.join(COLUMNS)}")
+    labelled = bool(rows) and rows[0] == COLUMNS
+    if not labelled and not (allow_unlabelled and rows and rows[0] == UNLABELLED_COLUMNS):
+        also = f", nor the test file's {'<TAB>'.join(UNLABELLED_COLUMNS)}" if allow_unlabelled else ""
+        raise SparseBertError(f"{path}: header is not the GAP header {'<TAB>'.join(COLUMNS)}{also}")
     examples: list[GapExample] = []
     seen: set[str] = set()
     for line_no, row in enumerate(rows[1:], start=2):
@@ -122,7 +144,7 @@ def read_gap(path: str | os.PathLike, on_bad_row: str = "error") -> list[GapExam
         try:
             if rid in seen:
                 raise ValueError("duplicate ID")
-            ex = _parse_row(row)
+            ex = _parse_row(row, labelled)
         except ValueError as e:
             msg = f"{path}: row {rid}: {e}"
             if on_bad_row == "error":

@@ -144,14 +144,29 @@ def read_glue_split(data_dir: str | Path, task: str | GlueTask, split: str) -> l
     path = glue_split_path(data_dir, t, split)
     if not path.is_file():
         raise SparseBertError(f"GLUE file not found: {path}")
+    # only test files may lack labels: a train/dev file without its label column is an error
+    return read_glue_file(path, t, labeled=split not in t.test_splits)
+
+
+def read_glue_file(path: str | Path, task: str | GlueTask, labeled: bool) -> list[dict[str, Any]]:
+    """Read one GLUE TSV of ``task`` into rows of idx/text_a/text_b/label (at least one).
+
+    Args:
+        path: a file in the layout of the task's train, dev or test files.
+        labeled: whether the label column must be there; if not, a file that has it still gets its labels.
+
+    Returns:
+        One dict per data row; ``label`` is None where the file has no label column.
+    """
+    t = get_glue_task(task)
+    path = Path(path)
     # utf-8-sig strips the BOM at the start of the MRPC files; QUOTE_NONE because texts contain bare quotes.
     with open(path, encoding="utf-8-sig", newline="") as f:
         lines = csv_rows(path, f, delimiter="\t", quoting=csv.QUOTE_NONE)
         _, first = next(lines, (1, None))
         if first is None:
             raise SparseBertError(f"{path}: file is empty")
-        # only test files may lack labels: a train/dev file without its label column is an error
-        cols, has_header = _locate_columns(t, path, first, labeled=split not in t.test_splits)
+        cols, has_header = _locate_columns(t, path, first, labeled=labeled)
         rows = [] if has_header else [_parse_row(t, path, 1, first, cols, 0)]
         for line, row in lines:
             rows.append(_parse_row(t, path, line, row, cols, len(rows)))
@@ -222,6 +237,13 @@ def _features(t: GlueTask) -> datasets.Features:
         "text_b": datasets.Value("string"),
         "label": datasets.Value("float32" if t.is_regression else "int64"),
     })
+
+
+def glue_dataset(task: str | GlueTask, rows: list[dict[str, Any]]) -> datasets.Dataset:
+    """Rows of :func:`read_glue_file` as a ``datasets.Dataset`` with the task's column types."""
+    import datasets
+
+    return datasets.Dataset.from_list(rows, features=_features(get_glue_task(task)))
 
 
 def load_glue(task: str | GlueTask, data_dir: str | Path | None) -> datasets.DatasetDict:

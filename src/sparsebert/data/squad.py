@@ -30,11 +30,12 @@ logger = logging.getLogger(__name__)
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def read_squad(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_squad(path: str | os.PathLike, answers_optional: bool = False) -> list[dict[str, Any]]:
     """Flatten a SQuAD JSON file into one dict per question.
 
     Each dict: ``id, title, context, question, answers {"text": [...], "answer_start": [...]},
-    is_impossible`` (False for v1.1 files, which have no such flag).
+    is_impossible`` (False for v1.1 files, which have no such flag). With ``answers_optional`` (a file to
+    predict) a question without an ``answers`` key is kept, with ``answers`` None.
     """
     try:
         with open(path, encoding="utf-8-sig") as f:  # json refuses a leading byte-order mark
@@ -59,13 +60,14 @@ def read_squad(path: str | os.PathLike) -> list[dict[str, Any]]:
                 if not isinstance(context, str) or not context.strip():
                     raise SparseBertError(f"{where}: empty or non-text context")
                 for qa in paragraph["qas"]:
-                    examples.append(_read_question(qa, title, context, where, seen))
+                    examples.append(_read_question(qa, title, context, where, seen, answers_optional))
         except (KeyError, TypeError) as e:
             raise SparseBertError(f"{where}: missing or malformed key {e}") from None
     return examples
 
 
-def _read_question(qa: dict, title: str, context: str, where: str, seen: set[str]) -> dict[str, Any]:
+def _read_question(qa: dict, title: str, context: str, where: str, seen: set[str],
+                   answers_optional: bool = False) -> dict[str, Any]:
     if not isinstance(qa, dict):
         raise SparseBertError(f"{where}: a 'qas' entry is not an object: {qa!r:.60}")
     qid = qa.get("id")
@@ -75,6 +77,12 @@ def _read_question(qa: dict, title: str, context: str, where: str, seen: set[str
     if qid in seen:
         raise SparseBertError(f"{where}: duplicate question id")
     seen.add(qid)
+    if answers_optional and "answers" not in qa:
+        question = qa.get("question")
+        if not isinstance(question, str) or not question.strip():
+            raise SparseBertError(f"{where}: missing or empty 'question'")
+        return {"id": qid, "title": title, "context": context, "question": question, "answers": None,
+                "is_impossible": False}
     try:
         question = qa["question"]
         answers = qa["answers"]
@@ -238,6 +246,7 @@ def postprocess_predictions(
     max_answer_length: int = 30,
     version_2: bool = False,
     null_score_diff_threshold: float = 0.0,
+    nbest: dict[str, list[dict[str, Any]]] | None = None,
 ) -> tuple[dict[str, str], dict[str, float]]:
     """Best answer text per example id, from the start/end logits of all its windows.
 
@@ -246,6 +255,10 @@ def postprocess_predictions(
     ``null_odds[id]`` = (lowest CLS score over the example's windows) - (best span score); for v2 the
     prediction is "" when it exceeds ``null_score_diff_threshold``. An example with no valid span gets ""
     and null odds ``inf``.
+
+    ``nbest``, when given, receives per example id its ``n_best_size`` best candidates, best first, as
+    ``nbest_predictions.json`` holds them: text, probability (softmax over the kept scores), start_logit,
+    end_logit; for v2 the empty answer (the lowest CLS score) is one of them.
     """
     start_logits = np.asarray(start_logits)
     end_logits = np.asarray(end_logits)
@@ -266,9 +279,12 @@ def postprocess_predictions(
         context = ex["context"]
         best_score, best_text = -np.inf, ""
         null_score = np.inf
+        null_logits = (0.0, 0.0)
+        candidates: list[tuple[float, float, float, str]] = []  # score, start, end logit, text; for nbest
         for i in by_example.get(ex["id"], []):
             s_log, e_log, offsets = start_logits[i], end_logits[i], offset_maps[i]
-            null_score = min(null_score, float(s_log[0] + e_log[0]))
+            if float(s_log[0] + e_log[0]) < null_score:
+                null_score, null_logits = float(s_log[0] + e_log[0]), (float(s_log[0]), float(e_log[0]))
             top_s = np.argsort(s_log)[::-1][:n_best_size]
             top_e = np.argsort(e_log)[::-1][:n_best_size]
             for s in top_s:
@@ -283,6 +299,9 @@ def postprocess_predictions(
                     ):
                         continue
                     score = float(s_log[s] + e_log[e])
+                    if nbest is not None:
+                        candidates.append((score, float(s_log[s]), float(e_log[e]),
+                                           context[offsets[s][0] : offsets[e][1]]))
                     if score > best_score:
                         best_score, best_text = score, context[offsets[s][0] : offsets[e][1]]
         if null_score == np.inf:
@@ -290,7 +309,23 @@ def postprocess_predictions(
         odds = null_score - best_score
         null_odds[ex["id"]] = float(odds)
         predictions[ex["id"]] = "" if version_2 and odds > null_score_diff_threshold else best_text
+        if nbest is not None:
+            if version_2:
+                candidates.append((null_score, *null_logits, ""))
+            nbest[ex["id"]] = _nbest_entries(candidates, n_best_size)
     return predictions, null_odds
+
+
+def _nbest_entries(candidates: list[tuple[float, float, float, str]], n: int) -> list[dict[str, Any]]:
+    """The ``n`` best (score, start logit, end logit, text) candidates as n-best entries with probabilities."""
+    kept = sorted(candidates, key=lambda c: c[0], reverse=True)[:n]
+    if not kept:
+        return [{"text": "", "probability": 1.0, "start_logit": 0.0, "end_logit": 0.0}]
+    scores = np.array([c[0] for c in kept])
+    probs = np.exp(scores - scores.max())
+    probs /= probs.sum()
+    return [{"text": text, "probability": float(p), "start_logit": s, "end_logit": e}
+            for (_, s, e, text), p in zip(kept, probs)]
 
 
 # ---------------------------------------------------------------------------------------------- metrics

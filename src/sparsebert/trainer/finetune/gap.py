@@ -21,6 +21,7 @@ from sparsebert.data.gap import (
     write_gap_system_file,
     write_kaggle_submission,
 )
+from sparsebert.errors import SparseBertError
 from sparsebert.models.gap_heads import GapClassifier
 from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, make_trainer, softmax
 
@@ -85,6 +86,24 @@ def load_gap_teacher(encoder_source: str, head: str, teacher_dir: str) -> GapCla
     # runs saved before the unused pooler was dropped still carry its weights
     teacher.load_state_dict({k: v for k, v in state.items() if not k.startswith("encoder.pooler.")})
     return teacher
+
+
+def load_gap_model(model_dir: str | Path, head: str, encoder_source: str) -> GapClassifier:
+    """A finished run's GAP model: the encoder built from the config of ``encoder_source`` (the model the run
+    started from; ``model/`` holds only the state dict), then every weight from ``model/model.safetensors``."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModel
+
+    try:
+        config = AutoConfig.from_pretrained(encoder_source)
+    except (OSError, ValueError) as e:
+        raise SparseBertError(f"cannot load the config of {encoder_source}, the encoder the GAP run started "
+                              f"from: {str(e).splitlines()[0]}") from None
+    model = GapClassifier(AutoModel.from_config(config), head)  # random weights, all replaced below
+    state = load_file(str(Path(model_dir) / "model.safetensors"))
+    # runs saved before the unused pooler was dropped still carry its weights
+    model.load_state_dict({k: v for k, v in state.items() if not k.startswith("encoder.pooler.")})
+    return model
 
 
 def _accuracy(p) -> dict[str, float]:

@@ -1,0 +1,290 @@
+"""``python run.py --predict RUN --input FILE``: a finished finetuning run's model on a file given later.
+
+Each task reads the file with the reader its runner trains with (labels optional), featurizes it the same way
+(the run's own settings from its config.json) and writes the task's own output format; when the file carries
+labels, the task's metrics come back too. Every check (the run, the file, its columns and rows) happens before
+the model loads and before anything is written; outputs are written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader
+from transformers import (
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    DataCollatorWithPadding,
+    default_data_collator,
+)
+
+from sparsebert.config import from_dict
+from sparsebert.config.sections import FinetuneConfig
+from sparsebert.data.classification_metrics import classification_metrics
+from sparsebert.data.csv_task import (
+    CsvTaskConfig,
+    aggregate_folded,
+    fold_dataset,
+    read_csv_task,
+    write_csv_predictions,
+)
+from sparsebert.data.gap import (
+    gap_features,
+    gap_metrics,
+    read_gap,
+    write_gap_system_file,
+    write_kaggle_submission,
+)
+from sparsebert.data.glue import (
+    featurize_glue,
+    glue_dataset,
+    glue_metrics,
+    read_glue_file,
+    write_glue_test_predictions,
+)
+from sparsebert.data.squad import postprocess_predictions, read_squad, squad_metrics, write_predictions_json
+from sparsebert.data.tokenizer import load_tokenizer
+from sparsebert.errors import SparseBertError
+from sparsebert.io import atomic_write_json
+from sparsebert.trainer.finetune.common import softmax
+from sparsebert.trainer.finetune.gap import MODEL_INPUTS, load_gap_model
+from sparsebert.trainer.finetune.squad import squad_features
+
+EXTENSIONS = {"glue": "tsv", "csv": "csv", "squad_v1": "json", "squad_v2": "json", "gap": "csv"}
+
+
+@dataclass
+class FinishedRun:
+    """A finished finetuning run directory and what its config.json says about it."""
+
+    path: Path
+    config: dict[str, Any]
+    kind: str  # a key of PREDICTORS
+    glue_task: str | None  # "rte" for a run of task glue:rte
+
+    @property
+    def finetune(self) -> FinetuneConfig:
+        return from_dict(FinetuneConfig, self.config.get("finetune", {}), prefix="finetune")
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+    @property
+    def eval_batch_size(self) -> int:
+        return int(self.config.get("train", {}).get("eval_batch_size", 128))
+
+    def tokenizer(self):
+        return load_tokenizer(str(self.model_dir))  # the runner saves the tokenizer beside the model
+
+
+def open_run(run: str | Path, output_root: Path) -> FinishedRun:
+    """The finished finetuning run ``run`` names: a run directory, or its path under ``output_root``."""
+    candidates = [Path(run)] + ([output_root / run] if not Path(run).is_absolute() else [])
+    path = next((p for p in candidates if p.is_dir()), None)
+    if path is None:
+        raise SparseBertError(f"--predict {run}: no run directory {run}" + (
+            f" (nor {output_root / run})" if len(candidates) > 1 else ""))
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    if not (path / "DONE").is_file():
+        raise SparseBertError(f"--predict: run {path} has not finished (no DONE marker)")
+    if not isinstance(config, dict) or "task" not in config:
+        raise SparseBertError(f"--predict: {path} is not a finetuning run (no config.json with a task)")
+    task = str(config["task"])
+    kind, _, name = task.partition(":")
+    if task == "mlm":
+        raise SparseBertError(f"--predict: {path} is a pretraining run, not a finetuning run")
+    if "experiment" not in config:  # finish_run adds it to a run's config; an experiment's own lacks it
+        raise SparseBertError(f"--predict: {path} is an experiment directory; name one of its runs "
+                              "(e.g. <experiment>/glue_rte/run0, <experiment>/gap/run0)")
+    if kind not in PREDICTORS:
+        raise SparseBertError(f"--predict: run {path} is of task {task}, which has no predict "
+                              f"(tasks with one: {', '.join(sorted(PREDICTORS))})")
+    if not (path / "model" / "model.safetensors").is_file():
+        raise SparseBertError(f"--predict: run {path} exported no model (finetune.save_model=false?)")
+    return FinishedRun(path, config, kind, name or None)
+
+
+def default_output(run: FinishedRun, input_file: Path) -> Path:
+    """``<run>/predict/<input stem>.<the task's extension>``."""
+    return run.path / "predict" / f"{input_file.stem}.{EXTENSIONS[run.kind]}"
+
+
+def sibling(output: Path, suffix: str) -> Path:
+    """A second output beside ``output``: ``<stem>_<suffix>``, e.g. dev_nbest_predictions.json."""
+    return output.with_name(f"{output.stem}_{suffix}")
+
+
+@dataclass
+class Prediction:
+    """What a predict call wrote and, for a labelled input, the task's metrics on it."""
+
+    written: list[Path]
+    metrics: dict[str, Any] | None
+
+
+def predict(run: str | Path, input_file: str | Path, output: str | Path | None = None,
+            output_root: Path = Path("runs")) -> Prediction:
+    """Predict ``input_file`` with the finished finetuning run ``run``.
+
+    Args:
+        run: the run directory, or its path relative to ``output_root``.
+        input_file: a file in the task's format (GLUE TSV, CSV/TSV, SQuAD JSON, GAP TSV); labels optional.
+        output: the predictions file; default ``<run>/predict/<input stem>.<ext>``.
+        output_root: where relative run paths are looked up.
+
+    Returns:
+        The files written and, when the input has labels, the metrics.
+    """
+    finished = open_run(run, output_root)
+    input_file = Path(input_file)
+    if not input_file.is_file():
+        raise SparseBertError(f"--input {input_file}: no such file")
+    output = Path(output) if output is not None else default_output(finished, input_file)
+    if output.is_dir():
+        raise SparseBertError(f"--output {output} is a directory; name the file to write")
+    if output.resolve() == input_file.resolve():
+        raise SparseBertError(f"--output {output} is the input file; name another file")
+    return PREDICTORS[finished.kind](finished, input_file, output)
+
+
+def infer(model, dataset, collator: Callable, batch_size: int, columns: Sequence[str],
+          outputs: Sequence[str] = ("logits",)) -> list[np.ndarray]:
+    """The model's ``outputs`` over ``dataset`` (its ``columns`` as inputs), batched, without gradients, on the
+    GPU when there is one. Batches are the run's evaluation batches (same size, same collator), so a row
+    gets the padding, and the logits, it got when the run evaluated it."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device).eval()
+    loader = DataLoader(dataset.select_columns(list(columns)), batch_size=batch_size, collate_fn=collator)
+    parts: list[list[np.ndarray]] = [[] for _ in outputs]
+    with torch.inference_mode():
+        for batch in loader:
+            result = model(**{k: v.to(device) for k, v in batch.items()})
+            for part, name in zip(parts, outputs):
+                part.append(getattr(result, name).float().cpu().numpy())
+    return [np.concatenate(p) if p else np.zeros((0,)) for p in parts]
+
+
+CLASSIFIER_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
+
+
+def _classifier(run: FinishedRun):
+
+    return AutoModelForSequenceClassification.from_pretrained(run.model_dir)
+
+
+def _padding_collator(run: FinishedRun, tokenizer):
+
+    return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=run.finetune.pad_to_multiple_of)
+
+
+def predict_glue(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
+    """A GLUE TSV in the task's test (or dev) layout -> the leaderboard TSV ``index<TAB>prediction``."""
+    rows = read_glue_file(input_file, run.glue_task, labeled=False)
+    labeled = rows[0]["label"] is not None  # the reader gives every row a label or none
+    tokenizer = run.tokenizer()
+    features = featurize_glue(glue_dataset(run.glue_task, rows), tokenizer, run.finetune.max_seq_length)
+    (logits,) = infer(_classifier(run), features, _padding_collator(run, tokenizer), run.eval_batch_size,
+                      CLASSIFIER_INPUTS)
+    write_glue_test_predictions(run.glue_task, [r["idx"] for r in rows], logits, output)
+    metrics = glue_metrics(run.glue_task, logits, [r["label"] for r in rows]) if labeled else None
+    return Prediction([output], metrics)
+
+
+def predict_csv(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
+    """A CSV/TSV with the run's text column (label optional) -> row_id, [truth,] prediction, prob_<label>;
+    texts longer than the run's sequence length are folded as in training and their chunks averaged back."""
+    cfg = from_dict(CsvTaskConfig, run.config.get("csv") or {}, prefix="csv")
+    label_names = _label_names(run)
+    data = read_csv_task(input_file, cfg, label_names=label_names)
+    tokenizer = run.tokenizer()
+    # an unlabelled row still needs a label for the fold's labels column, which inference leaves out
+    labels = data.labels if data.labels is not None else [0] * len(data.ids)
+    folded = fold_dataset(data.texts, labels, data.ids, tokenizer, run.finetune.max_seq_length, cfg.fold_stride)
+    (logits,) = infer(_classifier(run), folded, _padding_collator(run, tokenizer), run.eval_batch_size,
+                      CLASSIFIER_INPUTS)
+    row_ids, probs = aggregate_folded(folded["row_id"], softmax(logits))
+    predicted = probs.argmax(axis=-1)
+    truth = None
+    metrics = None
+    if data.labels is not None:
+        label_of = dict(zip(data.ids, data.labels))
+        truth = np.array([label_of[r] for r in row_ids])
+        metrics = classification_metrics(truth, predicted, len(label_names))
+        metrics.update({"rows": len(row_ids), "chunks": len(folded)})
+    write_csv_predictions(output, row_ids, truth, predicted, probs, label_names)
+    return Prediction([output], metrics)
+
+
+def _label_names(run: FinishedRun) -> list[str]:
+    """The classes of a CSV run, in its label-id order (its metrics.json records them)."""
+    try:
+        names = json.loads((run.path / "metrics.json").read_text())["label_names"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise SparseBertError(f"--predict: run {run.path} has no label_names in metrics.json") from None
+    return [str(n) for n in names]
+
+
+def predict_squad(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
+    """A SQuAD JSON (answers optional) -> ``{id: answer}`` JSON and ``<stem>_nbest_predictions.json``; for a
+    v2 run also ``<stem>_null_odds.json``."""
+    fcfg = run.finetune
+    version_2 = run.kind == "squad_v2"
+    examples = read_squad(input_file, answers_optional=True)
+    if not examples:
+        raise SparseBertError(f"--input {input_file}: no questions")
+    # only the fields windowing reads: answers may be missing, and they play no part in prediction
+    questions = [{k: ex[k] for k in ("id", "title", "context", "question")} for ex in examples]
+    features = squad_features(questions, run.tokenizer(), train=False, max_seq_length=fcfg.max_seq_length,
+                              doc_stride=fcfg.doc_stride, max_query_length=fcfg.max_query_length)
+    model = AutoModelForQuestionAnswering.from_pretrained(run.model_dir)
+    start, end = infer(model, features, default_data_collator, run.eval_batch_size, CLASSIFIER_INPUTS,
+                       outputs=("start_logits", "end_logits"))
+    nbest: dict[str, list[dict[str, Any]]] = {}
+    predictions, null_odds = postprocess_predictions(
+        examples, features, start, end, n_best_size=fcfg.n_best_size, max_answer_length=fcfg.max_answer_length,
+        version_2=version_2, null_score_diff_threshold=fcfg.null_score_diff_threshold, nbest=nbest)
+    written = [output, sibling(output, "nbest_predictions.json")]
+    write_predictions_json(output, predictions)
+    atomic_write_json(written[1], nbest)
+    if version_2:
+        written.append(sibling(output, "null_odds.json"))
+        atomic_write_json(written[2], null_odds)
+    labeled = all(ex["answers"] is not None for ex in examples)
+    return Prediction(written, squad_metrics(examples, predictions, version_2) if labeled else None)
+
+
+def predict_gap(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
+    """A GAP TSV (the 11 labelled columns, or the Kaggle test file's 9) -> the Kaggle submission CSV and the GAP
+    scorer's system file ``<stem>_gap_system.tsv``."""
+    fcfg = run.finetune
+    # every row must be predicted (a submission lists every ID), so a bad row is an error, never skipped
+    examples = read_gap(input_file, allow_unlabelled=True)
+    if not examples:
+        raise SparseBertError(f"--input {input_file}: no data rows")
+    features = gap_features(examples, run.tokenizer(), fcfg.max_seq_length, fcfg.gap_head)
+    inputs = [c for c in MODEL_INPUTS if c != "labels"]
+    model = load_gap_model(run.model_dir, fcfg.gap_head, str(run.config.get("model_source", "")))
+    (logits,) = infer(model, features, default_data_collator, run.eval_batch_size, inputs)
+    probs = softmax(logits)
+    ids = [ex.id for ex in examples]
+    system = sibling(output, "gap_system.tsv")
+    write_kaggle_submission(output, ids, probs)
+    write_gap_system_file(system, ids, probs)
+    metrics = gap_metrics(probs, examples) if all(ex.labelled for ex in examples) else None
+    return Prediction([output, system], metrics)
+
+
+PREDICTORS: dict[str, Callable[[FinishedRun, Path, Path], Prediction]] = {
+    "glue": predict_glue, "csv": predict_csv, "squad_v1": predict_squad, "squad_v2": predict_squad,
+    "gap": predict_gap,
+}

@@ -1,0 +1,237 @@
+"""``run.py --predict``: tiny finished runs of every task predict an unlabelled and a labelled copy of a slice of
+the real file they were evaluated on; the predictions equal the ones the run wrote for those rows, metrics come
+with labels, and bad requests are one-line refusals that write nothing."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from sparsebert.cli import main as cli_main
+from sparsebert.config import Registry
+from sparsebert.data.csv_task import CsvTaskConfig, read_csv_task
+from sparsebert.data.gap import read_gap
+from sparsebert.data.squad import read_squad
+from sparsebert.errors import SparseBertError
+from sparsebert.runner import RunOptions, run_experiment
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+FEW_TRAIN_ROWS = ["finetune.max_train_samples=32"]  # as in test_finetune: nothing here depends on learning
+
+
+def _finished(experiment: str, overrides: list[str], run: str, data_dir: Path, tmp_path_factory) -> Path:
+    """The run directory ``run`` of ``experiment`` trained once with FEW_TRAIN_ROWS."""
+    out = tmp_path_factory.mktemp(experiment)
+    registry = Registry.from_directory(REPO / "experiments")
+    run_experiment(registry.build(experiment, [*FEW_TRAIN_ROWS, *overrides]),
+                   RunOptions(output_root=out, data_dir=data_dir))
+    return out / experiment / run
+
+
+@pytest.fixture(scope="module")
+def rte_run(data_dir, tmp_path_factory) -> Path:
+    return _finished("tiny_glue", ['finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}"], "glue_rte/run0",
+                     data_dir, tmp_path_factory)
+
+
+def _predict(capsys, run: Path, input_file: Path, *extra: str) -> tuple[str, dict[str, float]]:
+    """cli_main --predict; its stdout and the metrics line it printed, parsed ({} if none)."""
+    assert cli_main(["--predict", str(run), "--input", str(input_file), *extra]) == 0
+    out = capsys.readouterr().out
+    line = next((x for x in out.splitlines() if x.startswith("metrics: ")), "")
+    metrics = dict(kv.split("=") for kv in line.removeprefix("metrics: ").split(", ") if kv)
+    return out, {k: float(v) for k, v in metrics.items()}
+
+
+def _tsv(path: Path) -> list[list[str]]:
+    with open(path, newline="") as f:
+        return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def test_glue_predicts_the_leaderboard_file(rte_run, data_dir, tmp_path, capsys):
+    dev = _tsv(data_dir / "glue/RTE/dev.tsv")[:65]  # header + the 64 rows the run evaluated (max_eval_samples)
+    labelled, unlabelled = tmp_path / "rte_dev.tsv", tmp_path / "rte_test.tsv"
+    labelled.write_text("".join("\t".join(r) + "\n" for r in dev))
+    unlabelled.write_text("".join("\t".join(r[:3]) + "\n" for r in dev))  # index, sentence1, sentence2
+
+    out, metrics = _predict(capsys, rte_run, unlabelled)
+    written = rte_run / "predict" / "rte_test.tsv"  # the default output
+    assert f"wrote {written}" in out and not metrics
+    rows = _tsv(written)
+    assert rows[0] == ["index", "prediction"] and [r[0] for r in rows[1:]] == [r[0] for r in dev[1:]]
+    at_training = {r[0]: ("entailment", "not_entailment")[int(r[1])] for r in _tsv(rte_run / "predictions_dev.tsv")[1:]}
+    assert {i: p for i, p in rows[1:]} == at_training
+
+    _, metrics = _predict(capsys, rte_run, labelled, "--output", str(tmp_path / "out" / "rte.tsv"))
+    assert (tmp_path / "out" / "rte.tsv").read_text() == written.read_text()
+    assert metrics["accuracy"] == pytest.approx(json.loads((rte_run / "metrics.json").read_text())["accuracy"],
+                                                abs=1e-4)
+
+
+@pytest.fixture(scope="module")
+def csv_run(data_dir, tmp_path_factory) -> Path:
+    return _finished("tiny_csv", [], "csv/run0", data_dir, tmp_path_factory)
+
+
+def test_csv_predicts_folded_rows_with_probabilities(csv_run, data_dir, tmp_path, capsys):
+    # the run's test rows (row ids = data row numbers of SST-2 dev), in its order, as a file of their own
+    with open(csv_run / "test_predictions.csv") as f:
+        at_training = list(csv.DictReader(f))
+    dev = _tsv(data_dir / "glue/SST-2/dev.tsv")  # sentence, label
+    rows = [dev[1 + int(r["row_id"])] for r in at_training]
+    labelled, unlabelled = tmp_path / "sst.tsv", tmp_path / "sst_unlabelled.tsv"
+    labelled.write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
+    unlabelled.write_text("sentence\n" + "".join(f"{s}\n" for s, _ in rows))
+
+    _, metrics = _predict(capsys, csv_run, unlabelled)
+    with open(csv_run / "predict" / "sst_unlabelled.csv") as f:
+        predicted = list(csv.DictReader(f))
+    assert list(predicted[0]) == ["row_id", "prediction", "prob_0", "prob_1"] and not metrics
+    assert [r["row_id"] for r in predicted] == [str(i) for i in range(len(rows))]  # one row per input row
+    for p, t in zip(predicted, at_training):
+        assert p["prediction"] == t["prediction"]
+        assert float(p["prob_0"]) == pytest.approx(float(t["prob_0"]), abs=2e-6)
+        assert float(p["prob_0"]) + float(p["prob_1"]) == pytest.approx(1.0, abs=2e-6)
+
+    _, metrics = _predict(capsys, csv_run, labelled)
+    run_metrics = json.loads((csv_run / "metrics.json").read_text())
+    assert metrics["accuracy"] == pytest.approx(run_metrics["accuracy"], abs=1e-4)
+    assert metrics["rows"] == len(rows) and metrics["chunks"] == run_metrics["test_chunks"] > len(rows)  # folded
+    with open(csv_run / "predict" / "sst.csv") as f:
+        assert next(csv.reader(f)) == ["row_id", "truth", "prediction", "prob_0", "prob_1"]
+
+
+@pytest.fixture(scope="module")
+def squad_run(data_dir, tmp_path_factory) -> Path:
+    return _finished("tiny_squad", [], "squad_v1/run0", data_dir, tmp_path_factory)
+
+
+def test_squad_predicts_answers_and_nbest(squad_run, data_dir, tmp_path, capsys):
+    at_training = json.loads((squad_run / "predictions.json").read_text())
+    data = json.loads((data_dir / "squad/dev-v1.1.json").read_text())
+    articles = []  # the questions the run evaluated, in the file's layout
+    for article in data["data"]:
+        paragraphs = [{"context": p["context"], "qas": [q for q in p["qas"] if q["id"] in at_training]}
+                      for p in article["paragraphs"]]
+        paragraphs = [p for p in paragraphs if p["qas"]]
+        if paragraphs:
+            articles.append({"title": article["title"], "paragraphs": paragraphs})
+    labelled, unlabelled = tmp_path / "squad_dev.json", tmp_path / "squad_test.json"
+    labelled.write_text(json.dumps({"version": "1.1", "data": articles}))
+    for article in articles:
+        for p in article["paragraphs"]:
+            for q in p["qas"]:
+                del q["answers"]
+    unlabelled.write_text(json.dumps({"version": "1.1", "data": articles}))
+
+    out, metrics = _predict(capsys, squad_run, unlabelled, "--output", str(tmp_path / "pred.json"))
+    assert not metrics and f"wrote {tmp_path / 'pred_nbest_predictions.json'}" in out
+    assert json.loads((tmp_path / "pred.json").read_text()) == at_training  # every id, the same answers
+    nbest = json.loads((tmp_path / "pred_nbest_predictions.json").read_text())
+    assert set(nbest) == set(at_training)
+    for qid, candidates in nbest.items():
+        assert candidates[0]["text"] == at_training[qid] and len(candidates) <= 20  # finetune.n_best_size
+        assert sum(c["probability"] for c in candidates) == pytest.approx(1.0)
+
+    _, metrics = _predict(capsys, squad_run, labelled)
+    run_metrics = json.loads((squad_run / "metrics.json").read_text())
+    assert metrics["total"] == 48 and metrics["f1"] == pytest.approx(run_metrics["f1"], abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def gap_run(data_dir, tmp_path_factory) -> Path:
+    return _finished("tiny_gap", [], "gap/run0", data_dir, tmp_path_factory)
+
+
+def test_gap_predicts_the_kaggle_submission(gap_run, data_dir, tmp_path, capsys):
+    rows = _tsv(data_dir / "gap/gap-validation.tsv")[:49]  # header + the 48 rows the run evaluated
+    labelled, unlabelled = tmp_path / "gap_dev.tsv", tmp_path / "gap_test.tsv"
+    labelled.write_text("".join("\t".join(r) + "\n" for r in rows))
+    # the Kaggle test file's 9 columns: no A-coref (6), no B-coref (9)
+    unlabelled.write_text("".join("\t".join(r[:6] + r[7:9] + r[10:]) + "\n" for r in rows))
+
+    _, metrics = _predict(capsys, gap_run, unlabelled)
+    submission = (gap_run / "predict" / "gap_test.csv").read_text().splitlines()
+    at_training = (gap_run / "submission.csv").read_text().splitlines()
+    assert submission[0] == "ID,A,B,NEITHER" and not metrics
+    assert [s.split(",")[0] for s in submission[1:]] == [r[0] for r in rows[1:]]
+    for mine, theirs in zip(submission[1:], at_training[1:], strict=True):
+        probs = [float(x) for x in mine.split(",")[1:]]
+        assert probs == pytest.approx([float(x) for x in theirs.split(",")[1:]], abs=1e-6)
+        assert sum(probs) == pytest.approx(1.0)
+    system = (gap_run / "predict" / "gap_test_gap_system.tsv").read_text()
+    assert system == (gap_run / "gap_system.tsv").read_text()
+
+    _, metrics = _predict(capsys, gap_run, labelled)
+    run_metrics = json.loads((gap_run / "metrics.json").read_text())
+    assert metrics["accuracy"] == pytest.approx(run_metrics["accuracy"], abs=1e-4)
+    assert metrics["log_loss"] == pytest.approx(run_metrics["log_loss"], abs=1e-3)
+
+
+def _refused(capsys, argv: list[str], message: str) -> None:
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "\n" not in err and message in err, err
+
+
+def test_bad_requests_are_refused_before_anything_is_written(rte_run, gap_run, data_dir, tmp_path, capsys):
+    gap_file, rte_file = data_dir / "gap/gap-validation.tsv", data_dir / "glue/RTE/dev.tsv"
+    runs = {}
+    for name, config, done in [("unfinished", {"task": "gap", "experiment": "x"}, False),
+                               ("pretraining", {"task": "mlm"}, True),
+                               ("experiment", {"task": "gap"}, True),
+                               ("other_task", {"task": "ner", "experiment": "x"}, True)]:
+        runs[name] = tmp_path / name
+        runs[name].mkdir()
+        (runs[name] / "config.json").write_text(json.dumps(config))
+        if done:
+            (runs[name] / "DONE").write_text("x\n")
+    cases = [
+        (["--predict", str(runs["unfinished"]), "--input", str(gap_file)], "has not finished"),
+        (["--predict", str(runs["pretraining"]), "--input", str(gap_file)], "is a pretraining run"),
+        (["--predict", str(runs["experiment"]), "--input", str(gap_file)], "is an experiment directory"),
+        (["--predict", str(runs["other_task"]), "--input", str(gap_file)], "task ner, which has no predict"),
+        (["--predict", "no/such/run0", "--input", str(gap_file), "--output-dir", str(tmp_path)], "no run directory"),
+        (["--predict", str(rte_run), "--input", str(tmp_path / "missing.tsv")], "no such file"),
+        (["--predict", str(rte_run)], "--predict needs --input"),
+        (["--input", str(rte_file)], "go with --predict"),
+        (["--predict", str(rte_run), "--input", str(gap_file)], "header has no column 'sentence1'"),
+        (["--predict", str(gap_run), "--input", str(rte_file)], "header is not the GAP header"),
+        (["--predict", str(rte_run), "--input", str(rte_file), "--output", str(rte_file)], "is the input file"),
+    ]
+    before = {p: sorted(p.rglob("*")) for p in (rte_run, gap_run)}
+    for argv, message in cases:
+        _refused(capsys, argv, message)
+    assert {p: sorted(p.rglob("*")) for p in (rte_run, gap_run)} == before
+
+
+def test_readers_take_files_without_labels(data_dir, tmp_path):
+    """The readers --predict uses: GAP's 9 columns only where asked for, CSV labels mapped onto the model's."""
+    rows = _tsv(data_dir / "gap/gap-validation.tsv")[:4]
+    test = tmp_path / "gap_test.tsv"
+    test.write_text("".join("\t".join(r[:6] + r[7:9] + r[10:]) + "\n" for r in rows))
+    examples = read_gap(test, allow_unlabelled=True)
+    assert len(examples) == 3 and not any(ex.labelled for ex in examples)
+    assert [ex.id for ex in examples] == [r[0] for r in rows[1:]]
+    with pytest.raises(SparseBertError, match="header is not the GAP header"):
+        read_gap(test)  # training still needs the labels
+
+    sst = tmp_path / "sst.tsv"
+    sst.write_text("sentence\tlabel\ngood\t1\nbad\t0\n")
+    data = read_csv_task(sst, CsvTaskConfig(path=str(sst), text_column="sentence"), label_names=["0", "1"])
+    assert data.labels == [1, 0]
+    sst.write_text("sentence\tlabel\ngood\t2\n")
+    with pytest.raises(SparseBertError, match="label '2' is not one the model knows"):
+        read_csv_task(sst, CsvTaskConfig(path=str(sst), text_column="sentence"), label_names=["0", "1"])
+
+    squad = tmp_path / "squad.json"
+    squad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": "Paris is in France.", "qas": [{"id": "q1", "question": "Where is Paris?"}]}]}]}))
+    assert read_squad(squad, answers_optional=True)[0]["answers"] is None
+    with pytest.raises(SparseBertError, match="missing or malformed key 'answers'"):
+        read_squad(squad)
