@@ -44,9 +44,19 @@ def parser() -> argparse.ArgumentParser:
                    help="plot runs named by --experiments (paths under the output root): MLM loss curves from "
                         "log_history.json, or density per layer from sparsity.json; written to --out")
     p.add_argument("--out", type=Path, default=None, help="with --plot: the image file (default <kind>.png)")
-    p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table")
+    p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table or --runs (md, csv)")
     p.add_argument("--agg", choices=["max", "mean"], default="max",
                    help="with --table: how runs of one task with different seeds combine")
+    p.add_argument("--runs", action="store_true",
+                   help="list every run in the registry of the output root: status, headline metric, wall time")
+    p.add_argument("--status", choices=["running", "done", "failed"], help="with --runs: only runs in this status")
+    p.add_argument("--export", metavar="RUN",
+                   help="copy the model of a finished run (a path under the output root, e.g. "
+                        "EXPERIMENT/glue_rte/run0, or a run directory) to --to DIR")
+    p.add_argument("--to", type=Path, metavar="DIR", help="with --export: the new model directory")
+    p.add_argument("--compressed", action="store_true",
+                   help="with --export: store mostly-zero tensors as bitmask + values; load with "
+                        "sparsebert.export.load_compressed")
     p.add_argument("--gpus", metavar="N|IDS",
                    help="use the N least busy GPUs of this node (NVML), or these ids (e.g. 0,3); with more than "
                         "one, run.py restarts under torchrun with one process per GPU")
@@ -106,6 +116,10 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
             return choose_gpus(args.gpus, argv, registry_dir)
         if args.train_tokenizer:
             return train_tokenizer(args)
+        if args.export or args.to or args.compressed:
+            return export(args)
+        if args.runs or args.status:
+            return list_runs(args)
         if args.table:
             return print_table(output_root(args.output_dir), args.table_experiments, args.format, args.agg)
         if args.plot:
@@ -258,6 +272,40 @@ def train_tokenizer(args: argparse.Namespace) -> int:
     tok = train_wordpiece(files, args.corpus_format, args.train_tokenizer, vocab_size=args.vocab_size)
     print(f"trained a {len(tok)}-token WordPiece vocab on {len(files)} files -> {args.train_tokenizer} "
           f"(use it with --set model.tokenizer={args.train_tokenizer})")
+    return 0
+
+
+def export(args: argparse.Namespace) -> int:
+    """``--export RUN --to DIR [--compressed]``: see :mod:`sparsebert.export`."""
+    if not args.export or args.to is None:
+        raise SparseBertError("--export RUN and --to DIR go together (--compressed only with them)")
+    from sparsebert.export import export_run
+
+    summary = export_run(args.export, output_root(args.output_dir), args.to, args.compressed)
+    if args.compressed:
+        print(f"exported {summary['run']} -> {args.to} ({len(summary['compressed_tensors'])} of "
+              f"{summary['tensors']} tensors compressed, {summary['dense_bytes'] / 1e6:.2f} MB -> "
+              f"{summary['packed_bytes'] / 1e6:.2f} MB; load with sparsebert.export.load_compressed)")
+    else:
+        print(f"exported {summary['run']} -> {args.to} (load with from_pretrained)")
+    return 0
+
+
+def list_runs(args: argparse.Namespace) -> int:
+    """``--runs [--status S] [--format md|csv]``: every run in the registry, oldest first."""
+    from sparsebert.results import REGISTRY_FILENAME, Registry
+    from sparsebert.results.run_list import runs_table
+
+    if not args.runs:
+        raise SparseBertError("--status goes with --runs")
+    if args.format == "latex":
+        raise SparseBertError("--runs prints --format md or csv")
+    root = output_root(args.output_dir)
+    if not (root / REGISTRY_FILENAME).is_file():
+        raise SparseBertError(f"no results registry at {root / REGISTRY_FILENAME}: run an experiment first, or "
+                              "point --output-dir at the output root that holds it")
+    records = Registry.in_output_root(root, read_only=True).runs(status=args.status)
+    print(runs_table(records, root, args.format))
     return 0
 
 

@@ -38,7 +38,10 @@ def test_crash_before_done_leaves_a_recorded_run_that_resume_finishes(data_dir, 
         run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
     run_dir = tmp_path / "tiny_glue" / "glue_rte" / "run0"
     assert not (run_dir / "DONE").exists()
-    assert [r.run_dir for r in Results.in_output_root(tmp_path).runs()] == [str(run_dir.resolve())]
+    # recorded done before DONE, then failed by the crash: never a finished run without a row, nor a row that
+    # claims a run DONE does not mark as finished
+    (row,) = Results.in_output_root(tmp_path).runs(status=None)
+    assert (row.run_dir, row.status, row.error) == (str(run_dir.resolve()), "failed", "Crash: (no message)")
 
     monkeypatch.setattr(common, "atomic_write_text", write)
     run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir, resume=True))

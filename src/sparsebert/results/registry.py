@@ -33,13 +33,13 @@ from typing import Any, TypeVar
 from sparsebert.errors import SparseBertError
 
 REGISTRY_FILENAME = "registry.sqlite"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 STATUSES = ("running", "done", "failed")
 
 _T = TypeVar("_T")
 
-# Statements that bring the schema from version N-1 to version N.  A future change appends version 2 here;
-# databases written by an older sparsebert are then upgraded in place on first use.
+# Statements that bring the schema from version N-1 to version N; databases written by an older sparsebert are
+# upgraded in place on first (read-write) use.
 _MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         """
@@ -65,12 +65,16 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX IF NOT EXISTS runs_experiment ON runs (experiment)",
         "CREATE INDEX IF NOT EXISTS runs_task ON runs (task)",
     ),
+    # version 2: the one-line error of a failed run
+    2: ("ALTER TABLE runs ADD COLUMN error TEXT",),
 }
+# versions a read-only registry can read as they are (the columns a version lacks read as their defaults)
+_READABLE_VERSIONS = (1, 2)
 
 _COLUMNS = (
     "run_dir", "experiment", "task", "model", "seed", "status", "sparsity", "metrics", "steps",
     "wall_time_s", "samples_per_second", "git_commit", "pretrain_metrics", "group_label",
-    "created_at", "updated_at",
+    "created_at", "updated_at", "error",
 )  # fmt: skip
 
 # Upsert keyed on run_dir.  created_at keeps the first recording's time unless the caller set one explicitly,
@@ -92,7 +96,7 @@ class RunRecord:
     task: str  # "mlm", "glue:cola", "squad_v1", "gap", "csv", ...
     model: str  # what the run started from (a run dir, a hub name, "minilm", or a size like "base")
     seed: int
-    status: str  # "running" | "done" | "failed"
+    status: str  # "running" (from its start; a killed run stays so) | "done" | "failed"
     sparsity: float | None = None  # final sparsity of the sparse layers (None = dense)
     metrics: dict[str, float] = field(default_factory=dict)
     steps: int | None = None
@@ -103,6 +107,7 @@ class RunRecord:
     pretrain_metrics: dict[str, float] = field(default_factory=dict)
     group: str | None = None  # the experiment's row label in tables (defaults to experiment)
     created_at: str = ""  # ISO time, set by the registry when empty
+    error: str | None = None  # a failed run's one-line error
 
     @property
     def label(self) -> str:
@@ -130,9 +135,10 @@ class Registry:
             if not self.path.is_file():
                 raise SparseBertError(f"no results registry at {self.path}")
             version = self._with_retry(lambda conn: conn.execute("PRAGMA user_version").fetchone()[0])
-            if version != SCHEMA_VERSION:
+            if version not in _READABLE_VERSIONS:
+                fix = "upgrade sparsebert" if version > SCHEMA_VERSION else "open it once read-write to migrate it"
                 raise SparseBertError(f"run registry {self.path} has schema version {version}, this sparsebert "
-                                      f"reads version {SCHEMA_VERSION}: open it once read-write to migrate it")
+                                      f"reads versions {_READABLE_VERSIONS[0]}-{SCHEMA_VERSION}: {fix}")
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._with_retry(self._initialize)
@@ -335,6 +341,7 @@ def _to_params(rec: RunRecord) -> dict[str, Any]:
         "created_at": rec.created_at or now,
         "updated_at": now,
         "created_at_given": bool(rec.created_at),
+        "error": None if rec.error is None else str(rec.error),
     }
 
 
@@ -355,4 +362,6 @@ def _from_row(row: sqlite3.Row) -> RunRecord:
         pretrain_metrics=json.loads(row["pretrain_metrics"]),
         group=row["group_label"],
         created_at=row["created_at"],
+        # a version-1 file read as it is has no error column ("in row" would test the values)
+        error=row["error"] if "error" in row.keys() else None,  # noqa: SIM118
     )

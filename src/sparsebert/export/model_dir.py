@@ -1,0 +1,170 @@
+"""``python run.py --export RUN --to DIR [--compressed]``: a finished run's model as a directory of its own.
+
+The plain export is the run's ``model/`` directory (config, tokenizer files, ``model.safetensors``) without the
+Trainer's pickled ``training_args.bin``: ``from_pretrained(DIR)`` loads it. The compressed export replaces the
+weight files by ``model.compressed.safetensors`` (:mod:`sparsebert.export.compressed`), adds
+``compression.json`` and a ``README.md`` that names the loader, and keeps config and tokenizer; since it holds no
+``model.safetensors``, ``from_pretrained`` refuses it (it finds no weights) instead of loading random ones, and
+:func:`load_compressed` loads it.
+
+The directory appears whole or not at all: it is written into a temporary directory beside ``DIR`` and renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from sparsebert.errors import SparseBertError
+from sparsebert.export.compressed import FORMAT, WEIGHTS_NAME, read_compressed, save_compressed
+from sparsebert.io import atomic_write_json, atomic_write_text, publish_permissions
+
+COMPRESSION_FILE = "compression.json"
+SKIPPED = {"training_args.bin"}  # a pickle of the Trainer's arguments: not part of the model, unsafe to load
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+README = """# Compressed sparsebert model
+
+The weights are in `{weights}`: each mostly-zero tensor as a bitmask and its non-zero values ({format}).
+`from_pretrained` cannot read them; load the model with
+
+```python
+from sparsebert.export import load_compressed
+model = load_compressed("{name}")  # or decompress_state_dict("{name}") for the tensors alone
+```
+
+Exported from `{run}`; {compressed} of {tensors} tensors compressed, {dense_mb:.2f} MB -> {packed_mb:.2f} MB.
+"""
+
+
+def resolve_run(run: str, root: Path) -> Path:
+    """The finished run named by ``run``: a directory holding ``model/``, or such a path under the output root.
+
+    Raises SparseBertError (one line) for an unknown or unfinished run, or a run that saved no model.
+    """
+    candidates = [Path(run), root / run]
+    found = next((p for p in candidates if (p / "model").is_dir()), None)
+    if found is None:
+        found = next((p for p in candidates if p.is_dir()), None)
+        if found is None:
+            raise SparseBertError(f"--export {run}: no such run (looked in . and {root})")
+        runs = sorted(p.parent.relative_to(found).as_posix() for p in found.glob("*/run*/model"))
+        if runs:  # a finetuning experiment: its models are per task and run
+            raise SparseBertError(f"--export {run} is an experiment with several runs; name one, e.g. "
+                                  f"{Path(run) / runs[0]}")
+        raise SparseBertError(f"--export {run}: {found} holds no model/ directory (finetune.save_model off?)")
+    if not (found / "DONE").is_file():
+        raise SparseBertError(f"--export {run}: {found} has not finished (no DONE file)")
+    return found
+
+
+def export_run(run: str, root: Path, to: Path, compressed: bool) -> dict[str, Any]:
+    """Export the finished run ``run`` to the new directory ``to``; returns a summary (sizes, tensor counts)."""
+    run_dir = resolve_run(run, root)
+    if to.exists() and (not to.is_dir() or any(to.iterdir())):
+        raise SparseBertError(f"--to {to} exists and is not an empty directory; choose a new one")
+    model_dir = run_dir / "model"
+    parent = to.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{to.name}."))
+    except OSError as e:
+        raise SparseBertError(f"--to {to}: cannot write in {parent}: {e.strerror}") from None
+    try:
+        summary = _write(model_dir, tmp, compressed, run_dir, to.name)
+        publish_permissions(tmp)
+        os.replace(tmp, to)  # an empty directory at ``to`` is replaced too (POSIX rename)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return summary
+
+
+def _write(model_dir: Path, out: Path, compressed: bool, run_dir: Path, name: str) -> dict[str, Any]:
+    weights = [p for p in model_dir.iterdir() if p.name in WEIGHT_FILES or _is_shard(p)]
+    for p in model_dir.iterdir():
+        if p.name in SKIPPED or (compressed and p in weights):
+            continue
+        (shutil.copytree if p.is_dir() else shutil.copy2)(p, out / p.name)
+    dense_bytes = sum(p.stat().st_size for p in weights if p.suffix == ".safetensors")
+    summary: dict[str, Any] = {"run": str(run_dir), "compressed": compressed, "dense_bytes": dense_bytes}
+    if not compressed:
+        return summary
+    state = read_weights(model_dir)
+    shapes = save_compressed(state, out / WEIGHTS_NAME)
+    summary.update({"format": FORMAT, "weights": WEIGHTS_NAME, "tensors": len(state),
+                    "compressed_tensors": sorted(shapes), "packed_bytes": (out / WEIGHTS_NAME).stat().st_size})
+    atomic_write_json(out / COMPRESSION_FILE, summary)
+    atomic_write_text(out / "README.md", README.format(
+        weights=WEIGHTS_NAME, format=FORMAT, name=name, run=run_dir, compressed=len(shapes), tensors=len(state),
+        dense_mb=dense_bytes / 1e6, packed_mb=summary["packed_bytes"] / 1e6))
+    return summary
+
+
+def _is_shard(p: Path) -> bool:
+    return p.name.startswith("model-") and p.suffix == ".safetensors"
+
+
+def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a ``save_pretrained`` directory (one file or shards named by the index)."""
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return load_file(str(single))
+    index = model_dir / "model.safetensors.index.json"
+    if not index.is_file():
+        raise SparseBertError(f"{model_dir} holds no model.safetensors (nor a sharded index)")
+    state: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+        state.update(load_file(str(model_dir / shard)))
+    return state
+
+
+def decompress_state_dict(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The state dict of a compressed export, bit-exact to the run's saved weights.
+
+    Args:
+        directory: what ``run.py --export RUN --to DIR --compressed`` wrote.
+    Returns:
+        tensor name -> dense tensor, as in the run's ``model.safetensors``.
+    """
+    directory = Path(directory)
+    if not (directory / COMPRESSION_FILE).is_file():
+        raise SparseBertError(f"{directory} is not a compressed export (no {COMPRESSION_FILE})")
+    return read_compressed(directory / WEIGHTS_NAME)
+
+
+def load_compressed(directory: str | os.PathLike, model_class: type | None = None) -> torch.nn.Module:
+    """A model loaded from a compressed export, its tensors bit-exact to the run's saved weights.
+
+    Args:
+        directory: what ``run.py --export RUN --to DIR --compressed`` wrote.
+        model_class: a ``PreTrainedModel`` class; default: the first of ``config.architectures`` in transformers.
+    Returns:
+        the model in eval mode, on the CPU, in the dtype its weights were saved in.
+    """
+    import transformers
+
+    state = decompress_state_dict(directory)
+    config = transformers.AutoConfig.from_pretrained(directory)
+    if model_class is None:
+        arch = (getattr(config, "architectures", None) or [None])[0]
+        model_class = getattr(transformers, arch, None) if arch else None
+        if model_class is None:
+            raise SparseBertError(f"{directory}: config names no transformers architecture ({arch!r}); pass "
+                                  "model_class, or use decompress_state_dict")
+    model = model_class(config)
+    # assign: the parameters become the stored tensors themselves (dtype included), not fp32 copies of them
+    result = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()  # tied weights (the MLM decoder) are stored once, under the embedding's name
+    stored = {t.data_ptr() for t in state.values()}
+    untied = [k for k in result.missing_keys if model.state_dict()[k].data_ptr() not in stored]
+    if untied or result.unexpected_keys:
+        raise SparseBertError(f"{directory}: weights do not fit {model_class.__name__} (missing {untied[:3]}, "
+                              f"unexpected {result.unexpected_keys[:3]})")
+    return model.eval()

@@ -1,0 +1,60 @@
+"""Registry rows over a run's life: ``running`` from its start, then ``done`` or ``failed`` with the error.
+
+A run killed outright (SIGKILL, a node lost) cannot record anything and stays ``running``; ``--runs`` shows it so,
+and ``--resume`` or ``--overwrite`` records it again when it restarts. Only the main process of a multi-process
+job writes rows (the callers check it): one row per run, not one per rank.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sparsebert.results.registry import Registry, RunRecord
+
+log = logging.getLogger(__name__)
+
+
+def one_line_error(e: BaseException) -> str:
+    """The error as one line: our own errors are already one sentence; others get their type in front."""
+    from sparsebert.config import ConfigError
+    from sparsebert.errors import SparseBertError
+
+    text = " ".join(str(e).split()) or "(no message)"
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return text if isinstance(e, SparseBertError | ConfigError) else f"{type(e).__name__}: {text}"
+
+
+@contextmanager
+def recorded_run(output_root: Path, record: RunRecord, write: bool = True) -> Iterator[None]:
+    """Record ``record`` as ``running`` now, and as ``failed`` (with the error) if the block raises.
+
+    The block itself records ``done`` with its metrics (what it knows, this context does not).
+
+    Args:
+        output_root: the registry's output root.
+        record: the run's row (status is set here).
+        write: False on processes other than the main one: nothing is recorded.
+    """
+    if not write:
+        yield
+        return
+    registry = Registry.in_output_root(output_root)
+    registry.record(dataclasses.replace(record, status="running", error=None))
+    try:
+        yield
+    except BaseException as e:
+        try:
+            registry.record(dataclasses.replace(record, status="failed", error=one_line_error(e)))
+        except Exception as inner:  # the run's own error is the one to report
+            log.warning("could not record %s as failed: %s", record.run_dir, inner)
+        raise
+
+
+def run_key(run_dir: Path) -> str:
+    """A run's registry key: its absolute directory (the same from any working directory)."""
+    return str(Path(run_dir).resolve())

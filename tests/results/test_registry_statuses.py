@@ -1,0 +1,209 @@
+"""Every run in the registry: running from its start, done or failed (with the error), a killed run left running;
+``--runs`` lists them, ``--table`` ignores the unfinished ones; registries of schema version 1 still read."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from sparsebert import runner
+from sparsebert.cli import main as cli_main
+from sparsebert.config import Registry as Experiments
+from sparsebert.errors import SparseBertError
+from sparsebert.results import REGISTRY_FILENAME, Registry, RunRecord
+from sparsebert.results.registry import _MIGRATIONS, SCHEMA_VERSION
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def experiments() -> Experiments:
+    return Experiments.from_directory(REPO / "experiments")
+
+
+class FakePretrainJob:
+    """Stands in for PretrainJob: the runner's recording around it is what these tests check."""
+
+    def __init__(self, seen: list[str | None], fail: Exception | None = None) -> None:
+        self.seen, self.fail = seen, fail
+
+    def prepare(self) -> None:
+        pass
+
+    def train(self, run_dir: Path, resume: bool) -> dict:
+        record = Registry.in_output_root(run_dir.parent).get(str(run_dir.resolve()))
+        self.seen.append(record.status if record else None)  # the row as it is while training
+        if self.fail is not None:
+            raise self.fail
+        return {"eval_loss": 2.5, "perplexity": 12.2, "global_step": 7, "train_samples_per_second": 3.0}
+
+
+def test_pretraining_run_is_running_then_done(experiments, tmp_path: Path, monkeypatch) -> None:
+    seen: list[str | None] = []
+    monkeypatch.setattr(runner, "make_job", lambda cfg, opts, callbacks=None: FakePretrainJob(seen))
+    cfg = experiments.build("bert_tiny_quick")
+    runner.run_experiment(cfg, runner.RunOptions(output_root=tmp_path, data_dir=None))
+    assert seen == ["running"]
+    rec = Registry.in_output_root(tmp_path).get(str((tmp_path / cfg.name).resolve()))
+    assert (rec.status, rec.task, rec.experiment, rec.steps, rec.error) == ("done", "mlm", cfg.name, 7, None)
+    assert rec.metrics["eval_loss"] == 2.5 and rec.samples_per_second == 3.0 and rec.wall_time_s is not None
+
+
+def test_failed_pretraining_run_records_the_one_line_error(experiments, tmp_path: Path, monkeypatch) -> None:
+    boom = RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")
+    monkeypatch.setattr(runner, "make_job", lambda cfg, opts, callbacks=None: FakePretrainJob([], boom))
+    cfg = experiments.build("bert_tiny_quick")
+    with pytest.raises(RuntimeError):
+        runner.run_experiment(cfg, runner.RunOptions(output_root=tmp_path, data_dir=None))
+    (rec,) = Registry.in_output_root(tmp_path).runs(status=None)
+    assert (rec.status, rec.error) == ("failed", "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB")
+    assert not (tmp_path / cfg.name / "DONE").exists()
+    # --resume records it again: running while it trains, done at the end, the old error cleared
+    seen: list[str | None] = []
+    monkeypatch.setattr(runner, "make_job", lambda cfg, opts, callbacks=None: FakePretrainJob(seen))
+    runner.run_experiment(cfg, runner.RunOptions(output_root=tmp_path, data_dir=None, resume=True))
+    (rec,) = Registry.in_output_root(tmp_path).runs(status=None)
+    assert seen == ["running"] and (rec.status, rec.error) == ("done", None)
+
+
+def test_each_finetuning_run_is_recorded_and_a_failure_names_its_error(experiments, tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    from sparsebert.trainer import finetune
+
+    cfg = experiments.build("tiny_glue")
+    job = finetune.FinetuneJob(cfg, None, tmp_path)
+    job.tasks, job.inputs = ["glue:rte"], {"glue:rte": None}
+    job.ctx = SimpleNamespace(cfg=cfg, pretrain_metrics={"eval_loss": 1.5})
+    seen = []
+
+    def run_glue(ctx, inputs, seed, run_dir):  # run0 finishes (finish_run's record), run1 fails
+        seen.append(Registry.in_output_root(tmp_path).get(str(run_dir.resolve())).status)
+        if seed == cfg.seed + 1:
+            raise SparseBertError("glue/RTE/train.tsv row 3: no label")
+        Registry.in_output_root(tmp_path).record(RunRecord(
+            run_dir=str(run_dir.resolve()), experiment=cfg.name, task="glue:rte", model="", seed=seed,
+            status="done", metrics={"accuracy": 0.5, "score": 0.5}))
+        return {"accuracy": 0.5, "score": 0.5}
+
+    monkeypatch.setitem(finetune.RUNNERS, "glue", run_glue)
+    with pytest.raises(SparseBertError):
+        job.train(tmp_path / cfg.name, resume=False)
+    assert seen == ["running", "running"]
+    rows = {Path(r.run_dir).name: r for r in Registry.in_output_root(tmp_path).runs(status=None)}
+    assert (rows["run0"].status, rows["run1"].status) == ("done", "failed")
+    assert rows["run1"].error == "glue/RTE/train.tsv row 3: no label"  # our own errors need no type in front
+    assert rows["run1"].pretrain_metrics == {"eval_loss": 1.5} and rows["run1"].seed == cfg.seed + 1
+
+
+KILLED_RUN = """
+import sys, time
+from pathlib import Path
+from sparsebert import runner
+from sparsebert.config import Registry
+
+class Job:
+    def prepare(self):
+        pass
+    def train(self, run_dir, resume):
+        Path(sys.argv[2]).write_text("training")
+        time.sleep(600)
+
+runner.make_job = lambda cfg, opts, callbacks=None: Job()
+cfg = Registry.from_directory(Path(sys.argv[3])).build("bert_tiny_quick")
+runner.run_experiment(cfg, runner.RunOptions(output_root=Path(sys.argv[1]), data_dir=None))
+"""
+
+
+def test_a_run_killed_mid_way_stays_running(tmp_path: Path, capsys) -> None:
+    script, started = tmp_path / "run.py", tmp_path / "started"
+    script.write_text(KILLED_RUN)
+    root = tmp_path / "runs"
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.Popen([sys.executable, str(script), str(root), str(started), str(REPO / "experiments")],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not started.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the run did not start training"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGKILL)  # nothing runs after this: no except, no finally, no atexit
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    (rec,) = Registry.in_output_root(root).runs(status=None)
+    assert (rec.status, rec.task, rec.error) == ("running", "mlm", None)
+    assert not (root / "bert_tiny_quick" / "DONE").exists()
+    assert cli_main(["--runs", "--output-dir", str(root), "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("run,experiment,task,seed,status,metric,value,wall_time")
+    assert lines[1].startswith("bert_tiny_quick,bert_tiny_quick,mlm,") and ",running,eval_loss,," in lines[1]
+
+
+def test_runs_listing_and_table_ignore_unfinished(tmp_path: Path, capsys) -> None:
+    reg = Registry.in_output_root(tmp_path)
+    base = dict(experiment="exp", model="minilm", seed=42)
+    reg.record(RunRecord(run_dir=str(tmp_path / "pre"), task="mlm", status="done", wall_time_s=3725.0,
+                         metrics={"eval_loss": 2.345678, "perplexity": 10.4}, **base))
+    reg.record(RunRecord(run_dir=str(tmp_path / "exp/glue_rte/run0"), task="glue:rte", status="done",
+                         metrics={"accuracy": 0.625, "score": 0.625}, wall_time_s=65.0, **base))
+    reg.record(RunRecord(run_dir=str(tmp_path / "exp/glue_stsb/run0"), task="glue:stsb", status="running",
+                         metrics={"score": 0.9}, **base))  # metrics of an unfinished run must not count
+    reg.record(RunRecord(run_dir=str(tmp_path / "exp/glue_cola/run0"), task="glue:cola", status="failed",
+                         metrics={"score": 0.1}, error="RuntimeError: a | b", **base))
+    reg.record(RunRecord(run_dir="/elsewhere/squad/run0", task="squad_v1", status="done",
+                         metrics={"exact_match": 70.0, "f1": 80.5}, **base))
+
+    assert cli_main(["--runs", "--output-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("| run | experiment | task | seed | status | metric | value | wall_time |")
+    assert "| pre | exp | mlm | 42 | done | eval_loss | 2.346 | 1:02:05 |" in out[2]
+    assert "| exp/glue_rte/run0 | exp | glue:rte | 42 | done | score | 0.625 | 1:05 |" in out[3]
+    assert "| running | score | 0.9 |" in out[4]
+    assert out[5].endswith("| RuntimeError: a \\| b |")  # a | in a cell does not split it
+    assert "| /elsewhere/squad/run0 |" in out[6] and "| f1 | 80.5 |" in out[6]
+
+    assert cli_main(["--runs", "--status", "failed", "--output-dir", str(tmp_path), "--format", "csv"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[1].startswith("exp/glue_cola/run0,") and lines[1].endswith(",RuntimeError: a | b")
+
+    assert cli_main(["--table", "glue", "--output-dir", str(tmp_path)]) == 0
+    table = capsys.readouterr().out
+    assert "average_glue over: rte (1 task)" in table  # the running stsb and failed cola rows are left out
+
+    for argv, message in [(["--runs", "--format", "latex"], "md or csv"), (["--status", "done"], "with --runs")]:
+        assert cli_main([*argv, "--output-dir", str(tmp_path)]) == 2
+        assert message in capsys.readouterr().err
+    assert cli_main(["--runs", "--output-dir", str(tmp_path / "nowhere")]) == 2
+    assert "no results registry" in capsys.readouterr().err
+
+
+def test_a_version_1_registry_is_read_as_is_and_migrated_on_write(tmp_path: Path) -> None:
+    path = tmp_path / REGISTRY_FILENAME
+    con = sqlite3.connect(path)
+    for statement in _MIGRATIONS[1]:
+        con.execute(statement)
+    con.execute("INSERT INTO runs (run_dir, experiment, task, model, seed, status, created_at, updated_at) "
+                "VALUES ('old', 'exp', 'glue:rte', 'm', 1, 'done', '2024-01-01', '2024-01-01')")
+    con.execute("PRAGMA user_version = 1")
+    con.commit()
+    con.close()
+    (old,) = Registry(path, read_only=True).runs()  # read without writing: no error column yet
+    assert (old.run_dir, old.error) == ("old", None)
+    reg = Registry(path)  # read-write: migrated in place
+    reg.record(RunRecord(run_dir="new", experiment="exp", task="mlm", model="m", seed=1, status="failed",
+                         error="boom"))
+    assert [(r.run_dir, r.error) for r in reg.runs(status=None)] == [("old", None), ("new", "boom")]
+    con = sqlite3.connect(path)
+    assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    con.close()

@@ -1,0 +1,219 @@
+"""``run.py --export``: plain and compressed (bitmask + values) model directories, bit-exact round trips."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+
+from sparsebert.cli import main as cli_main
+from sparsebert.errors import SparseBertError
+from sparsebert.export import (
+    compress_state_dict,
+    decompress_state_dict,
+    decompress_tensors,
+    load_compressed,
+    pack_bits,
+    unpack_bits,
+)
+from sparsebert.export.compressed import MASK_SUFFIX, VALUES_SUFFIX, WEIGHTS_NAME
+
+REPO = Path(__file__).resolve().parents[1]
+ENCODER_LINEAR = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
+                  "intermediate.dense", "output.dense")
+
+
+def _is_encoder_linear_weight(name: str) -> bool:
+    return ".encoder.layer." in name and name.endswith(".weight") and any(k in name for k in ENCODER_LINEAR) \
+        and "LayerNorm" not in name
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same dtype and shape, torch.equal (where no NaN, which equals nothing, is involved), and the same bytes
+    once the sign of zeros is dropped (the one thing the format does not keep: see sparsebert.export.compressed)."""
+    def raw(t: torch.Tensor) -> list[int]:
+        t = torch.where(t == 0, torch.zeros_like(t), t) if t.is_floating_point() else t
+        return t.contiguous().view(torch.uint8).reshape(-1).tolist()
+
+    has_nan = a.is_floating_point() and bool(a.isnan().any())
+    return a.dtype == b.dtype and a.shape == b.shape and raw(a) == raw(b) and (has_nan or torch.equal(a, b))
+
+
+def _encoder_ratio(dense: dict[str, torch.Tensor], packed_file: Path) -> float:
+    """Bytes of the encoder Linear weights dense / as stored compressed (mask + values)."""
+    packed = load_file(str(packed_file))
+    names = [n for n in dense if _is_encoder_linear_weight(n)]
+    assert names
+    dense_bytes = sum(dense[n].numel() * dense[n].element_size() for n in names)
+    packed_bytes = sum(packed[n + s].numel() * packed[n + s].element_size()
+                       for n in names for s in (MASK_SUFFIX, VALUES_SUFFIX))
+    return dense_bytes / packed_bytes
+
+
+@pytest.mark.parametrize("numel", [1, 7, 8, 9, 64, 1001])
+def test_pack_bits_is_numpy_packbits(numel: int) -> None:
+    flags = torch.rand(numel, generator=torch.Generator().manual_seed(numel)) > 0.5
+    packed = pack_bits(flags)
+    assert packed.dtype == torch.uint8
+    assert packed.numpy().tolist() == np.packbits(flags.numpy()).tolist()
+    assert torch.equal(unpack_bits(packed, numel), flags)
+
+
+def test_compression_round_trip_is_bit_exact_for_every_dtype() -> None:
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for dtype in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        t = torch.randn(13, 11, generator=g).to(dtype)
+        t[torch.rand(13, 11, generator=g) < 0.8] = 0
+        t[0, 0], t[0, 1], t[0, 2] = -0.0, float("nan"), float("inf")  # -0.0 comes back as 0.0: torch.equal
+        state[f"w_{dtype}".replace("torch.", "")] = t
+    state["bias"] = torch.zeros(11)  # 1-D: stored as is
+    state["dense"] = torch.randn(4, 4, generator=g)  # no zeros: stored as is
+    state["ids"] = torch.tensor([[0, 0, 0, 5]])  # integers are compressed too when mostly zero
+    tensors, shapes = compress_state_dict(state)
+    assert set(shapes) == {"w_float32", "w_float16", "w_bfloat16", "w_float64", "ids"}
+    assert {"bias", "dense"} <= set(tensors)
+    back = decompress_tensors(tensors, shapes)
+    assert set(back) == set(state)
+    for name, t in state.items():
+        assert _bits_equal(back[name], t), name
+    assert torch.equal(back["w_float32"][0, 3:], state["w_float32"][0, 3:])
+    nan = back["w_float32"][0, 1].view(torch.int32)  # a NaN is a value: its payload survives
+    assert nan == state["w_float32"][0, 1].view(torch.int32)
+
+
+def _sparse_classifier(sparsity: float = 0.8) -> BertForSequenceClassification:
+    """A tiny BERT classifier whose encoder Linear weights are ``sparsity`` zeros (smallest magnitudes, per
+    layer), as a sparse run leaves them."""
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=128, num_labels=2))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if _is_encoder_linear_weight(name):
+                k = int(sparsity * p.numel())
+                threshold = p.abs().reshape(-1).kthvalue(k).values
+                p[p.abs() <= threshold] = 0
+    return model
+
+
+def _fake_finished_run(root: Path, name: str = "exp/glue_rte/run0", done: bool = True) -> Path:
+    """A finetuning run directory as finish_run leaves it: model/, config.json, sparsity.json, DONE."""
+    run = root / name
+    _sparse_classifier().save_pretrained(run / "model")
+    (run / "model" / "training_args.bin").write_bytes(b"a pickle the export leaves out")
+    (run / "config.json").write_text(json.dumps({"task": "glue:rte", "seed": 42, "experiment": "exp"}))
+    (run / "sparsity.json").write_text(json.dumps({"selected": {"sparsity": 0.8}, "layers": []}))
+    if done:
+        (run / "DONE").write_text("2024-01-01T00:00:00\n")
+    return run
+
+
+def test_compressed_export_round_trip_and_size(tmp_path: Path, capsys) -> None:
+    run = _fake_finished_run(tmp_path / "runs")
+    out = tmp_path / "export"
+    assert cli_main(["--export", "exp/glue_rte/run0", "--to", str(out), "--compressed",
+                     "--output-dir", str(tmp_path / "runs")]) == 0
+    assert "exported" in capsys.readouterr().out
+    files = {p.name for p in out.iterdir()}
+    assert {WEIGHTS_NAME, "config.json", "compression.json", "README.md"} <= files
+    assert "model.safetensors" not in files and "training_args.bin" not in files
+    assert "load_compressed" in (out / "README.md").read_text()
+
+    original = load_file(str(run / "model" / "model.safetensors"))
+    restored = decompress_state_dict(out)
+    assert set(restored) == set(original)
+    for name, t in original.items():
+        assert _bits_equal(restored[name], t), name
+    ratio = _encoder_ratio(original, out / WEIGHTS_NAME)
+    assert ratio >= 4.0, ratio  # fp32 at 80 %: 4 / (1/8 + 0.2 * 4) = 4.3x
+
+    model = load_compressed(out)
+    reference = BertForSequenceClassification.from_pretrained(run / "model")
+    assert type(model) is BertForSequenceClassification
+    for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items(), strict=True):
+        assert _bits_equal(a, b), name
+    # the compressed directory is not mistaken for a dense one: from_pretrained finds no weights
+    with pytest.raises(OSError):
+        AutoModelForSequenceClassification.from_pretrained(out)
+
+
+def test_plain_export_loads_with_from_pretrained(tmp_path: Path) -> None:
+    run = _fake_finished_run(tmp_path / "runs")
+    out = tmp_path / "plain"
+    out.mkdir()  # an empty directory may be the target
+    assert cli_main(["--export", str(run), "--to", str(out)]) == 0
+    model = BertForSequenceClassification.from_pretrained(out)
+    reference = BertForSequenceClassification.from_pretrained(run / "model")
+    for (name, a), (_, b) in zip(model.state_dict().items(), reference.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert not (out / "training_args.bin").exists()
+    with pytest.raises(SparseBertError, match="not a compressed export"):
+        decompress_state_dict(out)
+
+
+def test_refusals_are_one_line_errors(tmp_path: Path, capsys) -> None:
+    root = tmp_path / "runs"
+    _fake_finished_run(root)
+    _fake_finished_run(root, "exp/glue_rte/run1", done=False)
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "file").write_text("x")
+    cases = [
+        (["--export", "nope", "--to", str(tmp_path / "a")], "no such run"),
+        (["--export", "exp/glue_rte/run1", "--to", str(tmp_path / "a")], "has not finished"),
+        (["--export", "exp", "--to", str(tmp_path / "a")], "name one, e.g. exp/glue_rte/run0"),
+        (["--export", "exp/glue_rte/run0", "--to", str(taken)], "not an empty directory"),
+        (["--export", "exp/glue_rte/run0"], "--export RUN and --to DIR go together"),
+        (["--compressed", "--to", str(tmp_path / "a")], "--export RUN and --to DIR go together"),
+    ]
+    capsys.readouterr()  # save_pretrained's progress bars
+    for argv, message in cases:
+        assert cli_main([*argv, "--output-dir", str(root)]) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (argv, err)
+    assert not (tmp_path / "a").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
+
+
+@pytest.mark.slow
+def test_export_of_a_real_sparse_finetuning_run(data_dir, tmp_path: Path, capsys) -> None:
+    """A real tiny run (MiniLM on 32 RTE rows, 80 % unstructured sparse) exported through the CLI."""
+    from sparsebert.config import Registry
+    from sparsebert.results import Registry as Results
+    from sparsebert.runner import RunOptions, run_experiment
+
+    cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue_2to4", [
+        "finetune.max_train_samples=32", "finetune.max_eval_samples=16", "sparsity.sparsity=0.8", "sparsity.pattern=unstructured"])
+    root = tmp_path / "runs"
+    run_experiment(cfg, RunOptions(output_root=root, data_dir=data_dir))
+    run = root / "tiny_glue_2to4" / "glue_rte" / "run0"
+    (record,) = Results.in_output_root(root).runs(status=None)
+    assert (record.status, record.run_dir) == ("done", str(run.resolve()))
+
+    out = tmp_path / "export"
+    assert cli_main(["--export", "tiny_glue_2to4/glue_rte/run0", "--to", str(out), "--compressed",
+                     "--output-dir", str(root)]) == 0
+    print(capsys.readouterr().out)
+    original = load_file(str(run / "model" / "model.safetensors"))
+    restored = decompress_state_dict(out)
+    assert set(restored) == set(original) and all(_bits_equal(restored[n], t) for n, t in original.items())
+    ratio = _encoder_ratio(original, out / WEIGHTS_NAME)
+    summary = json.loads((out / "compression.json").read_text())
+    print(f"encoder Linear weights {ratio:.2f}x smaller; whole file {summary['dense_bytes']} -> "
+          f"{summary['packed_bytes']} bytes")
+    assert ratio >= 4.0
+    assert all(any(n.startswith(c) for c in summary["compressed_tensors"]) for n in original
+               if _is_encoder_linear_weight(n))
+    model = load_compressed(out)
+    reference = AutoModelForSequenceClassification.from_pretrained(run / "model")
+    batch = {"input_ids": torch.tensor([[101, 2023, 2003, 102]]), "attention_mask": torch.ones(1, 4, dtype=int)}
+    with torch.no_grad():
+        logits = model(**batch).logits
+        assert torch.equal(logits, reference.eval()(**batch).logits) and math.isfinite(float(logits.sum()))
