@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 
-from transformers import Trainer, TrainerCallback
+from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
 
 from sparsebert.errors import SparseBertError
 from sparsebert.trainer.clipping import ClipInOptimizerMixin
@@ -49,6 +49,26 @@ class PendingLogs:
     def drain(self) -> dict[str, float]:
         items, self._items = self._items, {}
         return items
+
+
+# per-tensor log values: trackers (tensorboard, wandb) keep them, the console shows only their totals
+PER_TENSOR_PREFIXES = ("rigl/moved/",)
+
+
+def console_logs(logs: dict[str, float]) -> dict[str, float]:
+    """The logs without their per-tensor values (a RigL update moves weights in every one of BERT-base's 72
+    tensors: one console line per log, not 72 numbers)."""
+    return {k: v for k, v in logs.items() if not k.startswith(PER_TENSOR_PREFIXES)}
+
+
+class CompactProgressCallback(ProgressCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
+
+
+class CompactPrinterCallback(PrinterCallback):
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
 
 
 class SkippedStepCounter(TrainerCallback):
@@ -120,6 +140,9 @@ class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, D
     def __init__(self, *args, drop_last_batch: bool = False, **kwargs):
         super().__init__(*args, **kwargs)
         self.drop_last_batch = drop_last_batch
+        for plain, compact in ((ProgressCallback, CompactProgressCallback), (PrinterCallback, CompactPrinterCallback)):
+            if self.pop_callback(plain) is not None:
+                self.add_callback(compact)
 
     def _issue_warnings_after_load(self, load_result) -> None:
         # A checkpoint stores each tied tensor once (the MLM decoder's weight is the word embeddings, its bias the
