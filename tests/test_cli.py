@@ -446,3 +446,22 @@ def test_keys_lists_every_key_set_accepts(capsys):
         field_type(ExperimentConfig, key)  # raises ConfigError for a key --set would refuse
     assert {f"gmp.{f.name}" for f in dataclasses.fields(GMPConfig)} <= set(keys)
     assert {"train.learning_rate", "kd.student_from_teacher", "finetune.epochs_per_task"} <= set(keys)
+
+
+@pytest.mark.parametrize("main_process", [True, False])
+def test_only_the_main_process_logs_the_finished_line(tmp_path, caplog, monkeypatch, asset_data_dir, main_process):
+    """Under a launcher every rank returns the run's metrics; one line per job says it finished (rank 0's)."""
+    import types
+
+    import sparsebert.distributed
+    import sparsebert.runner
+
+    monkeypatch.setattr(sparsebert.runner, "run_experiment", lambda cfg, opts, callbacks: {"eval_loss": 2.5})
+    monkeypatch.setattr(sparsebert.distributed, "process_state",
+                        lambda: types.SimpleNamespace(is_main_process=main_process))
+    with caplog.at_level("INFO", logger="sparsebert"):
+        code = main([EXPERIMENT, "--output-dir", str(tmp_path), "--data-dir", str(asset_data_dir)],
+                    experiments_dir=EXPERIMENTS)
+    assert code == 0
+    finished = [r.getMessage() for r in caplog.records if "finished:" in r.getMessage()]
+    assert finished == ([f"{EXPERIMENT} finished: eval_loss=2.5"] if main_process else [])

@@ -6,7 +6,8 @@
   trajectory matches a 1-process run with the same global batch within 0.05 nats (masks are drawn per device
   batch, so they differ in detail);
 - 2 "nodes" on localhost with 1 and 2 processes (uneven) rendezvous, finish and agree;
-- a rank killed mid-run makes the whole job exit non-zero within 60 s.
+- a rank killed mid-run makes the whole job exit non-zero within 60 s;
+- `accelerate launch` with the CPU config (and --multi_gpu: torchrun, not mpirun) runs 2 ranks to the end.
 """
 
 from __future__ import annotations
@@ -237,3 +238,24 @@ def test_clipping_inside_fused_adamw_takes_the_norm_from_the_flat_all_reduces(dd
     # a CPU is off by ~1e-4 (the Trainer's own norm as much), while a piece left out would be off by percents
     assert max(rank0["norm_errors"] + bf16_rank0["norm_errors"]) < 5e-4
     assert min(rank0["grad_norms"] + bf16_rank0["grad_norms"]) > 0.05
+
+
+def test_accelerate_launch_starts_two_gloo_processes_without_mpi(data_dir, tmp_path):
+    """``accelerate launch`` with the CPU config: Accelerate itself starts MULTI_CPU jobs through mpirun only (one
+    process otherwise), and ``--multi_gpu`` makes it start them through torchrun, which on CPU is a gloo job (the
+    config's comment shows the command). The tiny sparse run finishes on 2 ranks: DONE, a world of 2, the
+    masks' 80 % reached, and the finished line once (rank 0's)."""
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "accelerate.commands.launch",
+           "--config_file", str(REPO / "configs/accelerate/cpu_multi_process.yaml"), "--multi_gpu",
+           "--num_processes", "2", "--main_process_port", str(free_port()),
+           str(REPO / "run.py"), "sparse_tiny_rigl", "--output-dir", str(out), "--data-dir", str(data_dir),
+           *(f"--set={o}" for o in [*SPARSE, "train.max_steps=6", "train.eval_steps=3", "train.save_steps=6"])]
+    done = subprocess.run(cmd, env=env_for(tmp_path), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = out / "sparse_tiny_rigl"
+    assert (run / "DONE").is_file()
+    assert json.loads((run / "env.json").read_text())["hardware"]["world_size"] == 2
+    assert json.loads((run / "metrics.json").read_text())["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    assert json.loads((run / "checkpoint-6" / "sparsity_state.json").read_text())["step"] == 6
+    assert done.stderr.count("sparse_tiny_rigl finished:") == 1

@@ -178,7 +178,16 @@ def test_tiny_squad_v2_reports_hasans_and_noans(registry, data_dir, tmp_path):
     run = tmp_path / "tiny_squad" / "squad_v2" / "run0"
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["HasAns_total"] + metrics["NoAns_total"] == metrics["total"] == 48
-    assert set(json.loads((run / "null_odds.json").read_text())) == set(json.loads((run / "predictions.json").read_text()))
+    predictions = json.loads((run / "predictions.json").read_text())
+    assert set(json.loads((run / "null_odds.json").read_text())) == set(predictions)
+    # the best null-odds threshold on the eval set, beside the fixed one: at least as good
+    assert metrics["null_score_diff_threshold"] == 0.0
+    assert metrics["exact"] <= metrics["best_exact"] <= 100 and metrics["f1"] <= metrics["best_f1"] <= 100
+    nbest = json.loads((run / "nbest_predictions.json").read_text())
+    assert set(nbest) == set(predictions)
+    for qid, candidates in nbest.items():  # the best span first (a v2 run's "" answer where the odds said so)
+        assert predictions[qid] in ("", candidates[0]["text"]) and len(candidates) <= 20
+        assert sum(c["probability"] for c in candidates) == pytest.approx(1.0)
 
 
 def test_glue_test_split_gets_leaderboard_predictions(registry, data_dir, tmp_path):

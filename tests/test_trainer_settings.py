@@ -241,3 +241,48 @@ def test_compiled_run_leaves_matmul_precision_readable(tmp_path):
     lines = done.stdout.splitlines()
     assert "getter raised before: True" in lines  # the state that failed compiles
     assert "after: high tf32" in lines  # readable now, and TF32 stays on
+
+
+@pytest.fixture
+def wandb_env(tmp_path, monkeypatch):
+    """No wandb settings, and HOME in tmp_path (its .netrc the test writes)."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def wandb_mode(registry, run_dir: Path) -> str | None:
+    cfg = registry.build("bert_tiny_quick", ["train.report_to=wandb"])
+    training_arguments(cfg.train, run_dir, 0, "run")
+    return os.environ.get("WANDB_MODE")
+
+
+@pytest.mark.parametrize("netrc_text, mode", [
+    (None, "offline"),  # no credentials at all
+    ("machine api.wandb.ai\n  login user\n  password 0123abcd\n", None),  # after wandb login: online
+    ("machine github.com login user password x\n", "offline"),  # other hosts' entries only
+    ("machine api.wandb.ai login\n", "offline"),  # broken netrc: no credentials, no crash
+    (b"\xff\xfe\x00garbage", "offline"),
+])
+def test_wandb_goes_offline_only_without_credentials(registry, wandb_env, netrc_text, mode):
+    netrc = wandb_env / ".netrc"
+    if isinstance(netrc_text, bytes):
+        netrc.write_bytes(netrc_text)
+    elif netrc_text is not None:
+        netrc.write_text(netrc_text)
+    assert wandb_mode(registry, wandb_env / "run") == mode
+
+
+def test_wandb_key_netrc_variable_host_and_user_mode(registry, wandb_env, monkeypatch):
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    assert wandb_mode(registry, wandb_env / "run") is None
+    monkeypatch.delenv("WANDB_API_KEY")
+    other = wandb_env / "elsewhere.netrc"  # $NETRC, for a self-hosted server named by WANDB_BASE_URL
+    other.write_text("machine wandb.example.org login user password k\n")
+    monkeypatch.setenv("NETRC", str(other))
+    monkeypatch.setenv("WANDB_BASE_URL", "https://wandb.example.org")
+    assert wandb_mode(registry, wandb_env / "run") is None
+    monkeypatch.setenv("WANDB_MODE", "disabled")  # the user's choice stays, with credentials or without
+    monkeypatch.delenv("NETRC")
+    assert wandb_mode(registry, wandb_env / "run") == "disabled"

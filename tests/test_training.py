@@ -265,9 +265,10 @@ def test_plots_of_finished_runs(dense_run, kd_run, tmp_path):
 
 
 def test_trackers_write_locally_and_wandb_never_blocks(registry, data_dir, tmp_path, monkeypatch):
-    """tensorboard event files in the run dir; wandb without an API key runs offline instead of prompting."""
+    """tensorboard event files in the run dir; wandb without credentials runs offline instead of prompting."""
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))  # nor a `wandb login` of whoever runs the tests
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
     (tmp_path / "wandb").mkdir()
     run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=["train.report_to=tensorboard,wandb",

@@ -154,12 +154,18 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
 
                 callbacks.append(ProfilerCallback())
             metrics = run_experiment(cfg, opts, callbacks=callbacks)
-            if metrics is not None:
+            if metrics is not None and _is_main_process():  # one line per job, not one per rank
                 log.info("%s finished: %s", cfg.name, _headline(metrics))
         return 0
     except (ConfigError, SparseBertError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+
+
+def _is_main_process() -> bool:
+    from sparsebert.distributed import process_state
+
+    return process_state().is_main_process
 
 
 def predict(args: argparse.Namespace) -> int:

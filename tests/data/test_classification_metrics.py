@@ -63,3 +63,29 @@ def test_plot_confusion_matrix(tmp_path):
     with pytest.raises(ValueError):
         plot_confusion_matrix([[1, 0], [0, 1]], ["a", "b", "c"], tmp_path / "bad.png")
     assert not (tmp_path / "bad.png").exists()
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_one_warning(tmp_path, monkeypatch, caplog):
+    import sys
+
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")] or ["matplotlib"]:
+        monkeypatch.setitem(sys.modules, name, None)  # import matplotlib... raises ImportError
+    with caplog.at_level("WARNING"):
+        plot_confusion_matrix([[1, 0], [0, 1]], ["a", "b"], tmp_path / "confusion_matrix.png")
+    assert not list(tmp_path.iterdir())
+    assert [r.getMessage() for r in caplog.records] == [
+        "matplotlib is not installed: confusion_matrix.png skipped (pip install matplotlib to get it)"]
+
+
+def test_gap_and_csv_runs_import_matplotlib_only_to_plot():
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    code = (f"import sys; sys.path.insert(0, {src!r}); import sparsebert.trainer.finetune.gap, sparsebert.trainer.finetune.csv_task; "
+            "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from sparsebert.data.squad import (
+    best_null_thresholds,
     normalize_answer,
     postprocess_predictions,
     prepare_eval_features,
@@ -405,3 +406,20 @@ def test_write_predictions_json(tmp_path):
     write_predictions_json(path, {"q1": "Denver Broncos", "q2": ""})
     assert json.loads(path.read_text(encoding="utf-8")) == {"q1": "Denver Broncos", "q2": ""}
     assert [p.name for p in path.parent.iterdir()] == ["predictions.json"]  # no temp file left behind
+
+
+def test_best_null_thresholds_as_the_official_v2_script():
+    def ex(qid, answer):
+        return {"id": qid, "answers": {"text": [answer] if answer else [], "answer_start": []}}
+
+    examples = [ex("q1", "cat"), ex("q2", None), ex("q3", "fish"), ex("q4", None)]
+    spans = {"q1": "cat", "q2": "dog", "q3": "the fish!", "q4": "bird"}
+    odds = {"q1": -2.0, "q2": 1.0, "q3": 3.0, "q4": 5.0}
+    best = best_null_thresholds(examples, spans, odds)
+    # answering only q1 (odds <= -2): 3 of 4 right; answering q1..q3 is 3 of 4 too, but not better
+    assert best == {"best_exact": 75.0, "best_exact_thresh": -2.0, "best_f1": 75.0, "best_f1_thresh": -2.0}
+    at_best = {q: "" if odds[q] > best["best_exact_thresh"] else spans[q] for q in spans}
+    assert squad_metrics(examples, at_best, version_2=True)["exact"] == best["best_exact"]
+    spans["q2"] = ""  # no span for q2 (stays ""): answering q1..q3 gets all 4 right
+    again = best_null_thresholds(examples, spans, odds)
+    assert (again["best_exact"], again["best_exact_thresh"]) == (100.0, 3.0)

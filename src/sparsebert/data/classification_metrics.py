@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from sparsebert.io import atomic_path
+
+log = logging.getLogger(__name__)
 
 
 def classification_metrics(y_true: Any, y_pred: Any, num_labels: int) -> dict[str, Any]:
@@ -53,10 +56,17 @@ def classification_metrics(y_true: Any, y_pred: Any, num_labels: int) -> dict[st
 
 
 def plot_confusion_matrix(cm: Sequence[Sequence[int]], label_names: Sequence[str], path: str | Path) -> None:
-    """Save a confusion-matrix heat map with counts; the format follows the file extension (png, pdf, svg)."""
+    """Save a confusion-matrix heat map with counts; the format follows the file extension (png, pdf, svg).
+
+    matplotlib is an optional extra: without it, one warning says the plot was skipped and nothing is written
+    (the metrics hold the same matrix), so a GAP/CSV run still finishes."""
     # Figure + Agg canvas directly, not pyplot: no global backend switch and no figure left open.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        log.warning("matplotlib is not installed: %s skipped (pip install matplotlib to get it)", Path(path).name)
+        return
 
     m = np.asarray(cm)
     n = len(label_names)

@@ -402,6 +402,37 @@ def squad_metrics(
     return metrics
 
 
+def best_null_thresholds(
+    examples: Iterable[Mapping[str, Any]], span_predictions: Mapping[str, str], null_odds: Mapping[str, float]
+) -> dict[str, float]:
+    """v2: the null-odds threshold that maximizes EM and F1 over these examples, as the official v2 script's
+    ``find_best_thresh`` searches it: ``best_exact`` / ``best_f1`` (percent) and ``best_exact_thresh`` /
+    ``best_f1_thresh``. ``span_predictions`` are the best spans (no threshold applied); a question gets "" when
+    its null odds exceed the threshold. Scores are measured on the same examples, so they are optimistic."""
+    examples = [ex for ex in examples if ex["id"] in span_predictions]
+    if not examples:
+        return {}
+    exact, f1, has_ans = {}, {}, {}
+    for ex in examples:
+        golds = [t for t in ex["answers"]["text"] if normalize_answer(t)] or [""]
+        pred = span_predictions[ex["id"]]
+        exact[ex["id"]] = max(_exact(g, pred) for g in golds)
+        f1[ex["id"]] = max(_f1(g, pred) for g in golds)
+        has_ans[ex["id"]] = bool(ex["answers"]["text"])
+    order = sorted(exact, key=lambda qid: null_odds[qid])
+    out: dict[str, float] = {}
+    for name, scores in (("exact", exact), ("f1", f1)):
+        score = best = float(sum(not h for h in has_ans.values()))  # every question answered ""
+        thresh = 0.0
+        for qid in order:  # answer the questions in order of rising null odds
+            score += scores[qid] if has_ans[qid] else (-1.0 if span_predictions[qid] else 0.0)
+            if score > best:
+                best, thresh = score, float(null_odds[qid])
+        out[f"best_{name}"] = 100.0 * best / len(scores)
+        out[f"best_{name}_thresh"] = thresh
+    return out
+
+
 def write_predictions_json(path: str | os.PathLike, predictions: Mapping[str, str]) -> None:
     """Official prediction file: ``{question_id: answer_text}`` ("" = no answer)."""
     atomic_write_json(path, dict(predictions))

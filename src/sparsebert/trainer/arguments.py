@@ -38,6 +38,23 @@ def resolve_precision(precision: str) -> str:
     return precision
 
 
+def wandb_has_credentials() -> bool:
+    """An API key in WANDB_API_KEY, or the netrc entry ``wandb login`` writes for the wandb host ($NETRC, else
+    ~/.netrc; the host from WANDB_BASE_URL, else api.wandb.ai). A missing or unreadable netrc is no credentials."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname or "api.wandb.ai"
+    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        entry = netrc.netrc(str(path)).authenticators(host)
+    except (OSError, netrc.NetrcParseError, UnicodeDecodeError):
+        return False
+    return bool(entry and entry[2])
+
+
 def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str,
                        label_names: list[str] | None = None, finetune: bool = False,
                        evaluate: bool = True) -> TrainingArguments:
@@ -52,7 +69,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         optim = "adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch"
     log.info("global batch %d = %d per device x %d processes x %d accumulation steps; precision %s",
              cfg.global_batch_size, per_device, world, accumulation, precision)
-    if "wandb" in cfg.report_to and not os.environ.get("WANDB_API_KEY"):
+    if "wandb" in cfg.report_to and not wandb_has_credentials():
         os.environ.setdefault("WANDB_MODE", "offline")  # never block a run on a login prompt
     args = TrainingArguments(
         output_dir=str(run_dir),

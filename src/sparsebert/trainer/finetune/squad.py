@@ -13,6 +13,7 @@ from transformers import AutoModelForQuestionAnswering, default_data_collator
 
 from sparsebert.data.featurize import featurize
 from sparsebert.data.squad import (
+    best_null_thresholds,
     postprocess_predictions,
     prepare_eval_features,
     prepare_train_features,
@@ -90,14 +91,21 @@ def run_squad(ctx: FinetuneContext, inputs: SquadInputs, seed: int, run_dir: Pat
     trainer.train()
     out = trainer.predict(eval_features.remove_columns(["example_id", "offset_mapping"]))
     start_logits, end_logits = out.predictions[:2]
-    predictions, null_odds = postprocess_predictions(
+    nbest: dict[str, list[dict[str, Any]]] = {}
+    spans, null_odds = postprocess_predictions(  # the best span of every question, and its null odds
         eval_ex, eval_features, start_logits, end_logits, n_best_size=fcfg.n_best_size,
         max_answer_length=fcfg.max_answer_length, version_2=inputs.version_2,
-        null_score_diff_threshold=fcfg.null_score_diff_threshold)
+        null_score_diff_threshold=float("inf"), nbest=nbest)
+    threshold = fcfg.null_score_diff_threshold  # v2: "" where the null odds exceed it (postprocess_predictions)
+    predictions = {qid: "" if inputs.version_2 and null_odds[qid] > threshold else text
+                   for qid, text in spans.items()}
     metrics = squad_metrics(eval_ex, predictions, inputs.version_2)
+    if inputs.version_2:  # beside the fixed threshold's scores: the best threshold on this eval set
+        metrics.update(null_score_diff_threshold=threshold, **best_null_thresholds(eval_ex, spans, null_odds))
     metrics.update({"train_examples": len(inputs.train_examples), "eval_examples": len(eval_ex),
                     "train_windows": len(inputs.train_features), "eval_windows": len(eval_features)})
-    outputs = [partial(write_predictions_json, run_dir / "predictions.json", predictions)]
+    outputs = [partial(write_predictions_json, run_dir / "predictions.json", predictions),
+               partial(atomic_write_json, run_dir / "nbest_predictions.json", nbest)]
     if inputs.version_2:
         outputs.append(partial(atomic_write_json, run_dir / "null_odds.json", null_odds))
     return finish_run(ctx, trainer, run_dir, task, seed, metrics, started, outputs)
