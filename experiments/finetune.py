@@ -78,6 +78,13 @@ EXPERIMENTS = {
         "train": {**MINILM_FINETUNE["train"], "epochs": 2, "learning_rate": 1e-4},
         "finetune": {"max_seq_length": 384, "doc_stride": 128, "squad_eval_fraction": 0.2},
     },
+    "minilm_squad_v2": {
+        "parent": "minilm_squad_v1",
+        "description": "package MiniLM on SQuAD v2.0 (the reconstructed dev file split by article 80/20): unanswerable "
+                       "questions too, EM/F1 at the fixed and at the best null threshold",
+        "task": "squad_v2",
+        "finetune": {"squad_file": "squad/dev-v2.0.reconstructed.json"},
+    },
     "minilm_squad_v1_kd": {
         "parent": "minilm_squad_v1",
         "description": "dense MiniLM on SQuAD v1.1 distilled from minilm_squad_v1, starting from it",

@@ -172,10 +172,16 @@ def test_glue_from_a_sparse_run_resumes(registry, data_dir, glue_from_sparse):
 
 
 def test_tiny_squad_v2_reports_hasans_and_noans(registry, data_dir, tmp_path):
-    cfg = registry.build("tiny_squad", ["task=squad_v2", "finetune.squad_file=squad/dev-v2.0.reconstructed.json",
-                                        *FEW_TRAIN_ROWS])
+    """minilm_squad_v2 as shipped (its task and file), at tiny_squad's size."""
+    tiny = registry.build("tiny_squad")
+    shrink = [f"train.{k}={getattr(tiny.train, k)}" for k in ("epochs", "global_batch_size", "logging_steps",
+                                                              "dataloader_workers")]
+    shrink += [f"finetune.{k}={getattr(tiny.finetune, k)}" for k in ("max_seq_length", "doc_stride",
+                                                                     "max_eval_samples")]
+    cfg = registry.build("minilm_squad_v2", [*shrink, *FEW_TRAIN_ROWS])
+    assert cfg.task == "squad_v2" and cfg.finetune.squad_file == "squad/dev-v2.0.reconstructed.json"
     run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
-    run = tmp_path / "tiny_squad" / "squad_v2" / "run0"
+    run = tmp_path / "minilm_squad_v2" / "squad_v2" / "run0"
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["HasAns_total"] + metrics["NoAns_total"] == metrics["total"] == 48
     predictions = json.loads((run / "predictions.json").read_text())
