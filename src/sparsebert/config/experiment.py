@@ -1,22 +1,34 @@
 """The fully resolved experiment: all sections, typed and validated together.
 
-Hook sections are ``None`` when the hook is off; each hook's config dataclass lives beside its code.
+Hook sections are ``None`` when the hook is off. Their dataclasses: ``config/hooks.py`` (``kd``, ``onecycle``) and
+``sparsity/config.py`` (``sparsity``, ``rigl``, ``gmp``, beside the plain-PyTorch core). Nothing here imports the
+data, model or trainer packages: they import the config.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sparsebert.config.hooks import DistillationConfig, OneCycleConfig
 from sparsebert.config.schema import ConfigError
-from sparsebert.config.sections import FLAT_COMM_HOOKS, DataConfig, FinetuneConfig, ModelConfig, TrainConfig
-from sparsebert.data.csv_task import CsvTaskConfig
+from sparsebert.config.sections import (
+    FLAT_COMM_HOOKS,
+    CsvTaskConfig,
+    DataConfig,
+    FinetuneConfig,
+    ModelConfig,
+    TrainConfig,
+)
 from sparsebert.sparsity.config import GMPConfig, RigLConfig, SparsityConfig, check_gmp_fits
-from sparsebert.trainer.distillation import DistillationConfig
-from sparsebert.trainer.onecycle import OneCycleConfig
 
 GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
 TASKS = ("mlm", "glue", *(f"glue:{t}" for t in GLUE_TASK_NAMES), "squad_v1", "squad_v2", "gap", "csv")
 DEFAULT_SEED = 42
+
+
+def glue_task_key(task: str) -> str:
+    """A GLUE task name as the task table keys it: ``SST-2``, ``sts_b``, ``MNLI`` -> ``sst2``, ``stsb``, ``mnli``."""
+    return task.lower().replace("-", "").replace("_", "")
 
 
 @dataclass
@@ -43,15 +55,11 @@ class ExperimentConfig:
     def _check_task_names(self) -> None:
         """GLUE task names and runs_per_task keys now, not when the data loads (or never: a key that matches no
         task was silently ignored)."""
-        from sparsebert.data.glue import GLUE_TASKS, get_glue_task
-        from sparsebert.errors import SparseBertError
-
-        try:
-            for name in self.finetune.glue_tasks or []:
-                get_glue_task(name)
-        except SparseBertError as e:
-            raise ConfigError(f"finetune.glue_tasks: {e}") from None
-        known = {*GLUE_TASKS} | (set() if self.task.startswith("glue") else {self.task})
+        for name in self.finetune.glue_tasks or []:
+            if glue_task_key(name) not in GLUE_TASK_NAMES:
+                raise ConfigError(f"finetune.glue_tasks: unknown GLUE task {name!r}: expected one of "
+                                  f"{', '.join(GLUE_TASK_NAMES)}")
+        known = {*GLUE_TASK_NAMES} | (set() if self.task.startswith("glue") else {self.task})
         for key in ("runs_per_task", "epochs_per_task"):
             unknown = sorted(set(getattr(self.finetune, key)) - known)
             if unknown:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # Named BERT sizes: (layers, hidden). Heads = hidden / 64, intermediate = 4 * hidden, as in the BERT papers.
 MODEL_SIZES: dict[str, tuple[int, int]] = {
@@ -307,3 +308,43 @@ class FinetuneConfig:
                 raise ValueError(f"finetune.{key} must be >= 1, got {getattr(self, key)}")
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
             raise ValueError(f"finetune.pad_to_multiple_of must be >= 1 or null, got {self.pad_to_multiple_of}")
+
+
+@dataclass
+class CsvTaskConfig:
+    """An experiment's ``csv`` section."""
+
+    path: str = ""  # relative to the data dir, or absolute
+    text_column: str = "text"
+    label_column: str = "label"
+    id_column: str | None = None  # row id column; default: the row number
+    delimiter: str | None = None  # None: by extension (.tsv -> tab, else comma)
+    val_fraction: float = 0.1
+    test_fraction: float = 0.1
+    fold_stride: int = 0  # token overlap between consecutive chunks of a folded text
+
+    def validate(self) -> None:
+        for key in ("path", "text_column", "label_column"):
+            if not getattr(self, key):
+                raise ValueError(f"csv.{key} must be set")
+        if self.id_column is not None and not self.id_column:
+            raise ValueError("csv.id_column must be a column name or null")
+        if self.delimiter is not None and len(self.delimiter) != 1:
+            raise ValueError(f"csv.delimiter must be one character or null, got {self.delimiter!r}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"csv.val_fraction must be in [0, 1), got {self.val_fraction}")
+        if not 0.0 < self.test_fraction < 1.0:  # the task's metrics are measured on the test rows
+            raise ValueError(f"csv.test_fraction must be in (0, 1), got {self.test_fraction}")
+        if self.val_fraction + self.test_fraction >= 1.0:
+            raise ValueError("csv.val_fraction + csv.test_fraction must be below 1 (no training rows left)")
+        if self.fold_stride < 0:
+            raise ValueError(f"csv.fold_stride must be >= 0, got {self.fold_stride}")
+
+    def resolve_path(self, data_dir: str | Path) -> Path:
+        path = Path(self.path).expanduser()
+        return path if path.is_absolute() else Path(data_dir) / path
+
+    def resolve_delimiter(self, path: str | Path) -> str:
+        if self.delimiter is not None:
+            return self.delimiter
+        return "\t" if Path(path).suffix.lower() == ".tsv" else ","

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sparsebert.config.experiment import glue_task_key
 from sparsebert.data.delimited import csv_rows
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_text
@@ -102,7 +103,7 @@ def get_glue_task(task: str | GlueTask) -> GlueTask:
     """Look a task up by name; accepts spellings like ``SST-2``, ``sts_b``, ``MNLI``."""
     if isinstance(task, GlueTask):
         return task
-    key = task.lower().replace("-", "").replace("_", "")
+    key = glue_task_key(task)
     if key not in GLUE_TASKS:
         raise SparseBertError(f"unknown GLUE task {task!r}: expected one of {', '.join(GLUE_TASKS)}")
     return GLUE_TASKS[key]

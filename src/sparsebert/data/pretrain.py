@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerBase
 
+from sparsebert.models.bert import static_prediction_rows
 from sparsebert.config.sections import DataConfig
 from sparsebert.data.corpus import corpus_files, iter_documents
 from sparsebert.data.featurize import default_num_proc, featurize, files_digest, source_digest
@@ -132,15 +133,6 @@ def pack_documents(docs, tokenizer: PreTrainedTokenizerBase, max_seq_length: int
                      fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length},
                      input_digest=input_digest, key_parts=key_parts, num_proc=num_proc, batch_size=batch_size,
                      remove_columns=docs.column_names, cache_dir=cache_dir)
-
-
-def static_prediction_rows(num_tokens: int, mlm_probability: float) -> int:
-    """Decoder rows per training batch under ``data.static_mask_count``: the expected number of masked tokens
-    plus 8 standard deviations, rounded up to a multiple of 64 (at most every token). A batch masks more only
-    with probability < 1e-15, and MLMCollator caps it there."""
-    mean = num_tokens * mlm_probability
-    spread = math.sqrt(num_tokens * mlm_probability * (1 - mlm_probability))
-    return min(num_tokens, math.ceil((mean + 8 * spread) / 64) * 64)
 
 
 def cap_masked_tokens(inputs: torch.Tensor, labels: torch.Tensor, limit: int,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import torch
@@ -10,9 +11,17 @@ from transformers import BertConfig, BertForMaskedLM, PreTrainedTokenizerBase
 from transformers.modeling_outputs import MaskedLMOutput
 
 from sparsebert.config.sections import MODEL_SIZES, DataConfig, ModelConfig
-from sparsebert.data.pretrain import static_prediction_rows
 from sparsebert.errors import SparseBertError
 from sparsebert.models.pretrained import dropout_overrides, resolve_pretrained
+
+
+def static_prediction_rows(num_tokens: int, mlm_probability: float) -> int:
+    """Decoder rows per training batch under ``data.static_mask_count``: the expected number of masked tokens
+    plus 8 standard deviations, rounded up to a multiple of 64 (at most every token). A batch masks more only
+    with probability < 1e-15, and MLMCollator caps it there."""
+    mean = num_tokens * mlm_probability
+    spread = math.sqrt(num_tokens * mlm_probability * (1 - mlm_probability))
+    return min(num_tokens, math.ceil((mean + 8 * spread) / 64) * 64)
 
 
 class BertForMaskedLMAtMasked(BertForMaskedLM):

@@ -12,37 +12,11 @@ evaluation: eval loss is the task loss alone, comparable with a run without a te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass
-class DistillationConfig:
-    teacher: str = ""  # a finished run (name or dir), a model dir, "minilm", or a hub name
-    alpha: float = 0.5  # weight of the distillation term at the start
-    alpha_end: float | None = None  # if set, alpha moves linearly to this value by the last step
-    temperature: float = 2.0
-    # start the student from the teacher's weights (the same task's finetuned run): a sparse student is then pruned
-    # from the dense model that finished training, not from the pretrained one
-    student_from_teacher: bool = False
-
-    def validate(self) -> None:
-        if not self.teacher:
-            raise ValueError("kd.teacher must name the teacher model (a run, a model directory or a hub name)")
-        for name in ("alpha", "alpha_end"):
-            value = getattr(self, name)
-            if value is not None and not 0.0 <= value <= 1.0:
-                raise ValueError(f"kd.{name} must be in [0, 1], got {value}")
-        if self.temperature <= 0:
-            raise ValueError(f"kd.temperature must be > 0, got {self.temperature}")
-
-    def alpha_at(self, step: int, max_steps: int) -> float:
-        if self.alpha_end is None or max_steps <= 0:
-            return self.alpha
-        return self.alpha + (self.alpha_end - self.alpha) * min(step / max_steps, 1.0)
+from sparsebert.config.hooks import DistillationConfig
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:

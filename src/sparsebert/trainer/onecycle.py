@@ -2,36 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-
-@dataclass
-class OneCycleConfig:
-    max_lr: float | None = None  # None: train.learning_rate
-    pct_start: float = 0.3
-    div_factor: float = 25.0  # initial lr = max_lr / div_factor
-    final_div_factor: float = 1e4  # final lr = initial lr / final_div_factor
-    anneal_strategy: str = "cos"
-    cycle_momentum: bool = True  # cycles AdamW's beta1 between base_momentum and max_momentum, as torch does
-    base_momentum: float = 0.85
-    max_momentum: float = 0.95
-    three_phase: bool = False
-
-    def validate(self) -> None:
-        if self.max_lr is not None and self.max_lr <= 0:
-            raise ValueError(f"onecycle.max_lr must be > 0, got {self.max_lr}")
-        if not 0.0 < self.pct_start < 1.0:
-            raise ValueError(f"onecycle.pct_start must be in (0, 1), got {self.pct_start}")
-        if self.anneal_strategy not in ("cos", "linear"):
-            raise ValueError(f"onecycle.anneal_strategy must be cos or linear, got {self.anneal_strategy!r}")
-        if self.div_factor <= 0 or self.final_div_factor <= 0:
-            raise ValueError("onecycle.div_factor and onecycle.final_div_factor must be > 0")
-        if self.base_momentum > self.max_momentum:
-            # torch would cycle beta1 upside down (highest while the lr peaks) without a word
-            raise ValueError(f"onecycle.base_momentum ({self.base_momentum}) must be <= onecycle.max_momentum "
-                             f"({self.max_momentum})")
+from sparsebert.config.hooks import OneCycleConfig
 
 
 class OneCycleMixin:

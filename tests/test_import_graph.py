@@ -1,0 +1,79 @@
+"""No import cycles between sparsebert's packages: every import statement, lazy ones inside functions included, read
+from the source (an AST walk, nothing imported), folded to packages (``sparsebert.data.glue`` -> ``data``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def unit(module: str) -> str:
+    """The package a module belongs to (``sparsebert.data.glue`` -> ``data``; a top-level module is its own)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def imported_modules(path: Path, module: str) -> set[str]:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the package, up level - 1
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.add(".".join([*base, node.module] if node.module else base))
+            elif node.module:
+                found.add(node.module)
+    return {m for m in found if m == "sparsebert" or m.startswith("sparsebert.")}
+
+
+def package_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for path in sorted((SRC / "sparsebert").rglob("*.py")):
+        module = ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        here = unit(module)
+        graph.setdefault(here, set())
+        graph[here] |= {unit(m) for m in imported_modules(path, module) if m != "sparsebert"} - {here}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A cycle of ``graph`` as its nodes in order, or None (depth-first search with colours)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_find_cycle_finds_one_and_only_one():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_packages_import_each_other_without_cycles():
+    graph = package_graph()
+    assert {"config", "data", "models", "sparsity", "trainer", "results"} <= set(graph)
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
+
+
+def test_the_sparsity_core_imports_no_other_package_of_ours_but_its_helpers():
+    # plain PyTorch (no transformers): the core may use the I/O helpers, the timers and the kernel, nothing else
+    assert package_graph()["sparsity"] <= {"io", "cuda_timing", "kernels", "errors"}
