@@ -446,3 +446,13 @@ def test_static_mask_count_refuses_finetuning(registry):
     assert registry.build("bert_tiny_quick", ["data.static_mask_count=true", "kd.teacher=bert_tiny_quick"]).kd
     with pytest.raises(ConfigError, match="static_mask_count is for MLM pretraining"):
         registry.build("tiny_glue", ["data.static_mask_count=true"])
+
+
+def test_config_knows_the_glue_tasks_the_data_package_reads():
+    """config checks finetune.glue_tasks without importing the data package: its name list must match the task
+    table the readers use."""
+    from sparsebert.config.experiment import GLUE_TASK_NAMES, glue_task_key
+    from sparsebert.data.glue import GLUE_TASKS, get_glue_task
+
+    assert set(GLUE_TASK_NAMES) == set(GLUE_TASKS)
+    assert get_glue_task("SST-2").name == glue_task_key("SST-2") == "sst2"
