@@ -7,12 +7,11 @@ files on real text.
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 from pathlib import Path
 
 import pytest
+from tiny_glue_checks import check_tiny_glue_outputs
 
 from sparsebert.cli import main as cli_main
 from sparsebert.config import Registry
@@ -50,15 +49,7 @@ def test_tiny_glue_on_the_asset_rte_and_stsb(registry, asset_data_dir, tmp_path,
     # as shipped: the 20 training rows of each slice are fewer than its 128, so 2 optimizer steps per run
     run_experiment(registry.build("tiny_glue"), RunOptions(output_root=tmp_path, data_dir=asset_data_dir))
     root = tmp_path / "tiny_glue"
-    runs = sorted(p.relative_to(root).as_posix() for p in root.glob("*/run*") if (p / "DONE").is_file())
-    assert runs == ["glue_rte/run0", "glue_rte/run1", "glue_stsb/run0"]
-    rte = json.loads((root / "glue_rte/run0/metrics.json").read_text())
-    assert 0.0 <= rte["accuracy"] <= 1.0 and rte["score"] == rte["accuracy"]
-    stsb = json.loads((root / "glue_stsb/run0/metrics.json").read_text())
-    assert {"pearson", "spearman", "score"} <= set(stsb)
-    with open(root / "glue_rte/run0/predictions_dev.tsv") as f:
-        rows = list(csv.reader(f, delimiter="\t"))
-    assert rows[0] == ["index", "prediction", "label"] and len(rows) == 1 + 20  # the whole dev slice
+    check_tiny_glue_outputs(root, eval_rows=20)  # the whole dev slice
     assert (root / "DONE").is_file()
     capsys.readouterr()
     assert cli_main(["--table", "glue", "--output-dir", str(tmp_path)]) == 0

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from tiny_glue_checks import check_tiny_glue_outputs
 
 from sparsebert.cli import main as cli_main
 from sparsebert.config import Registry
@@ -37,17 +38,10 @@ def glue_root(registry, data_dir, tmp_path_factory):
 
 def test_tiny_glue_writes_every_run_and_registers_it(glue_root, data_dir):
     root = glue_root / "tiny_glue"
-    runs = sorted(p.relative_to(root).as_posix() for p in root.glob("*/run*") if (p / "DONE").is_file())
-    assert runs == ["glue_rte/run0", "glue_rte/run1", "glue_stsb/run0"]
-    seeds = [json.loads((root / r / "config.json").read_text())["seed"] for r in runs]
+    check_tiny_glue_outputs(root, eval_rows=64)  # max_eval_samples
+    seeds = [json.loads((root / r / "config.json").read_text())["seed"]
+             for r in ("glue_rte/run0", "glue_rte/run1", "glue_stsb/run0")]
     assert seeds == [42, 43, 42]
-    rte = json.loads((root / "glue_rte/run0/metrics.json").read_text())
-    assert 0.0 <= rte["accuracy"] <= 1.0 and rte["score"] == rte["accuracy"]
-    stsb = json.loads((root / "glue_stsb/run0/metrics.json").read_text())
-    assert {"pearson", "spearman", "score"} <= set(stsb)
-    with open(root / "glue_rte/run0/predictions_dev.tsv") as f:
-        rows = list(csv.reader(f, delimiter="\t"))
-    assert rows[0] == ["index", "prediction", "label"] and len(rows) == 1 + 64  # max_eval_samples
     records = Results.in_output_root(glue_root).runs(experiments=["tiny_glue"])
     assert sorted((r.task, r.seed) for r in records) == [("glue:rte", 42), ("glue:rte", 43), ("glue:stsb", 42)]
     summary = json.loads((root / "metrics.json").read_text())

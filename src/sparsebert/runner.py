@@ -17,7 +17,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +25,12 @@ from transformers import set_seed
 
 from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.distributed import process_state, world_size
-from sparsebert.env_info import environment, git_commit
+from sparsebert.env_info import environment
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
 from sparsebert.locks import FileLock, LockHeld
-from sparsebert.results import Registry, RunRecord
-from sparsebert.results.recording import recorded_run, run_key
+from sparsebert.results import Registry
+from sparsebert.results.recording import finished, recorded_run, run_record
 from sparsebert.trainer.arguments import batch_layout, resolve_precision
 
 log = logging.getLogger(__name__)
@@ -125,7 +125,8 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
 
     # a pretraining run is one registry row (running, then done or failed); a finetuning job records each of
     # its task runs itself
-    row = _pretrain_record(cfg, run_dir) if cfg.task == "mlm" else None
+    row = (run_record(run_dir, cfg.name, cfg.task, cfg.seed, cfg.model.init_from or cfg.model.size)
+           if cfg.task == "mlm" else None)
     with recorded_run(opts.output_root, row, write=state.is_main_process) if row else nullcontext():
         start = time.time()
         metrics = job.train(run_dir, resume=opts.resume)
@@ -133,23 +134,10 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
         if state.is_main_process:
             atomic_write_json(run_dir / "metrics.json", metrics)
             if row is not None:  # before DONE, as finetuning runs do: a finished run is never missing from it
-                Registry.in_output_root(opts.output_root).record(_done(row, metrics))
+                Registry.in_output_root(opts.output_root).record(finished(row, metrics))
             atomic_write_text(run_dir / DONE, time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
     state.wait_for_everyone()
     return metrics
-
-
-def _pretrain_record(cfg: ExperimentConfig, run_dir: Path) -> RunRecord:
-    return RunRecord(run_dir=run_key(run_dir), experiment=cfg.name, task=cfg.task,
-                     model=cfg.model.init_from or cfg.model.size, seed=cfg.seed, status="running",
-                     git_commit=git_commit(), group=cfg.name)
-
-
-def _done(row: RunRecord, metrics: dict[str, Any]) -> RunRecord:
-    numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
-    return replace(row, status="done", metrics=numbers, sparsity=numbers.get("sparsity"),
-                   steps=numbers.get("global_step"), wall_time_s=numbers.get("wall_time_s"),
-                   samples_per_second=numbers.get("train_samples_per_second"))
 
 
 def check_train_settings(cfg: ExperimentConfig) -> None:

@@ -82,20 +82,10 @@ class Registry:
         return reg
 
     def add(self, name: str, experiment: Experiment, origin: str = "<code>") -> None:
-        if name in self._raw:
-            raise ConfigError(f"experiment '{name}' is defined twice: {self._origin[name]} and {origin}")
-        if not isinstance(experiment, dict):
-            raise ConfigError(f"experiment '{name}' in {origin} must be a dict")
-        self._raw[name] = experiment
-        self._origin[name] = origin
+        _add_dict("experiment", self._raw, self._origin, name, experiment, origin)
 
     def add_space(self, name: str, space: dict[str, Any], origin: str = "<code>") -> None:
-        if name in self._spaces:
-            raise ConfigError(f"search space '{name}' is defined twice: {self._space_origin[name]} and {origin}")
-        if not isinstance(space, dict):
-            raise ConfigError(f"search space '{name}' in {origin} must be a dict")
-        self._spaces[name] = space
-        self._space_origin[name] = origin
+        _add_dict("search space", self._spaces, self._space_origin, name, space, origin)
 
     def names(self) -> list[str]:
         return sorted(self._raw)
@@ -151,6 +141,16 @@ class Registry:
         for item in overrides or []:
             apply_override(data, item)
         return from_dict(ExperimentConfig, data)
+
+
+def _add_dict(kind: str, table: dict[str, dict], origins: dict[str, str], name: str, value: Any, origin: str) -> None:
+    """Register ``value`` under ``name`` once: a name defined twice, or a value that is no dict, is refused."""
+    if name in table:
+        raise ConfigError(f"{kind} '{name}' is defined twice: {origins[name]} and {origin}")
+    if not isinstance(value, dict):
+        raise ConfigError(f"{kind} '{name}' in {origin} must be a dict")
+    table[name] = value
+    origins[name] = origin
 
 
 def apply_override(data: dict[str, Any], item: str) -> None:

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from sparsebert.results.registry import Registry, RunRecord
 
@@ -58,3 +59,21 @@ def recorded_run(output_root: Path, record: RunRecord, write: bool = True) -> It
 def run_key(run_dir: Path) -> str:
     """A run's registry key: its absolute directory (the same from any working directory)."""
     return str(Path(run_dir).resolve())
+
+
+def run_record(run_dir: Path, experiment: str, task: str, seed: int, model: str,
+               pretrain_metrics: dict[str, float] | None = None) -> RunRecord:
+    """A run's row as it starts (``running``), the same for pretraining and finetuning runs."""
+    from sparsebert.env_info import git_commit
+
+    return RunRecord(run_dir=run_key(run_dir), experiment=experiment, task=task, model=model, seed=seed,
+                     status="running", git_commit=git_commit(), pretrain_metrics=pretrain_metrics or {},
+                     group=experiment)
+
+
+def finished(record: RunRecord, metrics: dict[str, Any]) -> RunRecord:
+    """``record`` as ``done``, with the run's numeric metrics and the figures the tables show."""
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return dataclasses.replace(record, status="done", error=None, metrics=numbers, sparsity=numbers.get("sparsity"),
+                               steps=numbers.get("global_step"), wall_time_s=numbers.get("wall_time_s"),
+                               samples_per_second=numbers.get("train_samples_per_second"))

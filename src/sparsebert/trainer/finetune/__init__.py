@@ -21,11 +21,9 @@ from sparsebert.config import ExperimentConfig, from_dict
 from sparsebert.data.glue import available_glue_tasks, get_glue_task
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
-from sparsebert.env_info import git_commit
 from sparsebert.errors import SparseBertError
 from sparsebert.models.pretrained import resolve_pretrained
-from sparsebert.results import RunRecord
-from sparsebert.results.recording import recorded_run, run_key
+from sparsebert.results.recording import recorded_run, run_record
 from sparsebert.sparsity import SparsityConfig
 from sparsebert.trainer.finetune.common import FinetuneContext, read_metrics
 from sparsebert.trainer.finetune.csv_task import load_csv, run_csv
@@ -152,12 +150,6 @@ class FinetuneJob:
         cfg = self.ctx.cfg
         return replace(self.ctx, cfg=replace(cfg, train=replace(cfg.train, epochs=epochs)))
 
-    def _record(self, sub: Path, task: str, seed: int) -> RunRecord:
-        cfg = self.cfg
-        return RunRecord(run_dir=run_key(sub), experiment=cfg.name, task=task, model=cfg.model.init_from or "",
-                         seed=seed, status="running", git_commit=git_commit(),
-                         pretrain_metrics=self.ctx.pretrain_metrics, group=cfg.name)
-
     def train(self, run_dir: Path, resume: bool) -> dict[str, Any]:
         summary: dict[str, Any] = {}
         is_main = process_state().is_main_process
@@ -174,7 +166,9 @@ class FinetuneJob:
                 set_seed(seed)
                 log.info("finetuning %s on %s, run %d (seed %d) -> %s", self.cfg.name, task, k, seed, sub)
                 # running now; finish_run records done, an exception failed; a killed run stays running
-                with recorded_run(self.output_root, self._record(sub, task, seed), write=is_main):
+                row = run_record(sub, self.cfg.name, task, seed, self.cfg.model.init_from or "",
+                                 self.ctx.pretrain_metrics)
+                with recorded_run(self.output_root, row, write=is_main):
                     runs.append(RUNNERS[task.partition(":")[0]](ctx, self.inputs[task], seed, sub))
             summary[task] = summarize(runs)
         return summary

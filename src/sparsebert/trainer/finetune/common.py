@@ -15,11 +15,11 @@ from transformers import PreTrainedTokenizerBase, TrainerCallback
 
 from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.distributed import world_size
-from sparsebert.env_info import git_commit
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
 from sparsebert.models.pretrained import pretrained_kwargs, resolve_pretrained
-from sparsebert.results import Registry, RunRecord
+from sparsebert.results import Registry
+from sparsebert.results.recording import finished, run_record
 from sparsebert.trainer.arguments import batch_layout, training_arguments
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
@@ -169,14 +169,8 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
     atomic_write_json(run_dir / "metrics.json", metrics)
     # the registry row first (an upsert by run_dir): a crash before DONE leaves a run that --resume redoes,
     # never a finished run the results table misses
-    Registry.in_output_root(ctx.output_root).record(RunRecord(
-        run_dir=str(run_dir.resolve()), experiment=cfg.name, task=task, model=cfg.model.init_from or "",
-        seed=seed, status="done", sparsity=sparsity,
-        metrics={k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)},
-        steps=trainer.state.global_step, wall_time_s=metrics["wall_time_s"],
-        samples_per_second=metrics.get("train_samples_per_second"), git_commit=git_commit(),
-        pretrain_metrics=ctx.pretrain_metrics, group=cfg.name,
-    ))
+    Registry.in_output_root(ctx.output_root).record(finished(
+        run_record(run_dir, cfg.name, task, seed, cfg.model.init_from or "", ctx.pretrain_metrics), metrics))
     atomic_write_text(run_dir / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
     return metrics
 
