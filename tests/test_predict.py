@@ -199,7 +199,7 @@ def test_bad_requests_are_refused_before_anything_is_written(rte_run, gap_run, d
         (["--predict", "no/such/run0", "--input", str(gap_file), "--output-dir", str(tmp_path)], "no run directory"),
         (["--predict", str(rte_run), "--input", str(tmp_path / "missing.tsv")], "no such file"),
         (["--predict", str(rte_run)], "--predict needs --input"),
-        (["--input", str(rte_file)], "go with --predict"),
+        (["--input", str(rte_file)], "--input goes with --predict RUN"),
         (["--predict", str(rte_run), "--input", str(gap_file)], "header has no column 'sentence1'"),
         (["--predict", str(gap_run), "--input", str(rte_file)], "header is not the GAP header"),
         (["--predict", str(rte_run), "--input", str(rte_file), "--output", str(rte_file)], "is the input file"),
@@ -235,3 +235,47 @@ def test_readers_take_files_without_labels(data_dir, tmp_path):
     assert read_squad(squad, answers_optional=True)[0]["answers"] is None
     with pytest.raises(SparseBertError, match="missing or malformed key 'answers'"):
         read_squad(squad)
+
+
+@pytest.fixture(scope="module")
+def rte_2to4_run(data_dir, tmp_path_factory) -> Path:
+    return _finished("tiny_glue_2to4", [], "glue_rte/run0", data_dir, tmp_path_factory)
+
+
+def test_sparse24_kernel_refusals_are_one_line_and_write_nothing(rte_run, rte_2to4_run, data_dir, tmp_path,
+                                                                 capsys, monkeypatch):
+    """--sparse24-kernel where it cannot run: without --predict, a run that is not 2:4, no CUDA device, a GPU that
+    is not sm90, no kernel library. (The kernel itself runs in tests/gpu/test_predict_sparse24_gpu.py.)"""
+    import torch
+
+    from sparsebert.sparsity.sparse24_kernel import Library
+
+    rte_file = data_dir / "glue/RTE/dev.tsv"
+    unstructured = tmp_path / "unstructured"  # a finished sparse run of another pattern (model never loaded)
+    (unstructured / "model").mkdir(parents=True)
+    config = json.loads((rte_2to4_run / "config.json").read_text())
+    config["sparsity"]["pattern"] = "unstructured"
+    (unstructured / "config.json").write_text(json.dumps(config))
+    (unstructured / "model" / "model.safetensors").write_bytes(b"")
+    (unstructured / "DONE").write_text("x\n")
+    kernel = ["--input", str(rte_file), "--sparse24-kernel"]
+    before = {p: sorted(p.rglob("*")) for p in (rte_run, rte_2to4_run, unstructured)}
+
+    _refused(capsys, ["--sparse24-kernel"], "--sparse24-kernel goes with --predict RUN")
+    _refused(capsys, ["--input", str(rte_file), "--sparse24-kernel"], "--input and --sparse24-kernel go with --predict")
+    _refused(capsys, ["--predict", str(rte_run), *kernel], f"run {rte_run} is dense (no sparsity section)")
+    _refused(capsys, ["--predict", str(unstructured), *kernel],
+             f"run {unstructured} has sparsity.pattern 'unstructured', not \"2:4\"")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    _refused(capsys, ["--predict", str(rte_2to4_run), *kernel],
+             "--sparse24-kernel needs an sm90 GPU (H100/H200); this machine has no CUDA device")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    _refused(capsys, ["--predict", str(rte_2to4_run), *kernel], "NVIDIA A100-SXM4-80GB is sm80")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setenv("SPARSEBERT_SPARSE24_LIB", str(tmp_path / "nowhere.so"))
+    monkeypatch.setattr(Library, "_instance", None)
+    _refused(capsys, ["--predict", str(rte_2to4_run), *kernel],
+             "nowhere.so not found: build it with `python -m sparsebert.kernels.build`")
+    assert {p: sorted(p.rglob("*")) for p in (rte_run, rte_2to4_run, unstructured)} == before

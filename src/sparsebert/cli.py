@@ -89,6 +89,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --predict: the file to predict (the task's format; labels optional: metrics if present)")
     p.add_argument("--output", type=Path, metavar="FILE",
                    help="with --predict: the predictions file (default <run>/predict/<input stem>.<ext>)")
+    p.add_argument("--sparse24-kernel", action="store_true",
+                   help="with --predict of a 2:4 run: its sparse encoder Linears through our CUTLASS 2:4 kernel, "
+                        "in bf16 (an sm90 GPU; build once with python -m sparsebert.kernels.build)")
     p.add_argument("--experiments-dir", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--run-name", default=None, help=argparse.SUPPRESS)  # a search trial's run directory
     return p
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
         if args.search:
             return search(args, registry, registry_dir)
         _refuse_search_flags(args)
-        if args.predict or args.input or args.output:
+        if args.predict or args.input or args.output or args.sparse24_kernel:
             return predict(args)
         if args.gpus and "LOCAL_RANK" not in os.environ:
             return choose_gpus(args.gpus, argv, registry_dir)
@@ -171,14 +174,19 @@ def _is_main_process() -> bool:
 def predict(args: argparse.Namespace) -> int:
     """``--predict RUN --input FILE [--output FILE]``: write the predictions, print the metrics of a labelled file."""
     if not args.predict:
-        raise ConfigError("--input and --output go with --predict RUN")
+        given = [flag for flag, value in (("--input", args.input), ("--output", args.output),
+                                          ("--sparse24-kernel", args.sparse24_kernel)) if value]
+        raise ConfigError(f"{' and '.join(given)} {'goes' if len(given) == 1 else 'go'} with --predict RUN")
     if args.input is None:
         raise ConfigError("--predict needs --input FILE: the file to predict")
     if args.experiments:
         raise ConfigError(f"--predict runs no experiment; drop {' '.join(args.experiments)}")
     from sparsebert.trainer.finetune.predict import predict as run_predict
 
-    result = run_predict(args.predict, args.input, args.output, output_root(args.output_dir))
+    result = run_predict(args.predict, args.input, args.output, output_root(args.output_dir),
+                         sparse24_kernel=args.sparse24_kernel)
+    if result.kernel_layers is not None:
+        print(f"2:4 kernel: {len(result.kernel_layers)} Linear layers converted (bf16)")
     for path in result.written:
         print(f"wrote {path}")
     if result.metrics is not None:

@@ -4,6 +4,11 @@ Each task reads the file with the reader its runner trains with (labels optional
 (the run's own settings from its config.json) and writes the task's own output format; when the file carries
 labels, the task's metrics come back too. Every check (the run, the file, its columns and rows) happens before
 the model loads and before anything is written; outputs are written atomically.
+
+``--sparse24-kernel`` runs a 2:4 run's sparse encoder Linears through our CUTLASS kernel
+(:func:`sparsebert.sparsity.to_sparse24_kernel`): the model in bf16 on an sm90 GPU, the library built once with
+``python -m sparsebert.kernels.build``. A run that is not 2:4, a machine without CUDA, another GPU or a missing
+library is a one-line error before the model loads.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 from torch.utils.data import DataLoader
 from transformers import (
     AutoModelForQuestionAnswering,
@@ -52,6 +58,7 @@ from sparsebert.data.squad import postprocess_predictions, read_squad, squad_met
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json
+from sparsebert.sparsity.config import SparsityConfig
 from sparsebert.trainer.finetune.common import softmax
 from sparsebert.trainer.finetune.gap import MODEL_INPUTS, load_gap_model
 from sparsebert.trainer.finetune.squad import squad_features
@@ -67,6 +74,8 @@ class FinishedRun:
     config: dict[str, Any]
     kind: str  # a key of PREDICTORS
     glue_task: str | None  # "rte" for a run of task glue:rte
+    sparse24_kernel: bool = False  # run the sparse encoder Linears through the 2:4 kernel (prepare)
+    kernel_layers: list[str] | None = None  # what prepare converted
 
     @property
     def finetune(self) -> FinetuneConfig:
@@ -82,6 +91,15 @@ class FinishedRun:
 
     def tokenizer(self):
         return load_tokenizer(str(self.model_dir))  # the runner saves the tokenizer beside the model
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """The loaded model as predictions run it: as it is, or with ``--sparse24-kernel`` in bf16 on the GPU with
+        its sparse Linears converted to the 2:4 kernel (their names kept in ``kernel_layers``)."""
+        if not self.sparse24_kernel:
+            return model
+        model = model.to(device="cuda", dtype=torch.bfloat16).eval()
+        self.kernel_layers = convert_to_sparse24(self, model)
+        return model
 
 
 def open_run(run: str | Path, output_root: Path) -> FinishedRun:
@@ -130,10 +148,75 @@ class Prediction:
 
     written: list[Path]
     metrics: dict[str, Any] | None
+    kernel_layers: list[str] | None = None  # with --sparse24-kernel: the Linears the 2:4 kernel ran
+
+
+KERNEL_HINT = "predict without --sparse24-kernel"
+
+
+def check_two_four_run(run: FinishedRun) -> None:
+    """``--sparse24-kernel`` needs a run trained with ``sparsity.pattern`` "2:4"."""
+    sparsity = run.config.get("sparsity")
+    if not isinstance(sparsity, dict):
+        raise SparseBertError(f"--sparse24-kernel: run {run.path} is dense (no sparsity section); the kernel runs "
+                              f"2:4 runs only (sparsity.pattern \"2:4\", e.g. tiny_glue_2to4); {KERNEL_HINT}")
+    pattern = sparsity.get("pattern", "unstructured")
+    if pattern != "2:4":
+        raise SparseBertError(f"--sparse24-kernel: run {run.path} has sparsity.pattern {pattern!r}, not \"2:4\"; "
+                              f"the kernel runs 2:4 runs only (e.g. tiny_glue_2to4); {KERNEL_HINT}")
+
+
+def check_sparse24_device() -> None:
+    """An sm90 GPU and the built kernel library, or the one-line error that says which is missing."""
+    from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Error
+
+    if not torch.cuda.is_available():
+        raise SparseBertError("--sparse24-kernel needs an sm90 GPU (H100/H200); this machine has no CUDA device; "
+                              + KERNEL_HINT)
+    capability = torch.cuda.get_device_capability()
+    if capability != (9, 0):
+        raise SparseBertError(f"--sparse24-kernel needs an sm90 GPU (H100/H200); {torch.cuda.get_device_name()} "
+                              f"is sm{capability[0]}{capability[1]}; {KERNEL_HINT}")
+    try:
+        Library.get()
+    except Sparse24Error as e:  # not built, or built from another sparse24.cu
+        raise SparseBertError(f"--sparse24-kernel: {' '.join(str(e).split())}") from None
+
+
+def convert_to_sparse24(run: FinishedRun, model: nn.Module) -> list[str]:
+    """Convert the run's sparse Linears (its ``sparsity`` selection) of ``model`` (bf16, on the GPU) to the 2:4
+    kernel; every one must be 2:4 with dimensions the kernel takes. Returns the converted names."""
+    from sparsebert.sparsity import is_two_four, to_sparse24_kernel
+    from sparsebert.sparsity.selection import select_parameters
+    from sparsebert.sparsity.sparse24_kernel import ALIGNMENT, Sparse24Error
+
+    try:
+        selected = select_parameters(model, from_dict(SparsityConfig, run.config["sparsity"], prefix="sparsity"))
+    except ValueError as e:
+        raise SparseBertError(f"--sparse24-kernel: run {run.path}: {e}") from None
+    names = []
+    for param_name, weight in selected.items():
+        name = param_name.removesuffix(".weight")
+        layer = model.get_submodule(name) if name != param_name else None
+        if type(layer) is not nn.Linear:
+            raise SparseBertError(f"--sparse24-kernel: {param_name} of run {run.path} is not an nn.Linear weight; "
+                                  f"the kernel replaces Linears only; {KERNEL_HINT}")
+        if layer.in_features % ALIGNMENT or layer.out_features % ALIGNMENT:
+            raise SparseBertError(f"--sparse24-kernel: {name} of run {run.path} is {layer.out_features}x"
+                                  f"{layer.in_features}; the kernel needs both multiples of {ALIGNMENT}; {KERNEL_HINT}")
+        if not is_two_four(weight.detach()):
+            raise SparseBertError(f"--sparse24-kernel: {name} of run {run.path} is not 2:4 (a group of four weights "
+                                  f"holds more than 2 non-zeros); {KERNEL_HINT}")
+        names.append(name)
+    rows = (run.eval_batch_size * run.finetune.max_seq_length,)  # a full evaluation batch picks the tiles
+    try:
+        return to_sparse24_kernel(model, rows=rows, names=names)
+    except (Sparse24Error, ValueError) as e:
+        raise SparseBertError(f"--sparse24-kernel: {' '.join(str(e).split())}") from None
 
 
 def predict(run: str | Path, input_file: str | Path, output: str | Path | None = None,
-            output_root: Path = Path("runs")) -> Prediction:
+            output_root: Path = Path("runs"), sparse24_kernel: bool = False) -> Prediction:
     """Predict ``input_file`` with the finished finetuning run ``run``.
 
     Args:
@@ -141,11 +224,15 @@ def predict(run: str | Path, input_file: str | Path, output: str | Path | None =
         input_file: a file in the task's format (GLUE TSV, CSV/TSV, SQuAD JSON, GAP TSV); labels optional.
         output: the predictions file; default ``<run>/predict/<input stem>.<ext>``.
         output_root: where relative run paths are looked up.
+        sparse24_kernel: run a 2:4 run's sparse Linears through our 2:4 kernel (an sm90 GPU, the built library).
 
     Returns:
-        The files written and, when the input has labels, the metrics.
+        The files written and, when the input has labels, the metrics (and the Linears the kernel ran).
     """
     finished = open_run(run, output_root)
+    if sparse24_kernel:
+        check_two_four_run(finished)
+        finished.sparse24_kernel = True
     input_file = Path(input_file)
     if not input_file.is_file():
         raise SparseBertError(f"--input {input_file}: no such file")
@@ -154,7 +241,11 @@ def predict(run: str | Path, input_file: str | Path, output: str | Path | None =
         raise SparseBertError(f"--output {output} is a directory; name the file to write")
     if output.resolve() == input_file.resolve():
         raise SparseBertError(f"--output {output} is the input file; name another file")
-    return PREDICTORS[finished.kind](finished, input_file, output)
+    if sparse24_kernel:
+        check_sparse24_device()
+    result = PREDICTORS[finished.kind](finished, input_file, output)
+    result.kernel_layers = finished.kernel_layers
+    return result
 
 
 def infer(model, dataset, collator: Callable, batch_size: int, columns: Sequence[str],
@@ -193,7 +284,7 @@ def predict_glue(run: FinishedRun, input_file: Path, output: Path) -> Prediction
     labeled = rows[0]["label"] is not None  # the reader gives every row a label or none
     tokenizer = run.tokenizer()
     features = featurize_glue(glue_dataset(run.glue_task, rows), tokenizer, run.finetune.max_seq_length)
-    (logits,) = infer(_classifier(run), features, _padding_collator(run, tokenizer), run.eval_batch_size,
+    (logits,) = infer(run.prepare(_classifier(run)), features, _padding_collator(run, tokenizer), run.eval_batch_size,
                       CLASSIFIER_INPUTS)
     write_glue_test_predictions(run.glue_task, [r["idx"] for r in rows], logits, output)
     metrics = glue_metrics(run.glue_task, logits, [r["label"] for r in rows]) if labeled else None
@@ -210,7 +301,7 @@ def predict_csv(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
     # an unlabelled row still needs a label for the fold's labels column, which inference leaves out
     labels = data.labels if data.labels is not None else [0] * len(data.ids)
     folded = fold_dataset(data.texts, labels, data.ids, tokenizer, run.finetune.max_seq_length, cfg.fold_stride)
-    (logits,) = infer(_classifier(run), folded, _padding_collator(run, tokenizer), run.eval_batch_size,
+    (logits,) = infer(run.prepare(_classifier(run)), folded, _padding_collator(run, tokenizer), run.eval_batch_size,
                       CLASSIFIER_INPUTS)
     row_ids, probs = aggregate_folded(folded["row_id"], softmax(logits))
     predicted = probs.argmax(axis=-1)
@@ -246,7 +337,7 @@ def predict_squad(run: FinishedRun, input_file: Path, output: Path) -> Predictio
     questions = [{k: ex[k] for k in ("id", "title", "context", "question")} for ex in examples]
     features = squad_features(questions, run.tokenizer(), train=False, max_seq_length=fcfg.max_seq_length,
                               doc_stride=fcfg.doc_stride, max_query_length=fcfg.max_query_length)
-    model = AutoModelForQuestionAnswering.from_pretrained(run.model_dir)
+    model = run.prepare(AutoModelForQuestionAnswering.from_pretrained(run.model_dir))
     start, end = infer(model, features, default_data_collator, run.eval_batch_size, CLASSIFIER_INPUTS,
                        outputs=("start_logits", "end_logits"))
     nbest: dict[str, list[dict[str, Any]]] = {}
@@ -273,7 +364,7 @@ def predict_gap(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
         raise SparseBertError(f"--input {input_file}: no data rows")
     features = gap_features(examples, run.tokenizer(), fcfg.max_seq_length, fcfg.gap_head)
     inputs = [c for c in MODEL_INPUTS if c != "labels"]
-    model = load_gap_model(run.model_dir, fcfg.gap_head, str(run.config.get("model_source", "")))
+    model = run.prepare(load_gap_model(run.model_dir, fcfg.gap_head, str(run.config.get("model_source", ""))))
     (logits,) = infer(model, features, default_data_collator, run.eval_batch_size, inputs)
     probs = softmax(logits)
     ids = [ex.id for ex in examples]
