@@ -2,6 +2,8 @@
 
 SPARSE_80 = {"sparsity": 0.8, "distribution": "uniform"}
 RIGL = {"update_freq": 100, "drop_fraction": 0.3, "drop_schedule": "cosine", "end_fraction": 0.75}
+SMALL_WIKI_KD = {"teacher": "small_wiki_teacher", "alpha": 0.5, "temperature": 2.0}
+SMALL_WIKI_ONECYCLE = {"max_lr": 1e-3, "pct_start": 0.1}
 
 EXPERIMENTS = {
     "sparse_80_static": {
@@ -32,18 +34,62 @@ EXPERIMENTS = {
         "kd": {"teacher": "bert_100k", "alpha": 0.5, "temperature": 2.0},
         "onecycle": {"max_lr": 5e-4, "pct_start": 0.1},
     },
-    # the one-GPU Wikipedia-mirror scale (bert_small_wiki: BERT-medium, 8k steps)
+    # The sparse-pretraining study at the one-GPU scale (docs/results.md; scripts/pretrain_study.sh): every run has
+    # bert_small_wiki's data, steps, eval masks and seed. The KD runs distil from small_wiki_teacher, a dense run of
+    # 1.5x the steps, and small_wiki_dense_kd_onecycle_lr is their fair baseline (same teacher and schedule).
+    "small_wiki_teacher": {
+        "parent": "bert_small_wiki",
+        "description": "bert_small_wiki trained 12k steps: the distillation teacher of the small_wiki KD runs",
+        "train": {"max_steps": 12_000, "warmup_steps": 1_200},
+    },
+    "small_wiki_dense_kd_onecycle_lr": {
+        "parent": "bert_small_wiki",
+        "description": "dense bert_small_wiki + distillation from small_wiki_teacher + one-cycle LR: the KD runs' baseline",
+        "kd": SMALL_WIKI_KD,
+        "onecycle": SMALL_WIKI_ONECYCLE,
+    },
+    "small_wiki_sparse_80_static": {
+        "parent": "bert_small_wiki",
+        "description": "bert_small_wiki with 80% sparse encoder layers, random masks fixed at the start",
+        "sparsity": SPARSE_80,
+    },
+    "small_wiki_sparse_80_static_erk": {
+        "parent": "small_wiki_sparse_80_static",
+        "description": "small_wiki_sparse_80_static with ERK layer densities (wide layers sparser)",
+        "sparsity": {"distribution": "erk"},
+    },
     "small_wiki_sparse_80_rigl": {
         "parent": "bert_small_wiki",
         "description": "bert_small_wiki with 80% sparse encoder layers and RigL (same data, steps and seed)",
         "sparsity": SPARSE_80,
         "rigl": RIGL,
     },
+    "small_wiki_sparse_80_rigl_erk": {
+        "parent": "small_wiki_sparse_80_rigl",
+        "description": "small_wiki_sparse_80_rigl with ERK layer densities",
+        "sparsity": {"distribution": "erk"},
+    },
+    "small_wiki_sparse_80_rigl_rescaled": {
+        "parent": "small_wiki_sparse_80_rigl",
+        "description": "small_wiki_sparse_80_rigl with the kept weights' init scaled by 1/sqrt(density)",
+        "sparsity": {"rescale_init": True},
+    },
+    "small_wiki_sparse_80_gmp": {
+        "parent": "bert_small_wiki",
+        "description": "bert_small_wiki with gradual magnitude pruning 0 -> 80% (cubic) from step 800 to 75% of training",
+        "sparsity": SPARSE_80,
+        "gmp": {"initial_sparsity": 0.0, "begin_step": 800, "end_fraction": 0.75, "frequency": 100},
+    },
     "small_wiki_sparse_80_kd_onecycle_lr_rigl": {
         "parent": "small_wiki_sparse_80_rigl",
-        "description": "small_wiki_sparse_80_rigl + distillation from the dense bert_small_wiki run + one-cycle LR",
-        "kd": {"teacher": "bert_small_wiki", "alpha": 0.5, "temperature": 2.0},
-        "onecycle": {"max_lr": 1e-3, "pct_start": 0.1},
+        "description": "small_wiki_sparse_80_rigl + distillation from small_wiki_teacher + one-cycle LR",
+        "kd": SMALL_WIKI_KD,
+        "onecycle": SMALL_WIKI_ONECYCLE,
+    },
+    "small_wiki_sparse_90_kd_onecycle_lr_rigl": {
+        "parent": "small_wiki_sparse_80_kd_onecycle_lr_rigl",
+        "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl at 90% sparse",
+        "sparsity": {"sparsity": 0.9},
     },
     # tiny CPU variants (CI): same hooks, tiny model, seconds per step
     "sparse_tiny_rigl": {

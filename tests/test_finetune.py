@@ -273,3 +273,15 @@ def test_sparse_recipe_prunes_the_teacher_and_rewinds_the_learning_rate(registry
     assert len(logged.rates) == 4  # 32 rows, batch 16, 2 epochs: pruning ends at step 2 of 4
     rises = [k for k in range(1, 4) if logged.rates[k] > logged.rates[k - 1]]
     assert len(rises) == 1 and logged.rates[rises[0]] == pytest.approx(cfg.train.learning_rate)  # back to the peak
+
+
+def test_finetuning_a_run_pretrained_with_rescale_init_reads_its_masks_from_zeros(tmp_path):
+    from sparsebert.trainer.finetune import sparsity_of_run
+
+    run = tmp_path / "small_wiki_sparse_80_rigl_rescaled"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"sparsity": {"sparsity": 0.8, "rescale_init": True}}))
+    (run / "DONE").write_text("")
+    config = sparsity_of_run(run.name, tmp_path)
+    config.validate()  # the pretraining run's rescale_init is no setting of a start from trained weights
+    assert (config.init, config.rescale_init, config.sparsity) == ("zeros", False, 0.8)

@@ -304,3 +304,33 @@ def test_state_loaded_before_attaching_is_cleared_at_masked_positions():
     controller = SparsityController(model, SparsityConfig(sparsity=0.8))
     controller.attach_optimizer(optimizer)
     _trainer_order(model, controller, optimizer, 3, assert_masked_weights_zero)
+
+
+def test_rescale_init_restores_the_dense_pre_activation_variance():
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(512, 512)
+    x = torch.randn(256, 512)
+    dense_var = float((x @ dense.weight.T).var())
+    variances = {}
+    for rescale in (False, True):
+        layer = copy.deepcopy(dense)
+        SparsityController(layer, SparsityConfig(sparsity=0.8, include=["weight$"], rescale_init=rescale))
+        variances[rescale] = float((x @ layer.weight.T).var())
+        assert int(torch.count_nonzero(layer.weight)) == round(0.2 * 512 * 512)
+    assert variances[False] == pytest.approx(0.2 * dense_var, rel=0.05)  # without it: a fifth of the dense variance
+    assert variances[True] == pytest.approx(dense_var, rel=0.05)
+
+
+def test_rescale_init_keeps_the_mask_and_scales_kept_weights_exactly():
+    plain, scaled = make_mlp(), make_mlp()
+    config = dict(sparsity=0.75, include=["weight$"])
+    a = SparsityController(plain, SparsityConfig(**config))
+    b = SparsityController(scaled, SparsityConfig(**config, rescale_init=True))
+    assert _same_masks(a.masks, b.masks)
+    for name in a.params:
+        torch.testing.assert_close(b.params[name], a.params[name] * 2.0)  # 1 / sqrt(0.25)
+
+
+def test_rescale_init_needs_a_random_init():
+    with pytest.raises(ValueError, match='rescale_init .* needs sparsity.init "random"'):
+        SparsityConfig(init="magnitude", rescale_init=True).validate()

@@ -49,6 +49,11 @@ class SparsityConfig:
     init: str = "random"
     """Initial mask: "random" (seeded), "magnitude" (keep the largest |w|, for a pretrained start), or "zeros"
     (active where the weight is non-zero: keep the masks of an exported sparse model while finetuning it)."""
+    rescale_init: bool = False
+    """With init "random" (training from scratch): multiply each layer's kept weights by 1/sqrt(density), so a unit
+    of a sparse layer starts with the pre-activation variance of the dense init (the sparse-aware init of Evci et
+    al. 2022, "Gradient flow in sparse neural networks"). Without it an 80 %-sparse layer starts with 1/5 of the
+    dense variance, and attention scores (a product of two such layers) with 1/25."""
     pattern: str = "unstructured"
     """"unstructured" (any weight may be pruned) or "2:4" (semi-structured: in every group of 4 consecutive
     weights along a row, i.e. the input dimension, exactly 2 are kept, which sparse tensor cores of sm80+ GPUs
@@ -60,6 +65,9 @@ class SparsityConfig:
         _check_choice("sparsity.distribution", self.distribution, DISTRIBUTIONS)
         _check_choice("sparsity.init", self.init, MASK_INITS)
         _check_choice("sparsity.pattern", self.pattern, PATTERNS)
+        if self.rescale_init and self.init != "random":
+            raise ValueError(f'sparsity.rescale_init rescales a random init for training from scratch: it needs '
+                             f'sparsity.init "random", got {self.init!r} (a pretrained start keeps its weights)')
         if self.pattern == "2:4":
             if self.sparsity != 0.5:
                 raise ValueError(

@@ -83,6 +83,8 @@ class SparsityController:
         self.target_densities = layer_densities(sparsity, {n: tuple(p.shape) for n, p in self.params.items()})
         self.masks = self._given_masks(masks) if masks is not None else self._initial_masks()
         self.initial_masks = {n: m.clone() for n, m in self.masks.items()}
+        if masks is None and sparsity.rescale_init:
+            self._rescale_kept_weights()
         # movement pruning's scores (float32, one per weight), accumulated after every step until pruning ends
         self.movement_scores: dict[str, torch.Tensor] | None = None
         if gmp is not None and gmp.score == "movement":
@@ -273,6 +275,15 @@ class SparsityController:
                 density = max(density, 1.0 - self.gmp.initial_sparsity)
             masks[name] = build(param, kept_count(density, param.numel()), generator)
         return masks
+
+    @torch.no_grad()
+    def _rescale_kept_weights(self) -> None:
+        """sparsity.rescale_init: each layer's weights times 1/sqrt(its density), so that the kept inputs of a unit
+        sum to the dense init's variance (masked weights are zeroed right after, so scaling them is harmless)."""
+        for name, param in self.params.items():
+            density = int(self.masks[name].sum()) / self.masks[name].numel()
+            if 0.0 < density < 1.0:
+                param.mul_(density ** -0.5)
 
     def _global_magnitude_masks(self, sparsity: float, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """The largest |w| of all selected layers together, ``1 - sparsity`` of them (capped at the target)."""

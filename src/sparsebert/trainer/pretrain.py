@@ -25,6 +25,7 @@ from sparsebert.models.pretrained import resolve_pretrained
 from sparsebert.sparsity import SparsityController
 from sparsebert.sparsity.persistence import MASKS_FILE, STATE_FILE
 from sparsebert.trainer.arguments import training_arguments
+from sparsebert.trainer.compile_watch import CompileWatch
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
 
@@ -64,6 +65,7 @@ class PretrainJob:
         assert self.data is not None, "prepare() first"
         cfg = self.cfg
         args = training_arguments(cfg.train, run_dir, cfg.seed, cfg.name)
+        compile_watch = CompileWatch() if cfg.train.torch_compile else None
         trainer = SparseBertTrainer(
             model=self.model,
             args=args,
@@ -73,7 +75,7 @@ class PretrainJob:
             processing_class=self.tokenizer,
             compute_metrics=mlm_accuracy,
             preprocess_logits_for_metrics=scatter_masked_predictions,
-            callbacks=self.callbacks,
+            callbacks=[*self.callbacks, *([compile_watch] if compile_watch else [])],
             tokens_per_sample=cfg.data.max_seq_length,
             **self.hooks,
         )
@@ -88,6 +90,8 @@ class PretrainJob:
         metrics = pretrain_metrics(trainer, result.metrics, final, self.data)
         if trainer.is_world_process_zero():  # plain data for loss curves (--plot loss), beside metrics.json
             atomic_write_json(run_dir / "log_history.json", trainer.state.log_history)
+        if compile_watch is not None and compile_watch.at_warmup_end is not None:
+            metrics["recompiles_after_warmup"] = compile_watch.recompiles
         if trainer.sparsity is not None:
             report = trainer.sparsity.report()
             metrics["sparsity"] = report["selected"]["sparsity"]

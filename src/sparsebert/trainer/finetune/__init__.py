@@ -70,9 +70,12 @@ def pretrain_metrics_of(source_name: str | None, output_root: Path) -> dict[str,
 
 
 def sparsity_of_run(source_name: str | None, output_root: Path) -> SparsityConfig | None:
-    """The sparsity section of our pretraining run, as masks read from its zeros (init "zeros")."""
+    """The sparsity section of our pretraining run, as masks read from its zeros (init "zeros"; how the pretraining
+    run initialized its weights, ``rescale_init``, does not apply to a start from trained ones)."""
     section = finished_run_file(source_name, output_root, "config.json").get("sparsity")
-    return from_dict(SparsityConfig, {**section, "init": "zeros"}, prefix="sparsity") if section else None
+    if not section:
+        return None
+    return from_dict(SparsityConfig, {**section, "init": "zeros", "rescale_init": False}, prefix="sparsity")
 
 
 def check_positions(source: str, max_seq_length: int) -> None:
