@@ -74,7 +74,7 @@ lane 3 small_wiki_sparse_80_rigl_rescaled "$(pretrain small_wiki_sparse_80_rigl_
 # GLUE from every model of the study (the teacher is not one)
 glue 1 bert_small_wiki; glue 1 small_wiki_sparse_80_static; glue 1 small_wiki_sparse_90_kd_onecycle_lr_rigl
 glue 2 small_wiki_sparse_80_rigl; glue 2 small_wiki_sparse_80_rigl_erk; glue 2 small_wiki_dense_kd_onecycle_lr
-glue 1 small_wiki_sparse_80_static_erk; glue 2 small_wiki_sparse_80_gmp; glue 1 small_wiki_sparse_80_rigl_rescaled
+glue 0 small_wiki_sparse_80_static_erk; glue 2 small_wiki_sparse_80_gmp; glue 0 small_wiki_sparse_80_rigl_rescaled
 glue 0 small_wiki_sparse_80_kd_onecycle_lr_rigl  # none on GPU 3: it ends with AFTER_STUDY (a benchmark) alone
 
 # The RigL plateau: 3 000-step variants of small_wiki_sparse_80_rigl against dense at the same length (the linear
