@@ -79,10 +79,9 @@ class SparsityCallback(TrainerCallback):
         report = self.controller.report()
         log.info("sparsity: %s", report["headline"])
 
-    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        # a step the fp16 scaler skipped is not a step for the mask schedules (SkippedStepCounter logs it)
-        skipped = bool(getattr(optimizer, "step_was_skipped", False))
-        stats = self.controller.on_optimizer_step(skipped=skipped)
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        # a step the fp16 scaler skipped is not a step for the mask schedules (SkippedSteps logs it)
+        stats = self.controller.on_optimizer_step(skipped=self.trainer.skipped_steps.last_step_skipped())
         if stats:
             self.trainer.pending_logs.add(stats)
 

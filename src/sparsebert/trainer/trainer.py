@@ -71,17 +71,38 @@ class CompactPrinterCallback(PrinterCallback):
         super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
 
 
-class SkippedStepCounter(TrainerCallback):
-    """Counts optimizer steps the fp16 loss scaler skipped (inf/nan gradients) into the training logs."""
+class SkippedSteps(TrainerCallback):
+    """Which optimizer steps the fp16 loss scaler skipped (inf/nan gradients); their count goes into the training
+    logs as ``fp16_skipped_steps``.
 
-    def __init__(self, pending: PendingLogs):
+    Accelerate's ``step_was_skipped`` is always False for torch's fused Adam / AdamW (the GPU default): GradScaler
+    hands such an optimizer the inf check and calls its ``step`` either way (the kernel skips the update), and
+    Accelerate takes "step was called" for "step was taken". The scaler is the one reliable witness: it lowers its
+    scale exactly when it skipped a step. Reading the scale syncs with the GPU, so only runs with a scaler pay it.
+    """
+
+    def __init__(self, trainer, pending: PendingLogs):
+        self.trainer = trainer
         self.pending = pending
-        self.skipped = 0
+        self.count = 0
+        self._scale_before: float | None = None
 
-    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
-        if getattr(optimizer, "step_was_skipped", False):
-            self.skipped += 1
-            self.pending.add({"fp16_skipped_steps": self.skipped})
+    def _scaler(self):
+        scaler = getattr(self.trainer.accelerator, "scaler", None)
+        return scaler if scaler is not None and scaler.is_enabled() else None
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        scaler = self._scaler()
+        self._scale_before = scaler.get_scale() if scaler is not None else None
+
+    def last_step_skipped(self) -> bool:
+        """Whether the optimizer step just taken was skipped (valid from ``optimizer.step()`` to the next step)."""
+        return self._scale_before is not None and self._scaler().get_scale() < self._scale_before
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        if self.last_step_skipped():
+            self.count += 1
+            self.pending.add({"fp16_skipped_steps": self.count})
 
 
 class ThroughputLoggingMixin:
@@ -98,7 +119,8 @@ class ThroughputLoggingMixin:
         self.pending_logs = PendingLogs()
         self._last_log: tuple[float, int] | None = None
         super().__init__(*args, **kwargs)
-        self.add_callback(SkippedStepCounter(self.pending_logs))
+        self.skipped_steps = SkippedSteps(self, self.pending_logs)
+        self.add_callback(self.skipped_steps)
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if "loss" in logs:
