@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKER = str(REPO / "tests/helpers/ddp_worker.py")
 pytestmark = pytest.mark.slow
 
