@@ -75,7 +75,7 @@ class SparsityController:
         self._masked_state_clean = False
         # the gradients of this step arrived with zeros at masked positions (the sparse all-reduce)
         self._grads_arrive_masked = False
-        self.mask_version = 0  # changes whenever any mask does (communication.py keys its positions by it)
+        self.mask_version = 0  # changes whenever any mask does (distributed/all_reduce.py keys its positions by it)
 
         self.params = select_parameters(model, sparsity)
         if sparsity.pattern == "2:4":
