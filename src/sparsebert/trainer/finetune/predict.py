@@ -32,36 +32,31 @@ from transformers import (
 
 from sparsebert.config import from_dict
 from sparsebert.config.sections import FinetuneConfig
-from sparsebert.data.classification_metrics import classification_metrics
 from sparsebert.data.csv_task import (
     CsvTaskConfig,
     aggregate_folded,
     fold_dataset,
     read_csv_task,
-    write_csv_predictions,
 )
-from sparsebert.data.gap import (
-    gap_features,
-    gap_metrics,
-    read_gap,
-    write_gap_system_file,
-    write_kaggle_submission,
-)
-from sparsebert.data.glue import (
-    featurize_glue,
-    glue_dataset,
-    glue_metrics,
-    read_glue_file,
-    write_glue_test_predictions,
-)
-from sparsebert.data.squad import postprocess_predictions, read_squad, squad_metrics, write_predictions_json
+from sparsebert.data.gap import gap_features, read_gap
+from sparsebert.data.glue import featurize_glue, glue_dataset, read_glue_file
+from sparsebert.data.squad import postprocess_predictions, read_squad
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json
 from sparsebert.sparsity.config import SparsityConfig
+from sparsebert.trainer.finetune.classification_metrics import classification_metrics
 from sparsebert.trainer.finetune.common import softmax
-from sparsebert.trainer.finetune.gap import MODEL_INPUTS, load_gap_model
-from sparsebert.trainer.finetune.squad import squad_features
+from sparsebert.trainer.finetune.csv_task import write_csv_predictions
+from sparsebert.trainer.finetune.gap import (
+    MODEL_INPUTS,
+    gap_metrics,
+    load_gap_model,
+    write_gap_system_file,
+    write_kaggle_submission,
+)
+from sparsebert.trainer.finetune.glue import glue_metrics, write_glue_test_predictions
+from sparsebert.trainer.finetune.squad import squad_features, squad_metrics, write_predictions_json
 
 EXTENSIONS = {"glue": "tsv", "csv": "csv", "squad_v1": "json", "squad_v2": "json", "gap": "csv"}
 
