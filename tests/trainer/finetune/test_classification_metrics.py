@@ -78,6 +78,7 @@ def test_without_matplotlib_the_plot_is_skipped_with_one_warning(tmp_path, monke
 
 
 def test_gap_and_csv_runs_import_matplotlib_only_to_plot():
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -85,6 +86,9 @@ def test_gap_and_csv_runs_import_matplotlib_only_to_plot():
     src = str(Path(__file__).resolve().parents[3] / "src")
     code = (f"import sys; sys.path.insert(0, {src!r}); import sparsebert.trainer.finetune.gap, sparsebert.trainer.finetune.csv_task; "
             "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # without WANDB_MODE, which an earlier test's training_arguments may have left set (transformers then prints
+    # "Running in WANDB offline mode" on import)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"
