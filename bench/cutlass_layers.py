@@ -32,10 +32,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 from cuda_timing import alternating_graph_ms  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
+from sparsebert.export.semi_structured import cusparselt_linear  # noqa: E402
+from sparsebert.export.sparse24_kernel import Library, Sparse24Linear  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
 from sparsebert.sparsity.masks import nm_mask  # noqa: E402
-from sparsebert.sparsity.semi_structured import cusparselt_linear  # noqa: E402
-from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Linear  # noqa: E402
 
 SHAPES = {  # model -> (layer, out, in): the encoder Linear shapes
     "bert-large": [("q/k/v/out", 1024, 1024), ("up", 4096, 1024), ("down", 1024, 4096)],

@@ -25,7 +25,7 @@ leaves MiniLM out.
     python bench/semi_structured.py --model MODEL_DIR --out docs/data/semi_structured.json [--bert-base] [--bert-large]
 
 ``--cuda-graph`` times the variants as CUDA graph replays, which leaves out all host-side work between kernels
-(such as cuSPARSELt's per-call plan set-up, see sparsity/semi_structured.py). ``--compile`` compiles every
+(such as cuSPARSELt's per-call plan set-up, see export/semi_structured.py). ``--compile`` compiles every
 variant's forward first (torch.compile, static shapes); ``--profile`` adds each variant's GPU time by kernel, and
 the GPU's idle time between kernels, at the largest batch.
 """
@@ -61,16 +61,11 @@ from cuda_timing import capture, kernel_profile, ms_per_call  # noqa: E402
 from gpu_clocks import ClockSampler  # noqa: E402
 
 from sparsebert.env_info import git_commit  # noqa: E402
+from sparsebert.export import feed_forward_names, to_semi_structured  # noqa: E402
+from sparsebert.export.semi_structured import BACKENDS, COLUMN_MAJOR_DEFAULT  # noqa: E402
+from sparsebert.export.sparse24_kernel import Library, Sparse24Error, to_sparse24_kernel  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
-from sparsebert.sparsity import (  # noqa: E402
-    SparsityConfig,
-    SparsityController,
-    feed_forward_names,
-    layer_type,
-    to_semi_structured,
-)
-from sparsebert.sparsity.semi_structured import BACKENDS, COLUMN_MAJOR_DEFAULT  # noqa: E402
-from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Error, to_sparse24_kernel  # noqa: E402
+from sparsebert.sparsity import SparsityConfig, SparsityController, layer_type  # noqa: E402
 
 # Relative to the largest |logit| of the dense model: bf16 keeps 8 mantissa bits, and the sparse kernels sum in
 # another order, so a few bf16 ulps per layer add up over the encoder; a wrong weight layout would be O(1).

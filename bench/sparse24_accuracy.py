@@ -29,8 +29,8 @@ from semi_structured import encoder_layers  # noqa: E402
 
 from sparsebert.data.glue import get_glue_task, read_glue_split  # noqa: E402
 from sparsebert.env_info import git_commit  # noqa: E402
+from sparsebert.export import is_two_four, to_sparse24_kernel  # noqa: E402
 from sparsebert.io import atomic_write_json  # noqa: E402
-from sparsebert.sparsity import is_two_four, to_sparse24_kernel  # noqa: E402
 
 
 @torch.inference_mode()

@@ -317,7 +317,7 @@ def test_sparsity_include_matching_nothing_exits_2_in_one_line(tmp_path, capsys,
 
 def test_one_gpu_keeps_the_experiments_dir(tmp_path, capsys, monkeypatch):
     """--gpus with one GPU continues in this process: with the registry it was given, not ./experiments."""
-    import sparsebert.gpus as gpus
+    import sparsebert.distributed.gpus as gpus
 
     monkeypatch.setattr(gpus, "query_gpus", lambda: [gpus.GpuState(0, 1_000, 90), gpus.GpuState(1, 70_000, 0)])
     monkeypatch.delenv("LOCAL_RANK", raising=False)
@@ -331,7 +331,7 @@ def test_one_gpu_keeps_the_experiments_dir(tmp_path, capsys, monkeypatch):
 
 def test_several_gpus_restart_with_the_experiments_dir(tmp_path, capsys, monkeypatch):
 
-    import sparsebert.gpus as gpus
+    import sparsebert.distributed.gpus as gpus
 
     calls = []
     monkeypatch.setattr(gpus, "query_gpus", lambda: [gpus.GpuState(0, 70_000, 0), gpus.GpuState(1, 70_000, 0)])

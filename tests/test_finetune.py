@@ -237,7 +237,7 @@ def test_two_four_masks_hold_through_finetuning(registry, data_dir, tmp_path):
     """A 2:4 run trains, stays 2:4 in every encoder Linear of the saved model, and says so in sparsity.json."""
     from transformers import AutoModelForSequenceClassification
 
-    from sparsebert.sparsity import is_two_four
+    from sparsebert.export import is_two_four
     from sparsebert.sparsity.config import DEFAULT_INCLUDE
 
     run_experiment(registry.build("tiny_glue_2to4", FEW_TRAIN_ROWS), RunOptions(output_root=tmp_path, data_dir=data_dir))

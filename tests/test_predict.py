@@ -248,7 +248,7 @@ def test_sparse24_kernel_refusals_are_one_line_and_write_nothing(rte_run, rte_2t
     is not sm90, no kernel library. (The kernel itself runs in tests/gpu/test_predict_sparse24_gpu.py.)"""
     import torch
 
-    from sparsebert.sparsity.sparse24_kernel import Library
+    from sparsebert.export.sparse24_kernel import Library
 
     rte_file = data_dir / "glue/RTE/dev.tsv"
     unstructured = tmp_path / "unstructured"  # a finished sparse run of another pattern (model never loaded)

@@ -233,7 +233,7 @@ def search(args: argparse.Namespace, registry: Registry, experiments_dir: Path) 
 
 def _use_gpus(spec: str) -> list[int]:
     """Choose the GPUs of ``--gpus SPEC`` and make them the visible ones (before CUDA starts)."""
-    from sparsebert.gpus import allowed_gpus, pick_gpus, query_gpus
+    from sparsebert.distributed.gpus import allowed_gpus, pick_gpus, query_gpus
 
     ids = pick_gpus(spec, allowed_gpus(query_gpus(), os.environ.get("CUDA_VISIBLE_DEVICES")))
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # CUDA's numbering = NVML's, which chose the ids
@@ -247,7 +247,7 @@ def choose_gpus(spec: str, argv: list[str], experiments_dir: Path) -> int:
 
     ``experiments_dir`` is the registry this call found: the continued or restarted run reads the same one, wherever
     its cwd is."""
-    from sparsebert.gpus import torchrun_command, without_gpus_flag
+    from sparsebert.distributed.gpus import torchrun_command, without_gpus_flag
 
     ids = _use_gpus(spec)
     if len(ids) == 1:

@@ -16,7 +16,6 @@ from sparsebert.data.csv_task import (
     fold_texts,
     read_csv_task,
     stratified_split,
-    write_csv_predictions,
 )
 from sparsebert.errors import SparseBertError
 
@@ -253,13 +252,3 @@ def test_required_split_that_comes_out_empty_is_an_error(tmp_path, sst2_slice, t
     with pytest.raises(SparseBertError, match=pattern) as err:
         build_csv_datasets(cfg, tmp_path, tokenizer, max_seq_length=16, seed=0, cache_dir=tmp_path / "cache")
     assert "\n" not in str(err.value)
-
-
-def test_write_csv_predictions(tmp_path):
-    path = tmp_path / "out" / "predictions.csv"
-    write_csv_predictions(path, ["a", "b"], [0, 1], [1, 1], np.array([[0.25, 0.75], [0.1, 0.9]]), ["neg", "pos"])
-    assert path.read_text() == ("row_id,truth,prediction,prob_neg,prob_pos\n"
-                                "a,neg,pos,0.250000,0.750000\n"
-                                "b,pos,pos,0.100000,0.900000\n")
-    with pytest.raises(ValueError):
-        write_csv_predictions(path, ["a"], [0], [1], np.array([[0.5, 0.5]]), ["neg", "pos", "x"])

@@ -22,8 +22,8 @@ from torch import nn
 import sparsebert.trainer.finetune.predict as predict_module
 from sparsebert.cli import main as cli_main
 from sparsebert.config import Registry
+from sparsebert.export.sparse24_kernel import Library, Sparse24Error, Sparse24Linear
 from sparsebert.runner import RunOptions, run_experiment
-from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Error, Sparse24Linear
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (an sm90 one: H100/H200)")

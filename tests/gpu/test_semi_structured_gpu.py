@@ -12,14 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from sparsebert.sparsity import (
-    SemiStructuredLinear,
-    SparsityConfig,
-    SparsityController,
-    feed_forward_names,
-    nm_mask,
-    to_semi_structured,
-)
+from sparsebert.export import SemiStructuredLinear, feed_forward_names, to_semi_structured
+from sparsebert.sparsity import SparsityConfig, SparsityController, nm_mask
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0),
@@ -150,7 +144,7 @@ def test_bert_feed_forward_export_leaves_attention_dense():
 
 
 def test_cusparselt_linear_checks_its_input_and_handles_no_rows():
-    from sparsebert.sparsity.semi_structured import cusparselt_linear
+    from sparsebert.export.semi_structured import cusparselt_linear
 
     if not torch.backends.cusparselt.is_available():
         pytest.skip("this torch build has no cuSPARSELt")

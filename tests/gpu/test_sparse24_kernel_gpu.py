@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
+from sparsebert.export.sparse24_kernel import Library, Sparse24Error, Sparse24Linear, to_sparse24_kernel
 from sparsebert.sparsity import SparsityConfig, SparsityController, nm_mask
-from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Error, Sparse24Linear, to_sparse24_kernel
 
 
 def _library_missing() -> str | None:

@@ -19,7 +19,13 @@ from sparsebert.config.sections import (
     ModelConfig,
     TrainConfig,
 )
-from sparsebert.sparsity.config import GMPConfig, RigLConfig, SparsityConfig, check_gmp_fits
+from sparsebert.sparsity.config import (
+    GMPConfig,
+    RigLConfig,
+    SparsityConfig,
+    check_gmp_fits,
+    check_mask_evolution,
+)
 
 GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
 TASKS = ("mlm", "glue", *(f"glue:{t}" for t in GLUE_TASK_NAMES), "squad_v1", "squad_v2", "gap", "csv")
@@ -87,12 +93,10 @@ class ExperimentConfig:
                 if getattr(self.train.ddp, key):
                     raise ConfigError(f"train.ddp.{key}=true does not work with train.ddp.comm_hook={comm_hook}, which "
                                       "replaces DDP's reducer; set one of them to its default")
-        if self.rigl is not None and self.gmp is not None:
-            raise ConfigError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
-        evolving = self.rigl is not None or self.gmp is not None
-        if evolving and self.sparsity is not None and self.sparsity.pattern == "2:4":
-            raise ConfigError('rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number '
-                              "of weights per group; 2:4 masks stay fixed")
+        try:
+            check_mask_evolution(self.sparsity, self.rigl, self.gmp)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if self.gmp is not None and self.gmp.initial_sparsity > 0 and self.sparsity.init == "random":
             # the starting masks come from sparsity.init: random would delete random weights at step 0
             raise ConfigError("gmp.initial_sparsity > 0 prunes at the start by sparsity.init, and init random "

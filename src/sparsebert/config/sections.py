@@ -113,7 +113,7 @@ class DDPConfig:
     # gradients live in the all-reduce buckets: no copy kernel per parameter and step, less memory
     gradient_as_bucket_view: bool = True
     # "bf16" / "fp16": DDP's hooks, all-reduce gradients in half precision (half the bytes on the wire, rounded
-    # gradients). Instead of DDP's reducer, one flat all-reduce after the backward (sparsity/communication.py;
+    # gradients). Instead of DDP's reducer, one flat all-reduce after the backward (distributed/all_reduce.py;
     # for one whole-model compiled graph, whose gradients are all ready only at its end): "flat" of every
     # gradient, the same averages up to summation order; "flat_bf16" the same rounded to bf16 on the wire;
     # "sparse" (runs with a sparsity section) of only the active weights' gradients, the dense gradient on steps

@@ -1,1 +1,2 @@
-"""Data: one module per task (reading, featurizing, metrics, post-processing)."""
+"""Data: corpora and the cached featurizer; one module per task for reading, featurizing and post-processing (its
+metrics and output writers are in ``trainer/finetune/<task>.py``)."""

@@ -7,7 +7,6 @@ carry the row's label; at evaluation the chunk probabilities are averaged back p
 from __future__ import annotations
 
 import csv
-import io
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,6 @@ import numpy as np
 from sparsebert.config.sections import CsvTaskConfig
 from sparsebert.data.delimited import csv_rows
 from sparsebert.errors import SparseBertError
-from sparsebert.io import atomic_write_text
 
 if TYPE_CHECKING:
     import datasets
@@ -238,23 +236,3 @@ def fold_dataset(texts: Sequence[str], labels: Sequence[int], ids: Sequence[str]
                      fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length, "stride": stride},
                      num_proc=num_proc, remove_columns=["text", "label", "id"], features=features,
                      cache_dir=cache_dir)
-
-
-def write_csv_predictions(path: str | Path, row_ids: Sequence[Any], truth: Sequence[int] | None,
-                          predictions: Sequence[int], probs: Any, label_names: Sequence[str]) -> None:
-    """CSV of row_id, truth, prediction (as label strings) and one ``prob_<label>`` column per class; without
-    ``truth`` (rows that have no label) the truth column is left out."""
-    probs = np.asarray(probs, dtype=np.float64)
-    n = len(row_ids)
-    n_truth = n if truth is None else len(truth)
-    if not n_truth == len(predictions) == probs.shape[0] == n or probs.shape[1] != len(label_names):
-        raise ValueError(f"{n} row ids, {n_truth} truths, {len(predictions)} predictions, "
-                         f"probs {probs.shape} for {len(label_names)} labels")
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["row_id", *(["truth"] if truth is not None else []), "prediction",
-                     *(f"prob_{name}" for name in label_names)])
-    for i, (row_id, p, pr) in enumerate(zip(row_ids, predictions, probs)):
-        t = [label_names[int(truth[i])]] if truth is not None else []
-        writer.writerow([row_id, *t, label_names[int(p)], *(f"{x:.6f}" for x in pr)])
-    atomic_write_text(path, buf.getvalue())

@@ -9,19 +9,14 @@ whether it comes from local TSV files or from the Hugging Face hub.
 from __future__ import annotations
 
 import csv
-import io
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from sparsebert.config.experiment import glue_task_key
 from sparsebert.data.delimited import csv_rows
 from sparsebert.errors import SparseBertError
-from sparsebert.io import atomic_write_text
 
 if TYPE_CHECKING:
     import datasets
@@ -125,18 +120,6 @@ def available_glue_tasks(data_dir: str | Path) -> list[str]:
         name for name, t in GLUE_TASKS.items()
         if all(glue_split_path(data_dir, t, s).is_file() for s in t.splits)
     ]
-
-
-def glue_leaderboard_filename(task: str | GlueTask, split: str | None = None) -> str:
-    """The file name the GLUE leaderboard expects for a test split (``MNLI-m.tsv`` for test_matched)."""
-    t = get_glue_task(task)
-    if split is None:
-        if len(t.test_splits) != 1:
-            raise SparseBertError(f"GLUE task {t.name} has several test splits: name one of {t.test_splits}")
-        split = t.test_splits[0]
-    if split not in t.test_splits:
-        raise SparseBertError(f"GLUE task {t.name} has no test split {split!r}: expected one of {t.test_splits}")
-    return t.leaderboard_files[t.test_splits.index(split)]
 
 
 def read_glue_split(data_dir: str | Path, task: str | GlueTask, split: str) -> list[dict[str, Any]]:
@@ -317,62 +300,3 @@ def featurize_glue(dataset: datasets.Dataset | datasets.DatasetDict, tokenizer: 
     return featurize(dataset, encode_glue_batch, name="glue", tokenizer=tokenizer,
                      fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length, "labeled": labeled},
                      num_proc=num_proc, remove_columns=["text_a", "text_b", "label"], cache_dir=cache_dir)
-
-
-def _as_predictions(t: GlueTask, predictions: Any) -> np.ndarray:
-    p = np.asarray(predictions)
-    if t.is_regression:
-        return p.reshape(-1).astype(np.float64)  # (n, 1) regression head outputs are fine
-    if p.ndim == 2:  # logits or probabilities: take the class with the highest score
-        p = p.argmax(axis=-1)
-    return p.astype(np.int64)
-
-
-def glue_metrics(task: str | GlueTask, predictions: Any, labels: Any) -> dict[str, float]:
-    """The task's GLUE metrics plus ``score``, the leaderboard's number for the task."""
-    from scipy.stats import pearsonr, spearmanr
-    from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
-
-    t = get_glue_task(task)
-    p = _as_predictions(t, predictions)
-    y = np.asarray(labels).reshape(-1) if t.is_regression else np.asarray(labels).astype(np.int64)
-    if p.shape != y.shape:
-        raise ValueError(f"{t.name}: {p.shape[0]} predictions for {y.shape[0]} labels")
-    out: dict[str, float] = {}
-    for name in t.metric_names:
-        if name == "matthews_corr":
-            out[name] = float(matthews_corrcoef(y, p))
-        elif name == "accuracy":
-            out[name] = float(accuracy_score(y, p))
-        elif name == "f1":
-            out[name] = float(f1_score(y, p, pos_label=1, average="binary", zero_division=0))
-        elif name == "pearson":
-            out[name] = float(pearsonr(p, y.astype(np.float64))[0])
-        elif name == "spearman":
-            out[name] = float(spearmanr(p, y.astype(np.float64))[0])
-    out["score"] = float(np.mean([out[m] for m in t.metric_names]))
-    return out
-
-
-def write_glue_test_predictions(task: str | GlueTask, ids: Sequence[int], predictions: Any,
-                                path: str | Path) -> None:
-    """Write a leaderboard submission TSV (``index\\tprediction``).
-
-    Labels are spelled as in the GLUE files: label strings for MNLI/QNLI/RTE, 0/1 for the binary tasks
-    and WNLI; STS-B scores are clipped to [0, 5] and written with three decimals.
-    """
-    t = get_glue_task(task)
-    p = _as_predictions(t, predictions)
-    if len(ids) != len(p):
-        raise ValueError(f"{t.name}: {len(ids)} ids for {len(p)} predictions")
-    buf = io.StringIO()
-    buf.write("index\tprediction\n")
-    for i, pred in zip(ids, p):
-        if t.file_labels is None:
-            value = f"{min(max(float(pred), 0.0), 5.0):.3f}"
-        else:
-            if not 0 <= pred < len(t.file_labels):
-                raise ValueError(f"{t.name}: prediction {pred} is not a class id")
-            value = t.file_labels[pred]
-        buf.write(f"{int(i)}\t{value}\n")
-    atomic_write_text(path, buf.getvalue())

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,12 +17,12 @@ from typing import Any
 import torch
 from transformers import DataCollatorForLanguageModeling, PreTrainedTokenizerBase
 
-from sparsebert.models.bert import static_prediction_rows
 from sparsebert.config.sections import DataConfig
 from sparsebert.data.corpus import corpus_files, iter_documents
 from sparsebert.data.featurize import default_num_proc, featurize, files_digest, source_digest
 from sparsebert.data.paths import HOW_TO_POINT
 from sparsebert.errors import SparseBertError
+from sparsebert.models.bert import static_prediction_rows
 
 log = logging.getLogger(__name__)
 

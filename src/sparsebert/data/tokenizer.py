@@ -7,7 +7,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from sparsebert.errors import SparseBertError
-from sparsebert.models.pretrained import resolve_pretrained
+from sparsebert.results.runs import resolve_pretrained
 
 
 def load_tokenizer(name: str, output_root: Path | None = None) -> PreTrainedTokenizerBase:

@@ -1,7 +1,7 @@
 """GPU kernels of our own, built on demand: ``sparse24.cu``, a 2:4 sparse Linear for sm90 GPUs (CUTLASS SM90).
 
 Build with ``python -m sparsebert.kernels.build`` on any x86-64 Linux machine, GPU or not (it fetches CUDA 13.0's
-compiler and CUTLASS's headers as wheels from PyPI); ``sparsebert.sparsity.sparse24_kernel`` loads the result.
+compiler and CUTLASS's headers as wheels from PyPI); ``sparsebert.export.sparse24_kernel`` loads the result.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@
 // A operand sparse, so it computes D = W x^T: A = W (M = out, K-major), B = x (N = tokens, K-major), and D is
 // written M-major, which is y stored row-major. The bias is one value per row of D (per output feature).
 //
-// Exposed through a C ABI for ctypes (sparsebert/sparsity/sparse24_kernel.py): no torch headers, so one build
+// Exposed through a C ABI for ctypes (sparsebert/export/sparse24_kernel.py): no torch headers, so one build
 // serves any torch. Built by `python -m sparsebert.kernels.build`.
 
 #include <cstdint>

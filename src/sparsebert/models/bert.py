@@ -12,7 +12,8 @@ from transformers.modeling_outputs import MaskedLMOutput
 
 from sparsebert.config.sections import MODEL_SIZES, DataConfig, ModelConfig
 from sparsebert.errors import SparseBertError
-from sparsebert.models.pretrained import dropout_overrides, resolve_pretrained
+from sparsebert.models.pretrained import dropout_overrides
+from sparsebert.results.runs import resolve_pretrained
 
 
 def static_prediction_rows(num_tokens: int, mlm_probability: float) -> int:

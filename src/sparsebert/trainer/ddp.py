@@ -8,7 +8,7 @@ switches Dynamo's DDPOptimizer off for the process (``torch._dynamo.config.optim
 
 ``comm_hook=flat`` / ``flat_bf16`` / ``sparse`` are not DDP hooks: DDP's reducer is left out (each backward runs
 under ``no_sync``), and after the last backward of an optimizer step sparsebert's own sync averages the gradients
-in one flat all-reduce (sparsity/communication.py): all of them, in their own dtype or (fp32 ones) rounded to bf16
+in one flat all-reduce (distributed/all_reduce.py): all of them, in their own dtype or (fp32 ones) rounded to bf16
 on the wire, or (sparse runs) only the active weights' ones, before the sparsity hook and clipping see them. A
 callback builds the sync once the Trainer has wrapped the model.
 """
@@ -23,8 +23,8 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
 from sparsebert.config.sections import DEFAULT_FLAT_PIECES, FLAT_COMM_HOOKS, DDPConfig
+from sparsebert.distributed import all_reduce
 from sparsebert.errors import SparseBertError
-from sparsebert.sparsity import communication
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 class DDPTuningMixin:
     def __init__(self, *args, ddp: DDPConfig | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.gradient_sync: communication.FlatGradientSync | None = None  # built at the start of training
+        self.gradient_sync: all_reduce.FlatGradientSync | None = None  # built at the start of training
         if ddp is None:
             return
         # process-wide: set either way, so a later experiment in the same process gets its own setting
@@ -96,7 +96,7 @@ class FlatAllReduceCallback(TrainerCallback):
             if controller is None:
                 raise SparseBertError("train.ddp.comm_hook=sparse needs a sparsity section (which weights are masked)")
         wire_dtype = torch.bfloat16 if self.comm_hook == "flat_bf16" else None
-        self.trainer.gradient_sync = communication.FlatGradientSync(ddp_module.module, controller,
+        self.trainer.gradient_sync = all_reduce.FlatGradientSync(ddp_module.module, controller,
                                                                     ddp_module.process_group, wire_dtype,
                                                                     self.pieces)
         self._built_for = ddp_module

@@ -21,7 +21,7 @@ from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json
 from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions
-from sparsebert.models.pretrained import resolve_pretrained
+from sparsebert.results.runs import resolve_pretrained
 from sparsebert.sparsity import SparsityController
 from sparsebert.sparsity.persistence import MASKS_FILE, STATE_FILE
 from sparsebert.trainer.arguments import training_arguments

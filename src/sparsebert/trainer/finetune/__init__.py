@@ -22,8 +22,8 @@ from sparsebert.data.glue import available_glue_tasks, get_glue_task
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
-from sparsebert.models.pretrained import resolve_pretrained
 from sparsebert.results.recording import recorded_run, run_record
+from sparsebert.results.runs import resolve_pretrained
 from sparsebert.sparsity import SparsityConfig
 from sparsebert.trainer.finetune.common import FinetuneContext, read_metrics
 from sparsebert.trainer.finetune.csv_task import load_csv, run_csv

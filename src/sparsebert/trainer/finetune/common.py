@@ -17,9 +17,10 @@ from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
-from sparsebert.models.pretrained import pretrained_kwargs, resolve_pretrained
+from sparsebert.models.pretrained import pretrained_kwargs
 from sparsebert.results import Registry
 from sparsebert.results.recording import finished, run_record
+from sparsebert.results.runs import resolve_pretrained
 from sparsebert.trainer.arguments import batch_layout, training_arguments
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer

@@ -1,8 +1,12 @@
-"""CSV / TSV text classification: stratified split, token folding, per-row aggregation, full outputs."""
+"""CSV / TSV text classification: stratified split, token folding, per-row aggregation, full outputs (the
+predictions CSV, the confusion matrix); reading, splitting and folding: ``data/csv_task.py``."""
 
 from __future__ import annotations
 
+import csv
+import io
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -11,8 +15,9 @@ from typing import Any
 import numpy as np
 from transformers import DataCollatorWithPadding
 
-from sparsebert.data.classification_metrics import classification_metrics, plot_confusion_matrix
-from sparsebert.data.csv_task import CsvData, aggregate_folded, build_csv_datasets, write_csv_predictions
+from sparsebert.data.csv_task import CsvData, aggregate_folded, build_csv_datasets
+from sparsebert.io import atomic_write_text
+from sparsebert.trainer.finetune.classification_metrics import classification_metrics, plot_confusion_matrix
 from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, limit, make_trainer, softmax
 from sparsebert.trainer.finetune.glue import load_classifier
 
@@ -69,3 +74,26 @@ def run_csv(ctx: FinetuneContext, inputs: CsvInputs, seed: int, run_dir: Path) -
 
 def _chunk_accuracy(p) -> dict[str, float]:
     return {"accuracy": float((np.asarray(p.predictions).argmax(-1) == p.label_ids).mean())}
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+
+
+def write_csv_predictions(path: str | Path, row_ids: Sequence[Any], truth: Sequence[int] | None,
+                          predictions: Sequence[int], probs: Any, label_names: Sequence[str]) -> None:
+    """CSV of row_id, truth, prediction (as label strings) and one ``prob_<label>`` column per class; without
+    ``truth`` (rows that have no label) the truth column is left out."""
+    probs = np.asarray(probs, dtype=np.float64)
+    n = len(row_ids)
+    n_truth = n if truth is None else len(truth)
+    if not n_truth == len(predictions) == probs.shape[0] == n or probs.shape[1] != len(label_names):
+        raise ValueError(f"{n} row ids, {n_truth} truths, {len(predictions)} predictions, "
+                         f"probs {probs.shape} for {len(label_names)} labels")
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["row_id", *(["truth"] if truth is not None else []), "prediction",
+                     *(f"prob_{name}" for name in label_names)])
+    for i, (row_id, p, pr) in enumerate(zip(row_ids, predictions, probs)):
+        t = [label_names[int(truth[i])]] if truth is not None else []
+        writer.writerow([row_id, *t, label_names[int(p)], *(f"{x:.6f}" for x in pr)])
+    atomic_write_text(path, buf.getvalue())

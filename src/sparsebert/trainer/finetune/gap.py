@@ -1,8 +1,11 @@
-"""GAP pronoun resolution: train on one file, evaluate on another, with the concat / mul / segment head."""
+"""GAP pronoun resolution: train on one file, evaluate on another, with the concat / mul / segment head; the GAP
+metrics, the Kaggle submission and the official scorer's system file (reading, features: ``data/gap.py``)."""
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -11,18 +14,11 @@ from typing import Any
 import numpy as np
 from transformers import default_data_collator
 
-from sparsebert.data.classification_metrics import plot_confusion_matrix
-from sparsebert.data.gap import (
-    GAP_CLASSES,
-    GapExample,
-    gap_features,
-    gap_metrics,
-    read_gap,
-    write_gap_system_file,
-    write_kaggle_submission,
-)
+from sparsebert.data.gap import GapExample, gap_features, read_gap
 from sparsebert.errors import SparseBertError
+from sparsebert.io import atomic_write_text
 from sparsebert.models.gap_heads import GapClassifier
+from sparsebert.trainer.finetune.classification_metrics import plot_confusion_matrix
 from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, make_trainer, softmax
 
 MODEL_INPUTS = ["input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "labels"]
@@ -108,3 +104,76 @@ def load_gap_model(model_dir: str | Path, head: str, encoder_source: str) -> Gap
 
 def _accuracy(p) -> dict[str, float]:
     return {"accuracy": float((np.asarray(p.predictions).argmax(-1) == p.label_ids).mean())}
+
+
+# ---------------------------------------------------------------------------------------------- metrics, outputs
+
+
+def _check_probs(probs: np.ndarray, n: int, what: str) -> np.ndarray:
+    probs = np.asarray(probs, dtype=np.float64)
+    if probs.ndim != 2 or probs.shape[1] != 3 or probs.shape[0] != n:
+        raise SparseBertError(f"{what}: probs must have shape ({n}, 3), got {probs.shape}")
+    return probs
+
+
+def _prf(pred: np.ndarray, gold: np.ndarray) -> tuple[float, float, float]:
+    tp = float(np.sum(pred & gold))
+    precision = tp / pred.sum() if pred.sum() else 0.0
+    recall = tp / gold.sum() if gold.sum() else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return precision, recall, f1
+
+
+GAP_CLASSES = ("A", "B", "Neither")  # label ids 0, 1, 2
+
+
+def gap_metrics(probs: np.ndarray, examples: Sequence[GapExample]) -> dict[str, Any]:
+    """``accuracy``, Kaggle ``log_loss`` and the GAP paper's pairwise ``precision/recall/f1``,
+    ``f1_masculine``, ``f1_feminine`` and ``bias`` = F1(feminine) / F1(masculine) (nan when F1(masculine) = 0),
+    and the 3-class ``confusion_matrix`` (rows = gold A / B / Neither, columns = predicted).
+
+    Pairwise decisions: A-coref is predicted when argmax is A, B-coref when argmax is B; each row gives two
+    decisions scored against its gold A-coref / B-coref (the positive class is "coreferent").
+    """
+    from sklearn.metrics import confusion_matrix  # as classification_metrics does; sklearn loads slowly
+
+    probs = _check_probs(probs, len(examples), "gap_metrics")
+    labels = np.array([ex.label for ex in examples])
+    pred = probs.argmax(axis=1)
+    # Kaggle: clip, renormalize each row, mean negative log probability of the gold class
+    clipped = np.clip(probs, 1e-15, 1 - 1e-15)
+    clipped /= clipped.sum(axis=1, keepdims=True)
+    log_loss = float(-np.mean(np.log(clipped[np.arange(len(labels)), labels])))
+
+    pred_pairs = np.concatenate([pred == 0, pred == 1])
+    gold_pairs = np.concatenate([labels == 0, labels == 1])
+    genders = np.array([ex.gender for ex in examples] * 2)
+    precision, recall, f1 = _prf(pred_pairs, gold_pairs)
+    f1_m = _prf(pred_pairs[genders == "M"], gold_pairs[genders == "M"])[2]
+    f1_f = _prf(pred_pairs[genders == "F"], gold_pairs[genders == "F"])[2]
+    return {
+        "accuracy": float(np.mean(pred == labels)),
+        "log_loss": log_loss,
+        "precision": precision,
+        "recall": recall,
+        "f1": f1,
+        "f1_masculine": f1_m,
+        "f1_feminine": f1_f,
+        "bias": f1_f / f1_m if f1_m else float("nan"),
+        "confusion_matrix": confusion_matrix(labels, pred, labels=[0, 1, 2]).tolist(),
+    }
+
+
+def write_kaggle_submission(path: str | os.PathLike, ids: Sequence[str], probs: np.ndarray) -> None:
+    """Kaggle GAP submission: ``ID,A,B,NEITHER`` header, one row of probabilities per ID (repr floats)."""
+    probs = _check_probs(probs, len(ids), "write_kaggle_submission")
+    lines = ["ID,A,B,NEITHER"] + [f"{i},{p[0]!r},{p[1]!r},{p[2]!r}" for i, p in zip(ids, probs.tolist())]
+    atomic_write_text(path, "\n".join(lines) + "\n")
+
+
+def write_gap_system_file(path: str | os.PathLike, ids: Sequence[str], probs: np.ndarray) -> None:
+    """Input of the official GAP scorer: ``ID<TAB>A-coref<TAB>B-coref`` (TRUE/FALSE from argmax), no header."""
+    pred = _check_probs(probs, len(ids), "write_gap_system_file").argmax(axis=1)
+    tf = {True: "TRUE", False: "FALSE"}
+    lines = [f"{i}\t{tf[bool(p == 0)]}\t{tf[bool(p == 1)]}" for i, p in zip(ids, pred)]
+    atomic_write_text(path, "\n".join(lines) + "\n")

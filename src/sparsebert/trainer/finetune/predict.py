@@ -6,7 +6,7 @@ labels, the task's metrics come back too. Every check (the run, the file, its co
 the model loads and before anything is written; outputs are written atomically.
 
 ``--sparse24-kernel`` runs a 2:4 run's sparse encoder Linears through our CUTLASS kernel
-(:func:`sparsebert.sparsity.to_sparse24_kernel`): the model in bf16 on an sm90 GPU, the library built once with
+(:func:`sparsebert.export.to_sparse24_kernel`): the model in bf16 on an sm90 GPU, the library built once with
 ``python -m sparsebert.kernels.build``. A run that is not 2:4, a machine without CUDA, another GPU or a missing
 library is a one-line error before the model loads.
 """
@@ -32,36 +32,31 @@ from transformers import (
 
 from sparsebert.config import from_dict
 from sparsebert.config.sections import FinetuneConfig
-from sparsebert.data.classification_metrics import classification_metrics
 from sparsebert.data.csv_task import (
     CsvTaskConfig,
     aggregate_folded,
     fold_dataset,
     read_csv_task,
-    write_csv_predictions,
 )
-from sparsebert.data.gap import (
-    gap_features,
-    gap_metrics,
-    read_gap,
-    write_gap_system_file,
-    write_kaggle_submission,
-)
-from sparsebert.data.glue import (
-    featurize_glue,
-    glue_dataset,
-    glue_metrics,
-    read_glue_file,
-    write_glue_test_predictions,
-)
-from sparsebert.data.squad import postprocess_predictions, read_squad, squad_metrics, write_predictions_json
+from sparsebert.data.gap import gap_features, read_gap
+from sparsebert.data.glue import featurize_glue, glue_dataset, read_glue_file
+from sparsebert.data.squad import postprocess_predictions, read_squad
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json
 from sparsebert.sparsity.config import SparsityConfig
+from sparsebert.trainer.finetune.classification_metrics import classification_metrics
 from sparsebert.trainer.finetune.common import softmax
-from sparsebert.trainer.finetune.gap import MODEL_INPUTS, load_gap_model
-from sparsebert.trainer.finetune.squad import squad_features
+from sparsebert.trainer.finetune.csv_task import write_csv_predictions
+from sparsebert.trainer.finetune.gap import (
+    MODEL_INPUTS,
+    gap_metrics,
+    load_gap_model,
+    write_gap_system_file,
+    write_kaggle_submission,
+)
+from sparsebert.trainer.finetune.glue import glue_metrics, write_glue_test_predictions
+from sparsebert.trainer.finetune.squad import squad_features, squad_metrics, write_predictions_json
 
 EXTENSIONS = {"glue": "tsv", "csv": "csv", "squad_v1": "json", "squad_v2": "json", "gap": "csv"}
 
@@ -168,7 +163,7 @@ def check_two_four_run(run: FinishedRun) -> None:
 
 def check_sparse24_device() -> None:
     """An sm90 GPU and the built kernel library, or the one-line error that says which is missing."""
-    from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Error
+    from sparsebert.export.sparse24_kernel import Library, Sparse24Error
 
     if not torch.cuda.is_available():
         raise SparseBertError("--sparse24-kernel needs an sm90 GPU (H100/H200); this machine has no CUDA device; "
@@ -186,9 +181,9 @@ def check_sparse24_device() -> None:
 def convert_to_sparse24(run: FinishedRun, model: nn.Module) -> list[str]:
     """Convert the run's sparse Linears (its ``sparsity`` selection) of ``model`` (bf16, on the GPU) to the 2:4
     kernel; every one must be 2:4 with dimensions the kernel takes. Returns the converted names."""
-    from sparsebert.sparsity import is_two_four, to_sparse24_kernel
+    from sparsebert.export import is_two_four, to_sparse24_kernel
+    from sparsebert.export.sparse24_kernel import ALIGNMENT, Sparse24Error
     from sparsebert.sparsity.selection import select_parameters
-    from sparsebert.sparsity.sparse24_kernel import ALIGNMENT, Sparse24Error
 
     try:
         selected = select_parameters(model, from_dict(SparsityConfig, run.config["sparsity"], prefix="sparsity"))

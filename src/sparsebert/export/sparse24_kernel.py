@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cuda_timing import graph_ms
-from ..kernels import sparse24_library
-from .semi_structured import is_two_four
+from sparsebert.cuda_timing import graph_ms
+from sparsebert.export.semi_structured import is_two_four
+from sparsebert.kernels import sparse24_library
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import f1_score, matthews_corrcoef, precision_score, recall_score
 
-from sparsebert.data.classification_metrics import classification_metrics, plot_confusion_matrix
+from sparsebert.trainer.finetune.classification_metrics import classification_metrics, plot_confusion_matrix
 
 
 def test_binary_by_hand():
@@ -78,14 +78,17 @@ def test_without_matplotlib_the_plot_is_skipped_with_one_warning(tmp_path, monke
 
 
 def test_gap_and_csv_runs_import_matplotlib_only_to_plot():
+    import os
     import subprocess
     import sys
-
     from pathlib import Path
 
-    src = str(Path(__file__).resolve().parents[2] / "src")
+    src = str(Path(__file__).resolve().parents[3] / "src")
     code = (f"import sys; sys.path.insert(0, {src!r}); import sparsebert.trainer.finetune.gap, sparsebert.trainer.finetune.csv_task; "
             "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # without WANDB_MODE, which an earlier test's training_arguments may have left set (transformers then prints
+    # "Running in WANDB offline mode" on import)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "[]"

@@ -41,8 +41,8 @@ from torch.sparse import (
     SparseSemiStructuredTensorCUTLASS,
 )
 
-from .masks import nm_violations
-from .report import layer_type
+from sparsebert.sparsity.masks import nm_violations
+from sparsebert.sparsity.report import layer_type
 
 log = logging.getLogger(__name__)
 

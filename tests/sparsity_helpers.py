@@ -1,9 +1,11 @@
-"""Tiny models and the training loop shared by the sparsity tests (all CPU, a few seconds in total)."""
+"""Tiny models, their fixtures and the training loop shared by the sparsity, export and all-reduce tests (all CPU, a
+few seconds in total); a directory's conftest.py imports the fixtures it uses."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
 import torch
 from torch import nn
 
@@ -60,3 +62,22 @@ def train(
 def assert_masked_weights_zero(controller: SparsityController) -> None:
     for name, param in controller.params.items():
         assert torch.all(param.detach()[~controller.masks[name]] == 0), name
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny tensors run several times faster on one thread than with intra-op threads fighting for 2 cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def tiny_bert() -> nn.Module:
+    return make_tiny_bert()
+
+
+@pytest.fixture
+def mlp() -> nn.Sequential:
+    return make_mlp()

@@ -1,4 +1,6 @@
-"""This process's place in a multi-process job, for code that runs before the Trainer exists."""
+"""Multi-process training: this process's place in the job (here, for code that runs before the Trainer exists),
+the GPU choice of ``--gpus`` (``gpus``) and the flat / sparse all-reduce that replaces DDP's reducer (``all_reduce``).
+"""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ from sparsebert.export import (
 )
 from sparsebert.export.compressed import MASK_SUFFIX, VALUES_SUFFIX, WEIGHTS_NAME
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ENCODER_LINEAR = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                   "intermediate.dense", "output.dense")
 

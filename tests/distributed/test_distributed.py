@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WORKER = str(REPO / "tests/helpers/ddp_worker.py")
 pytestmark = pytest.mark.slow
 
@@ -125,7 +125,7 @@ def test_flat_all_reduces_train_the_same_model_bit_for_bit(ddp_runs, accumulatio
     RigL steps), in one all-reduce after the last micro-batch, without DDP's reducer: the weights and masks after
     12 steps with 2 RigL updates are those of plain DDP, bit for bit, with fewer values sent by sparse; flat_bf16
     sends bf16 values, and its ranks agree. The flat all-reduces run in 3 pieces (the default; one piece is
-    checked against plain DDP on a toy model in tests/sparsity/test_sparsity_communication.py). With 2
+    checked against plain DDP on a toy model in tests/distributed/test_all_reduce.py). With 2
     micro-batches per step (the sync after the last one) sparse alone: the other hooks share its code after the
     backward."""
     hooks = ("none", "sparse", "flat", "flat_bf16") if accumulation == 1 else ("none", "sparse")

@@ -23,7 +23,10 @@ from sparsity_helpers import make_mlp, mlp_loss
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from sparsebert.sparsity import RigLConfig, SparsityConfig, SparsityController, communication
+from sparsebert.distributed import all_reduce
+from sparsebert.sparsity import RigLConfig, SparsityConfig, SparsityController
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _free_port() -> int:
@@ -100,8 +103,8 @@ def _check_case(device: torch.device, rank: int, world: int, mode: str, set_to_n
     plain, sparse = models
     controller = controllers[1]
     with pytest.raises(ValueError, match="are not parameters of this model"):
-        communication.FlatGradientSync(plain.module, controller)  # another model's controller
-    sync = communication.FlatGradientSync(sparse.module, controller if mode == "sparse" else None,
+        all_reduce.FlatGradientSync(plain.module, controller)  # another model's controller
+    sync = all_reduce.FlatGradientSync(sparse.module, controller if mode == "sparse" else None,
                                           wire_dtype=torch.bfloat16 if mode == "flat_bf16" else None,
                                           pieces=pieces)
     sync.track_norm = True  # as the Trainer sets it when clipping inside the fused AdamW step
@@ -255,35 +258,35 @@ def test_flat_all_reduce_in_pieces_matches_plain_ddp(gloo_spawns, mode):
 def test_pieces_are_small_at_the_ends_aligned_and_cover_every_value_once():
     params = [nn.Parameter(torch.zeros(n)) for n in (5000, 700, 2300, 1, 1999)]  # 10 000 values
     position = {id(p): i for i, p in enumerate(params)}
-    cut = communication._cut(params, 4, align=100)
+    cut = all_reduce._cut(params, 4, align=100)
     # 1/8 at each end, the middle 3/4 cut equally; boundaries rounded to 100 values
     assert [(piece.start, piece.end) for piece in cut] == [(0, 1200), (1200, 5000), (5000, 8800), (8800, 10000)]
     assert [(position[id(p)], first, end) for p, first, end in cut[2].segments] == [(1, 0, 700), (2, 0, 2300),
                                                                                   (3, 0, 1), (4, 0, 799)]
     for pieces in (1, 2, 3, 5):
         covered = {i: [] for i in range(len(params))}
-        for piece in communication._cut(params, pieces, align=64):
+        for piece in all_reduce._cut(params, pieces, align=64):
             assert piece.start % 64 == 0 and sum(end - first for _, first, end in piece.segments) == piece.end - piece.start
             for p, first, end in piece.segments:
                 covered[position[id(p)]].append((first, end))
         for i, ranges in covered.items():  # consecutive ranges from 0 to the parameter's size
             assert ranges[0][0] == 0 and ranges[-1][1] == params[i].numel(), (pieces, i)
             assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:])), (pieces, i)
-    assert len(communication._cut(params[3:4], 4)) == 1  # fewer values than pieces: one
+    assert len(all_reduce._cut(params[3:4], 4)) == 1  # fewer values than pieces: one
     # a strided gradient across a boundary: the transposed 16 x 16 one holds values 300..556, pieces end at 64,
     # 512 and 556
     grads = [torch.arange(300.0), torch.arange(256.0).view(16, 16).t()]
     strided = [nn.Parameter(torch.zeros(300)), nn.Parameter(torch.zeros(16, 16).t())]
     for param, grad in zip(strided, grads):
         param.grad = grad
-    pieces = communication._cut(strided, 3, align=64)
+    pieces = all_reduce._cut(strided, 3, align=64)
     assert [(piece.start, piece.end) for piece in pieces] == [(0, 64), (64, 512), (512, 556)]
     buffer = torch.empty(556)
     for piece in pieces:
-        communication.FlatGradientSync._copy_in(piece, buffer)
+        all_reduce.FlatGradientSync._copy_in(piece, buffer)
     assert torch.equal(buffer, torch.cat([grad.reshape(-1) for grad in grads]))
     with pytest.raises(ValueError, match="pieces must be >= 1"):
-        communication.FlatGradientSync(nn.Linear(2, 2), pieces=0)
+        all_reduce.FlatGradientSync(nn.Linear(2, 2), pieces=0)
 
 
 class _AllMasked:
@@ -311,7 +314,7 @@ def _one_rank_worker(rank: int, port: int) -> None:
         model.bias = nn.Parameter(torch.ones(128))  # the last piece (896..1 024), unmasked
         model.empty = nn.Parameter(torch.ones(0, dtype=torch.float64))  # a group with no values at all
         controller = _AllMasked(model.weight)
-        sync = communication.FlatGradientSync(model, controller, pieces=3)
+        sync = all_reduce.FlatGradientSync(model, controller, pieces=3)
         for param in model.parameters():
             param.grad = torch.full_like(param, 2.0)
         sync()
@@ -345,9 +348,9 @@ def test_flat_all_reduce_matches_plain_ddp_over_nccl(mode, pieces):
 
 def test_nccl_average_only_where_it_equals_ddp_s_multiplication():
     """NCCL's average multiplies by 1 / world rounded to the values' dtype: fine in fp32 or at a power of two."""
-    assert communication.nccl_average_is_exact(torch.float32, 3)
-    assert communication.nccl_average_is_exact(torch.float64, 6)
-    assert communication.nccl_average_is_exact(torch.bfloat16, 4)
-    assert communication.nccl_average_is_exact(torch.float16, 8)
-    assert not communication.nccl_average_is_exact(torch.bfloat16, 3)
-    assert not communication.nccl_average_is_exact(torch.float16, 6)
+    assert all_reduce.nccl_average_is_exact(torch.float32, 3)
+    assert all_reduce.nccl_average_is_exact(torch.float64, 6)
+    assert all_reduce.nccl_average_is_exact(torch.bfloat16, 4)
+    assert all_reduce.nccl_average_is_exact(torch.float16, 8)
+    assert not all_reduce.nccl_average_is_exact(torch.bfloat16, 3)
+    assert not all_reduce.nccl_average_is_exact(torch.float16, 6)

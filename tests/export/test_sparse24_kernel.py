@@ -16,9 +16,9 @@ from torch import nn
 from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertIntermediate
 
-from sparsebert.sparsity.sparse24_kernel import Library, Sparse24Error, _exact_gelu, to_sparse24_kernel
+from sparsebert.export.sparse24_kernel import Library, Sparse24Error, _exact_gelu, to_sparse24_kernel
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _fake_toolchain(cache: Path, nvcc_body: str) -> None:

@@ -53,7 +53,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .controller import SparsityController
+from sparsebert.sparsity.controller import SparsityController
 
 
 @dataclass

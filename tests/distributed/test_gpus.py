@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from sparsebert.distributed.gpus import GpuState, allowed_gpus, pick_gpus, torchrun_command, without_gpus_flag
 from sparsebert.errors import SparseBertError
-from sparsebert.gpus import GpuState, allowed_gpus, pick_gpus, torchrun_command, without_gpus_flag
 
 NODE = [GpuState(0, 1_000, 95), GpuState(1, 70_000, 0), GpuState(2, 80_000, 0), GpuState(3, 40_000, 10)]
 

@@ -1,0 +1,3 @@
+"""Fixtures of the export tests: the tiny models of tests/sparsity_helpers.py."""
+
+from sparsity_helpers import mlp, one_thread, tiny_bert  # noqa: F401

@@ -1,0 +1,44 @@
+"""Run lookup: a name is a finished run of ours, a model directory, a hub id, or a mistake named as one."""
+
+from __future__ import annotations
+
+
+def test_an_unfinished_run_directory_is_not_taken_for_a_model(tmp_path):
+    import json
+
+    import pytest
+
+    from sparsebert.errors import SparseBertError
+    from sparsebert.results.runs import resolve_pretrained
+
+    run = tmp_path / "halfrun"  # what a run holds before it exports model/: the experiment's config and env
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"name": "halfrun", "task": "mlm"}))
+    (run / "env.json").write_text("{}")
+    with pytest.raises(SparseBertError, match="halfrun has not finished"):
+        resolve_pretrained("halfrun", tmp_path)
+
+
+def test_a_name_is_a_run_an_org_id_or_a_mistake(tmp_path, monkeypatch):
+    """A bare name that is no run is refused naming the close runs, not passed to the hub to fail as a network
+    error; org/name ids, and legacy names the local hub cache holds, go to the hub."""
+    import huggingface_hub
+    import pytest
+
+    from sparsebert.errors import SparseBertError
+    from sparsebert.results.runs import resolve_pretrained
+
+    runs = tmp_path / "runs"
+    (runs / "bert_small_wiki").mkdir(parents=True)
+    with pytest.raises(SparseBertError, match=rf"kd.teacher bert_smal_wiki: no run bert_smal_wiki exists under {runs} "
+                                              r"\(close: bert_small_wiki\)") as e:
+        resolve_pretrained("bert_smal_wiki", runs, "kd.teacher")
+    assert "hub" not in str(e.value)
+    assert resolve_pretrained("google-bert/bert-base-uncased", runs) == "google-bert/bert-base-uncased"
+    cached = tmp_path / "hub" / "models--bert-base-uncased"
+    (cached / "snapshots" / "abc").mkdir(parents=True)
+    (cached / "snapshots" / "abc" / "config.json").write_text("{}")
+    (cached / "refs").mkdir()
+    (cached / "refs" / "main").write_text("abc")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert resolve_pretrained("bert-base-uncased", runs) == "bert-base-uncased"
