@@ -34,7 +34,7 @@ def test_rows_are_unique_and_the_headline_exists(bench):
     known = keys(bench)
     assert len(known) == len(set(known))
     assert set(bench.HEADLINE) <= set(known)
-    assert bench.HEADLINE[:2] == ("plain", "compiled")  # the references run first, in the fresh process
+    assert bench.HEADLINE[:2] == ("plain", "compiled-mask")  # the references run first, in the fresh process
     assert "ours-static-half-residual-fast-dropout" in bench.HEADLINE
     assert "ours-sparse-static-half-residual-fast-dropout" in bench.HEADLINE
 
@@ -79,7 +79,7 @@ def test_full_decoder_flops_are_the_usual_per_token_count(bench):
 def test_ratios_mfu_and_the_slower_baseline_warning(bench):
     cfg = tiny()
     rows = [{"key": "plain", "samples_per_second": 100.0, "decoder_rows": 64},
-            {"key": "compiled", "samples_per_second": 97.0, "decoder_rows": 64},
+            {"key": "compiled-mask", "samples_per_second": 97.0, "decoder_rows": 64},
             {"key": "ours-static", "samples_per_second": 150.0, "decoder_rows": 10}]
     warnings = bench.add_metrics(rows, cfg, batch=4, peak_tflops=1.0)
     assert [r["ratio_vs_plain"] for r in rows] == pytest.approx([1.0, 0.97, 1.5])
@@ -111,11 +111,11 @@ def test_report_json(bench, tmp_path, capsys):
     import json
 
     rows = [{"key": key, "variant": key, "samples_per_second": sps, "decoder_rows": rows, "peak_memory_gb": None}
-            for key, sps, rows in (("plain", 100.0, 4 * 128), ("compiled", 90.0, 4 * 128), ("ours", 150.0, 80))]
+            for key, sps, rows in (("plain", 100.0, 4 * 128), ("compiled-mask", 90.0, 4 * 128), ("ours", 150.0, 80))]
     args = argparse.Namespace(batch=4, peak_tflops=2.0, peak_source="--peak-tflops", out=tmp_path / "r.json")
     bench.report(rows, 10, args)
     out = json.loads(args.out.read_text())
-    assert out["plain"] == "plain" and out["baseline"] == "compiled" and len(out["warnings"]) == 1
+    assert out["plain"] == "plain" and out["baseline"] == "compiled-mask" and len(out["warnings"]) == 1
     assert {"samples_per_second", "ratio_vs_plain", "ratio_vs_baseline", "model_tflops_per_step", "mfu",
             "mfu_baseline_flops"} <= set(out["runs"][2])
     assert "WARNING" in capsys.readouterr().out

@@ -334,3 +334,14 @@ def test_rescale_init_keeps_the_mask_and_scales_kept_weights_exactly():
 def test_rescale_init_needs_a_random_init():
     with pytest.raises(ValueError, match='rescale_init .* needs sparsity.init "random"'):
         SparsityConfig(init="magnitude", rescale_init=True).validate()
+
+
+def test_the_report_gives_rigls_changes_per_layer():
+    model, controller, optimizer = _rigl_bert()
+    assert set(controller.report()["rigl_changed_since_start"].values()) == {0.0}
+    train(model, controller, optimizer, 6, bert_loss)
+    changed = controller.report()["rigl_changed_since_start"]
+    assert set(changed) == set(controller.masks) and all(0.0 < v <= 1.0 for v in changed.values())
+    name = next(iter(changed))
+    initial, now = controller.initial_masks[name], controller.masks[name]
+    assert changed[name] == int((initial & ~now).sum()) / int(initial.sum())

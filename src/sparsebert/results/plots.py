@@ -68,7 +68,11 @@ def _finish(fig, ax, title: str, path: str | os.PathLike) -> None:
     import matplotlib.pyplot as plt
 
     ax.set_title(title)
-    ax.legend(fontsize=8)
+    if len(ax.get_legend_handles_labels()[0]) > 8:  # many runs: the legend beside the plot, not over the curves
+        fig.set_size_inches(fig.get_figwidth() + 4, fig.get_figheight())
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     try:

@@ -248,7 +248,15 @@ class SparsityController:
         self.load_state_dict(load_sparsity_state(directory))
 
     def report(self) -> dict[str, Any]:
-        return sparsity_report(self.model, self.masks, pattern=self.sparsity.pattern)
+        """The sparsity report (``sparsity.json``); with RigL also, per layer, the share of its initially active
+        weights that have moved away since the start (the console shows only the total)."""
+        report = sparsity_report(self.model, self.masks, pattern=self.sparsity.pattern)
+        if self.rigl is not None:
+            names = list(self.masks)
+            gone = _counts([self.initial_masks[n] & ~self.masks[n] for n in names])
+            initial = _counts([self.initial_masks[n] for n in names])
+            report["rigl_changed_since_start"] = {n: g / i if i else 0.0 for n, g, i in zip(names, gone, initial)}
+        return report
 
     def _initial_masks(self) -> dict[str, torch.Tensor]:
         if self.sparsity.pattern == "2:4":
