@@ -28,10 +28,11 @@ def mlm_table(records) -> str:
         m = rec.metrics
         sparsity = "dense" if rec.sparsity is None else f"{rec.sparsity:.3f}"
         accuracy = m.get("masked_accuracy")
+        recompiles = m.get("recompiles_after_warmup")  # the registry keeps numbers as floats
         lines.append(f"| `{rec.experiment}` | {m.get('global_step', 0):.0f} | {m['eval_loss']:.3f} | "
                      f"{math.exp(m['eval_loss']):.1f} | {'-' if accuracy is None else f'{100 * accuracy:.1f} %'} | "
                      f"{sparsity} | {m.get('train_samples_per_second', 0):.0f} | "
-                     f"{m.get('recompiles_after_warmup', '-')} |")
+                     f"{'-' if recompiles is None else int(recompiles)} |")
     return "\n".join(lines)
 
 
