@@ -14,8 +14,9 @@ loss scaler (which uses ``grad_scale`` itself), DDP or a single process (DeepSpe
 and no DTensor gradients (tensor parallelism). Elsewhere the Trainer clips as usual.
 
 Under sparsebert's flat all-reduce (``train.ddp.comm_hook=flat``, ``flat_bf16``, ``sparse``) the norm comes from
-the all-reduce itself (the step asks for it once a clip target is chosen, and hands it to ``clip``): it squares and sums each averaged piece as soon as that piece arrives, while the next
-piece is still on the wire, so after the last all-reduce only the last piece's sum is left
+the all-reduce itself (the step asks for it once a clip target is chosen, and hands it to ``clip``): it squares
+and sums each averaged piece as soon as that piece arrives, while the next piece is still on the wire, so after
+the last all-reduce only the last piece's sum is left
 (distributed/all_reduce.py). A sparse run uses that norm only on steps where the sparse all-reduce already left
 zeros at masked positions; on other steps the masked gradients are zeroed after the all-reduce, and the norm is
 taken over the gradients as the optimizer will see them.

@@ -16,7 +16,8 @@ Trainer attributes:
 - ``TrainingArguments._n_gpu``: the process trains on one GPU where the Trainer would use DataParallel.
 torch:
 - ``torch._dynamo.config.optimize_ddp``: Dynamo's DDPOptimizer (``train.ddp.split_compiled_graphs``).
-- ``torch._inductor.config.coordinate_descent_tuning``: Inductor's kernel tuning (``train.torch_compile_tune_kernels``).
+- ``torch._inductor.config.coordinate_descent_tuning``: Inductor's kernel tuning
+  (``train.torch_compile_tune_kernels``).
 - ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: graphs compiled so far (CompileWatch).
 - ``OptimizedModule._orig_mod``: the module torch.compile wraps (to find DDP under it).
 """
