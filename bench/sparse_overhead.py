@@ -40,6 +40,7 @@ from sparsebert.models.bert import build_mlm_model, scatter_masked_predictions  
 from sparsebert.sparsity.rigl import rigl_update_due  # noqa: E402
 from sparsebert.trainer.arguments import training_arguments  # noqa: E402
 from sparsebert.trainer.hooks import build_hooks  # noqa: E402
+from sparsebert.trainer.prepare import prepare_model  # noqa: E402
 from sparsebert.trainer.profiling import HostSyncCounter  # noqa: E402
 from sparsebert.trainer.trainer import SparseBertTrainer  # noqa: E402
 
@@ -89,7 +90,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
         overrides = [*overrides, f"rigl.end_step={steps + 1}"]
     cfg = registry.build(name, overrides)
     torch.manual_seed(cfg.seed)
-    model = build_mlm_model(cfg.model, tokenizer, cfg.data)
+    model = prepare_model(build_mlm_model(cfg.model, tokenizer, cfg.data), cfg)
     hooks = build_hooks(cfg, model, cfg.train.max_steps, cfg.seed)
     timer = StepTimer(warmup)
     # host-GPU synchronizations in warm-up steps warmup-5 .. warmup-1 (compiled and recorded by then; untimed,

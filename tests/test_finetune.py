@@ -210,24 +210,24 @@ def test_glue_test_split_gets_leaderboard_predictions(registry, data_dir, tmp_pa
 def test_distillation_from_a_finetuned_teacher(registry, data_dir, request, student, teacher, task):
     """The student distills from the finished teacher run in its output root: the tiny_gap / tiny_squad run of the
     gap_root / squad_root fixture, tested above."""
-    from sparsebert.trainer.distillation import DistillationMixin
+    from sparsebert.trainer.trainer import SparseBertTrainer
 
     root, _ = request.getfixturevalue(f"{teacher.removeprefix('tiny_')}_root")
     assert (root / teacher / task / "run0" / "DONE").is_file()
 
     seen = []
-    original = DistillationMixin.compute_loss
+    original = SparseBertTrainer.compute_loss
 
     def spy(self, model, inputs, *args, **kwargs):
         seen.append(self.teacher is not None and model.training)
         return original(self, model, inputs, *args, **kwargs)
 
     opts = RunOptions(output_root=root, data_dir=data_dir)
-    DistillationMixin.compute_loss = spy
+    SparseBertTrainer.compute_loss = spy
     try:
         run_experiment(registry.build(student, FEW_TRAIN_ROWS), opts)
     finally:
-        DistillationMixin.compute_loss = original
+        SparseBertTrainer.compute_loss = original
     assert any(seen)  # the teacher was used for the training losses
     metrics = json.loads((root / student / task / "run0" / "metrics.json").read_text())
     assert metrics["global_step"] > 0

@@ -105,10 +105,11 @@ def test_gap_heads_use_every_parameter(head):
 def tiny_trainer(registry, tmp_path, overrides: list[str]):
     """SparseBertTrainer over a tiny MLM model, with bert_tiny_quick's sections plus ``overrides``."""
     from sparsebert.trainer.hooks import build_hooks
+    from sparsebert.trainer.prepare import prepare_model
     from sparsebert.trainer.trainer import SparseBertTrainer
 
     cfg = registry.build("bert_tiny_quick", overrides)
-    model = BertForMaskedLMAtMasked(BertConfig(**TINY))
+    model = prepare_model(BertForMaskedLMAtMasked(BertConfig(**TINY)), cfg)
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
     return SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
 

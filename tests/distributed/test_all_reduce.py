@@ -107,13 +107,14 @@ def _check_case(device: torch.device, rank: int, world: int, mode: str, set_to_n
     sync = all_reduce.FlatGradientSync(sparse.module, controller if mode == "sparse" else None,
                                           wire_dtype=torch.bfloat16 if mode == "flat_bf16" else None,
                                           pieces=pieces)
-    sync.track_norm = True  # as the Trainer sets it when clipping inside the fused AdamW step
     reducer_calls = []  # DDP's reducer must stay out: averaging twice would not show at 2 ranks
     sparse.register_comm_hook(None, lambda state, bucket: reducer_calls.append(1) or keep(bucket))
     total = sum(p.numel() for p in plain.parameters() if p.requires_grad)
     masked_numel = sum(m.numel() for m in controller.masks.values())
     expected_sent = 0
     generator = torch.Generator().manual_seed(100 + rank)  # every rank its own batches
+
+    results = []
 
     def backward(model: DDP, state: torch.Tensor, then_sync=None) -> dict[str, torch.Tensor]:
         generator.set_state(state)
@@ -122,7 +123,8 @@ def _check_case(device: torch.device, rank: int, world: int, mode: str, set_to_n
         else:
             with model.no_sync():  # as the Trainer runs it: no reducer
                 mlp_loss(lambda x: model(x.to(device)), generator).backward()
-            then_sync()
+            # track_norm: as the Trainer asks when clipping inside the fused AdamW step
+            results.append(then_sync(track_norm=True))
         return {name: p.grad.clone() for name, p in model.module.named_parameters() if p.grad is not None}
 
     for step in range(1, 5):
@@ -139,19 +141,19 @@ def _check_case(device: torch.device, rank: int, world: int, mode: str, set_to_n
             assert mask is None or sent_dense or torch.equal(grad == 0, want == 0), (step, name)
         side = sparse.module.side
         assert side.grad.stride() == side.stride()  # a fused optimizer's layout, not the flat buffer's
-        assert controller._grads_arrive_masked is not sent_dense  # else the controller masks them itself
+        result = results[-1]
+        assert result.masked is not sent_dense  # else the controller masks them itself
         # the norm summed piece by piece is that of the averaged gradients; on a masked call it is also that of
         # the gradients the optimizer sees (below, after the controller's zeroing)
-        assert sync.masked_last_call is not sent_dense
         grads_norm = torch.linalg.vector_norm(torch.cat([g.double().flatten() for g in got.values()]))
-        torch.testing.assert_close(sync.gradient_norm.double(), grads_norm, rtol=1e-6, atol=0, msg=str(step))
+        torch.testing.assert_close(result.norm.double(), grads_norm, rtol=1e-6, atol=0, msg=str(step))
         active = sum(int(m.sum()) for m in controller.masks.values())
         expected_sent += total if sent_dense else total - masked_numel + active
         for c in controllers:
-            c.before_optimizer_step()
-        if sync.masked_last_call:
+            c.before_optimizer_step(grads_masked=c is controller and result.masked)
+        if result.masked:
             after = [p.grad.double().flatten() for p in sparse.module.parameters() if p.grad is not None]
-            torch.testing.assert_close(sync.gradient_norm.double(), torch.linalg.vector_norm(torch.cat(after)),
+            torch.testing.assert_close(result.norm.double(), torch.linalg.vector_norm(torch.cat(after)),
                                        rtol=1e-6, atol=0, msg=str(step))
         for (name, a), b in zip(plain.module.named_parameters(), sparse.module.parameters()):
             if a.grad is None or b.grad is None:  # the frozen bias
@@ -296,13 +298,9 @@ class _AllMasked:
         self.params = {"weight": weight}
         self.masks = {"weight": torch.zeros_like(weight, dtype=torch.bool)}
         self.mask_version = 0
-        self.masked_steps = []
 
     def dense_gradients_due(self) -> bool:
         return False
-
-    def note_gradients_masked(self, masked: bool) -> None:
-        self.masked_steps.append(masked)
 
 
 def _one_rank_worker(rank: int, port: int) -> None:
@@ -317,14 +315,14 @@ def _one_rank_worker(rank: int, port: int) -> None:
         sync = all_reduce.FlatGradientSync(model, controller, pieces=3)
         for param in model.parameters():
             param.grad = torch.full_like(param, 2.0)
-        sync()
+        result = sync()
         plan = sync._plans[(torch.float32, torch.device("cpu"))]
         assert [(piece.start, piece.end) for piece in plan.pieces] == [(0, 128), (128, 896), (896, 1024)]
         assert [None if piece.index is None else piece.index.numel() for piece in plan.pieces] == [0, 0, None]
         assert torch.equal(model.weight.grad, torch.zeros(896))  # nothing sent, nothing kept
         assert torch.equal(model.bias.grad, torch.full((128,), 2.0))  # the average over one rank
         assert model.empty.grad.numel() == 0 and (torch.float64, torch.device("cpu")) not in sync._plans
-        assert sync.sent_fraction() == 128 / 1024 and controller.masked_steps == [True]
+        assert sync.sent_fraction() == 128 / 1024 and result.masked is True
     finally:
         dist.destroy_process_group()
 

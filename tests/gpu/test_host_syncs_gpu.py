@@ -21,6 +21,7 @@ from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.models.bert import build_mlm_model
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
+from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.profiling import HostSyncCounter
 from sparsebert.trainer.trainer import SparseBertTrainer
 
@@ -53,7 +54,7 @@ def _syncs_per_step(async_copy: bool) -> dict:
     ids[:, 0], ids[:, -1] = tokenizer.cls_token_id, tokenizer.sep_token_id
     data = datasets.Dataset.from_dict({"input_ids": ids.tolist()})
     torch.manual_seed(0)
-    model = build_mlm_model(cfg.model, tokenizer, cfg.data)
+    model = prepare_model(build_mlm_model(cfg.model, tokenizer, cfg.data), cfg)
     counter = HostSyncCounter(start=5, steps=8)
     with tempfile.TemporaryDirectory() as tmp:
         SparseBertTrainer(model=model, args=training_arguments(cfg.train, Path(tmp), cfg.seed, "syncs"),

@@ -75,19 +75,18 @@ def record_communication() -> None:
 
     import torch
 
-    from sparsebert.trainer.clipping import ClipInOptimizerMixin
+    from sparsebert.trainer.clipping import ClipInOptimizer
 
-    norm_from_all_reduce = ClipInOptimizerMixin._norm_from_all_reduce
+    clip = ClipInOptimizer.clip
 
-    def counted_norm(self, sync):
-        norm = norm_from_all_reduce(self, sync)
-        if norm is not None:
+    def counted_clip(self, model, max_norm, norm_from_sync):
+        if norm_from_sync is not None:  # the norm the flat all-reduce summed, handed on by the step
             NORMS_FROM_ALL_REDUCE[0] += 1
-            grads = [p.grad.double().flatten() for p in self.model.parameters() if p.grad is not None]
-            NORM_ERRORS.append(abs(float(norm) / float(torch.linalg.vector_norm(torch.cat(grads))) - 1))
-        return norm
+            grads = [p.grad.double().flatten() for p in model.parameters() if p.grad is not None]
+            NORM_ERRORS.append(abs(float(norm_from_sync) / float(torch.linalg.vector_norm(torch.cat(grads))) - 1))
+        return clip(self, model, max_norm, norm_from_sync)
 
-    ClipInOptimizerMixin._norm_from_all_reduce = counted_norm
+    ClipInOptimizer.clip = counted_clip
 
 
 class RankDigest(TrainerCallback):

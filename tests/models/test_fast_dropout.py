@@ -16,6 +16,7 @@ from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.fast_dropout import HashDropout, _keep_mask, hash_dropout, use_hash_dropout
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
+from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,6 +139,6 @@ def test_the_trainer_converts_the_model_it_trains(tmp_path, on):
     cfg = Registry.from_directory(REPO / "experiments").build("bert_tiny_quick", [f"model.fast_dropout={flag}"])
     model, _, _ = _tiny_mlm(0.1)
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
-    SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
+    SparseBertTrainer(model=prepare_model(model, cfg), args=args, **build_hooks(cfg, model, 10, cfg.seed))
     assert any(isinstance(m, HashDropout) for m in model.modules()) == on
     assert any(type(m) is nn.Dropout for m in model.modules()) != on

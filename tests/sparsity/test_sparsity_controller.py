@@ -44,8 +44,7 @@ def test_gradients_the_all_reduce_masked_are_not_masked_again_for_one_step(mlp):
     controller = SparsityController(mlp, SparsityConfig(sparsity=0.75, include=["weight$"]))
     for p in mlp.parameters():
         p.grad = torch.ones_like(p)
-    controller.note_gradients_masked(True)  # what the sparse all-reduce reports after averaging
-    controller.before_optimizer_step()
+    controller.before_optimizer_step(grads_masked=True)  # what the sparse all-reduce reports after averaging
     assert all(bool((p.grad == 1).all()) for p in controller.params.values())  # the masking was skipped
     controller.before_optimizer_step()  # the report holds for one step only
     assert all(torch.equal(p.grad, controller.masks[n].float()) for n, p in controller.params.items())

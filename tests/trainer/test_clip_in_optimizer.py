@@ -60,7 +60,7 @@ def test_clipping_inside_fused_adamw_is_the_trainer_s_clipping(tmp_path, sentenc
     theirs, their_norms, _ = _train(tmp_path / "b", sentences, len(tokenizer), *fused, "train.clip_in_optimizer=false")
     unclipped, _, _ = _train(tmp_path / "c", sentences, len(tokenizer), *fused, "train.max_grad_norm=1e9")
     inner = trainer.optimizer.optimizer
-    assert trainer._clip_target is inner and type(inner) is torch.optim.AdamW and inner.defaults["fused"]
+    assert trainer.clipping.target is inner and type(inner) is torch.optim.AdamW and inner.defaults["fused"]
     assert not hasattr(inner, "grad_scale")  # taken off after each step: nothing reads it as a loss scale
     assert len(our_norms) == STEPS and min(our_norms) > 20 * 0.05
     assert our_norms == pytest.approx(their_norms, rel=1e-5)
@@ -77,7 +77,7 @@ def test_other_optimizers_clip_as_the_trainer_does(tmp_path, sentences, tokenize
     clip = [f"train.optim={optim}", "train.max_grad_norm=0.05"]
     ours, _, trainer = _train(tmp_path / "a", sentences, len(tokenizer), *clip)
     theirs, _, _ = _train(tmp_path / "b", sentences, len(tokenizer), *clip, "train.clip_in_optimizer=false")
-    assert trainer._clip_target is None and trainer._clip_target_checked
+    assert trainer.clipping.target is None and trainer.clipping.checked
     assert torch.equal(ours, theirs)
 
 

@@ -14,6 +14,7 @@ from sparsebert.config import Registry
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
+from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.residual_precision import AutocastDtypeLayerNorm, use_half_precision_residual
 from sparsebert.trainer.trainer import SparseBertTrainer
 
@@ -75,7 +76,7 @@ def test_the_trainer_converts_the_model_it_trains(tmp_path, on):
         "bert_tiny_quick", [f"model.half_precision_residual={str(on).lower()}"])
     model, _, _ = _model_and_batch()
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
-    SparseBertTrainer(model=model, args=args, **build_hooks(cfg, model, 10, cfg.seed))
+    SparseBertTrainer(model=prepare_model(model, cfg), args=args, **build_hooks(cfg, model, 10, cfg.seed))
     kinds = {type(m) for m in model.modules() if isinstance(m, nn.LayerNorm)}
     assert kinds == ({AutocastDtypeLayerNorm} if on else {nn.LayerNorm})
 

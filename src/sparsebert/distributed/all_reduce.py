@@ -56,6 +56,14 @@ from torch import nn
 from sparsebert.sparsity.controller import SparsityController
 
 
+@dataclass(frozen=True)
+class SyncResult:
+    """What one sync hands on to the rest of the optimizer step."""
+
+    norm: torch.Tensor | None  # the averaged gradients' 2-norm (asked for with track_norm), else None
+    masked: bool  # zeros already at every masked position: the controller need not mask again
+
+
 @dataclass
 class _Piece:
     start: int  # the piece's range of the group's flat buffer
@@ -86,10 +94,11 @@ class FlatGradientSync:
     ``sent_fraction()``: gradient values on the wire relative to plain DDP, over every call so far (1.0 without
     a controller).
 
-    ``track_norm`` (set by whoever clips): each call also leaves the 2-norm of all averaged gradients in
-    ``gradient_norm``, summed from each piece's squares as the piece arrives, so only the last piece's sum is left
-    after the last all-reduce. ``masked_last_call``: whether that call sent active values only (zeros at masked
-    positions), so the norm is that of the gradients the sparse model's optimizer sees.
+    A call returns a :class:`SyncResult`. ``track_norm=True`` (whoever clips asks for it): the result carries the
+    2-norm of all averaged gradients, summed from each piece's squares as the piece arrives, so only the last
+    piece's sum is left after the last all-reduce. ``masked``: whether that call sent active values only (zeros at
+    masked positions), so the norm is that of the gradients the sparse model's optimizer sees and the controller
+    need not mask them again.
     """
 
     def __init__(self, model: nn.Module, controller: SparsityController | None = None,
@@ -114,14 +123,11 @@ class FlatGradientSync:
         self._plans: dict[tuple[torch.dtype, torch.device], _Plan] = {}
         self.sent = 0
         self.dense = 0
-        self.track_norm = False
-        self.gradient_norm: torch.Tensor | None = None
-        self.masked_last_call = False
 
     def sent_fraction(self) -> float:
         return self.sent / self.dense if self.dense else 1.0
 
-    def __call__(self) -> None:
+    def __call__(self, track_norm: bool = False) -> SyncResult:
         dense = self.controller is None or self.controller.dense_gradients_due()
         groups: dict[tuple[torch.dtype, torch.device], list[nn.Parameter]] = {}
         for name, param in self.named:
@@ -134,17 +140,17 @@ class FlatGradientSync:
         squares: list[torch.Tensor] = []  # each piece's sum of squared averages (track_norm)
         for group_key, params in groups.items():
             if any(param.numel() for param in params):  # a group of empty parameters has nothing to average
-                self._average(params, self._plan(group_key, params, sparse=not dense), not dense, squares)
+                self._average(params, self._plan(group_key, params, sparse=not dense), not dense, squares,
+                              track_norm)
         self._plans = {k: plan for k, plan in self._plans.items() if k in groups}
-        self.masked_last_call = self.controller is not None and not dense
-        if self.controller is not None:
-            self.controller.note_gradients_masked(not dense)
-        self.gradient_norm = None
-        if self.track_norm:
+        norm = None
+        if track_norm:
             device = next(iter(groups))[1] if groups else None
-            self.gradient_norm = torch.stack(squares).sum().sqrt() if squares else torch.zeros((), device=device)
+            norm = torch.stack(squares).sum().sqrt() if squares else torch.zeros((), device=device)
+        return SyncResult(norm=norm, masked=self.controller is not None and not dense)
 
-    def _average(self, params: list[nn.Parameter], plan: _Plan, sparse: bool, squares: list[torch.Tensor]) -> None:
+    def _average(self, params: list[nn.Parameter], plan: _Plan, sparse: bool, squares: list[torch.Tensor],
+                 track_norm: bool) -> None:
         """Per piece: copy its gradients into the flat buffer (rounded into a ``wire_dtype`` buffer instead when
         every value of it is sent) and start its all-reduce; then, as each finishes, put its averages into the
         flat buffer, whose views the gradients become (and, with ``track_norm``, append the sum of their squares
@@ -174,7 +180,7 @@ class FlatGradientSync:
                 flat.index_copy_(0, index, wire.to(dtype))
             elif rounded:  # a batched, casting copy: copy_ back ran a non-vectorized kernel
                 torch._foreach_copy_([flat[piece.start:piece.end]], [wire])
-            if self.track_norm and wire.numel():
+            if track_norm and wire.numel():
                 at_least_fp32 = torch.promote_types(wire.dtype, torch.float32)  # bf16 summed in fp32
                 squares.append(torch.linalg.vector_norm(wire, dtype=at_least_fp32).float().square())
         self._use_as_gradients(params, flat)

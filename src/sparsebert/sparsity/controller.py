@@ -67,8 +67,6 @@ class SparsityController:
         self._grads_masked = False  # before_optimizer_step ran since the last optimizer step
         # the optimizer's moments are 0 at every masked position (see _optimizer_keeps_zeros)
         self._masked_state_clean = False
-        # the gradients of this step arrived with zeros at masked positions (the sparse all-reduce)
-        self._grads_arrive_masked = False
         self.mask_version = 0  # changes whenever any mask does (distributed/all_reduce.py keys its positions by it)
 
         self.params = select_parameters(model, sparsity)
@@ -120,22 +118,18 @@ class SparsityController:
         """Whether the coming optimizer step needs the gradient of masked weights too (a RigL update)."""
         return self.rigl is not None and rigl_update_due(self.step + 1, self.rigl, self.rigl_end_step)
 
-    def note_gradients_masked(self, masked: bool) -> None:
-        """Called by the sparse all-reduce after a backward: whether every selected layer's gradient already has
-        zeros at its masked positions, so ``before_optimizer_step`` need not mask it again (85 M values for
-        BERT-base)."""
-        self._grads_arrive_masked = masked
-
-    def before_optimizer_step(self) -> None:
+    def before_optimizer_step(self, grads_masked: bool = False) -> None:
         """Call once per optimizer step after the last backward and before gradient clipping.
 
         If a RigL update is due at this step, keep a copy of the dense gradient (growth is scored with the
         gradient of this very step's batch, never an extra one). Then zero the gradient of masked weights, so
         clipping and the optimizer see only the sparse model's gradient and the optimizer state of masked
-        positions stays empty (skipped when the sparse all-reduce reported, for this step, that it already did).
+        positions stays empty.
+
+        ``grads_masked``: every selected layer's gradient already has zeros at its masked positions (the sparse
+        all-reduce's result for this step), so masking them again is skipped (85 M values for BERT-base).
         Under fp16 the copy is loss-scaled: ranking by magnitude does not change.
         """
-        arrived_masked, self._grads_arrive_masked = self._grads_arrive_masked, False
         with_grad = [name for name, p in self.params.items() if p.grad is not None]
         if self.dense_gradients_due():
             missing = [name for name, p in self.params.items() if p.grad is None]
@@ -144,7 +138,7 @@ class SparsityController:
                                  "gradient (frozen, or unused in the forward pass); exclude it through "
                                  "sparsity.exclude")
             self._growth_grads = {n: p.grad.detach().clone() for n, p in self.params.items()}
-        if not arrived_masked:
+        if not grads_masked:
             # a layer without a gradient (frozen) is skipped; every other one is masked
             apply_masks_([self.params[name].grad for name in with_grad], [self.masks[name] for name in with_grad])
         self._grads_masked = True

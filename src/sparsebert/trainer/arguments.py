@@ -12,6 +12,7 @@ from transformers import TrainingArguments
 from sparsebert.config.sections import TrainConfig
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
+from sparsebert.trainer.upstream import train_on_one_gpu
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ def one_gpu_per_process(args: TrainingArguments) -> None:
         log.warning("%d GPUs are visible to this one process: it trains on %s alone (the Trainer would split each "
                     "batch over them with nn.DataParallel); for several GPUs use --gpus N, accelerate launch or "
                     "torchrun", args.n_gpu, args.device)
-        args._n_gpu = 1  # what TrainingArguments itself sets for one device; n_gpu reads it
+        train_on_one_gpu(args)
 
 
 def settle_matmul_precision() -> None:

@@ -1,8 +1,9 @@
-"""CompileOptionsMixin: the torch.compile settings that TrainingArguments has no field for.
+"""The torch.compile settings that TrainingArguments has no field for.
 
 The Trainer hands ``torch.compile`` to Accelerate (a TorchDynamoPlugin from ``train.torch_compile`` and
 ``train.torch_compile_mode``), which compiles the prepared model at the start of training, so changing the
-plugin after ``Trainer.__init__`` is in time. Two plugin settings are added here:
+plugin after ``Trainer.__init__`` is in time (the plugin exists only from then on, so SparseBertTrainer applies
+them there). Two plugin settings are added here:
 
 - ``train.torch_compile_scope=layers``: the plugin's ``use_regional_compilation``, which compiles each block of
   a ModuleList of identical blocks (the encoder layers) and every other leaf part (embeddings, heads) on its own
@@ -23,36 +24,33 @@ benchmarks block sizes and warp counts around each generated Triton kernel's def
 Inductor setting (torch.compile takes ``mode`` or ``options``, not both, and reduce-overhead runs need the
 mode), so every compiled run sets it either way and a later experiment in the same process gets its own; off
 means the process's default (``TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1`` still turns it on). It stays set for
-whatever the process compiles afterwards, and the max-autotune modes turn it on for their own compiles anyway.
+whatever the process compiles afterwards, and the max-autotune modes turn it on for their own compiles anyway. It
+needs no Trainer, so it is set with the model transforms before one is built (trainer/prepare.py).
 """
 
 from __future__ import annotations
 
-import os
-
 from sparsebert.errors import SparseBertError
+from sparsebert.trainer.upstream import set_kernel_tuning
 
 
-class CompileOptionsMixin:
-    def __init__(self, *args, compile_scope: str | None = None, compile_dynamic: bool | None = None,
-                 tune_kernels: bool | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        if tune_kernels is not None:  # None: not a compiled run, Inductor is not used
-            import torch._inductor.config
+def apply_kernel_tuning(tune_kernels: bool | None) -> None:
+    if tune_kernels is not None:  # None: not a compiled run, Inductor is not used
+        set_kernel_tuning(tune_kernels)
 
-            from_env = os.environ.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING") == "1"
-            torch._inductor.config.coordinate_descent_tuning = tune_kernels or from_env
-        if compile_scope != "layers" and compile_dynamic is None:
-            return
-        plugin = getattr(self.accelerator.state, "dynamo_plugin", None)
-        if plugin is None:
-            raise SparseBertError("train.torch_compile_scope / torch_compile_dynamic need Accelerate's "
-                                  "TorchDynamoPlugin; upgrade accelerate")
-        if compile_scope == "layers":
-            if not hasattr(plugin, "use_regional_compilation"):
-                raise SparseBertError("train.torch_compile_scope=layers needs an Accelerate with regional "
-                                      "compilation (TorchDynamoPlugin.use_regional_compilation); upgrade accelerate "
-                                      "or use model")
-            plugin.use_regional_compilation = True
-        if compile_dynamic is not None:
-            plugin.dynamic = compile_dynamic
+
+def apply_compile_plugin_options(accelerator, compile_scope: str | None, compile_dynamic: bool | None) -> None:
+    if compile_scope != "layers" and compile_dynamic is None:
+        return
+    plugin = getattr(accelerator.state, "dynamo_plugin", None)
+    if plugin is None:
+        raise SparseBertError("train.torch_compile_scope / torch_compile_dynamic need Accelerate's "
+                              "TorchDynamoPlugin; upgrade accelerate")
+    if compile_scope == "layers":
+        if not hasattr(plugin, "use_regional_compilation"):
+            raise SparseBertError("train.torch_compile_scope=layers needs an Accelerate with regional "
+                                  "compilation (TorchDynamoPlugin.use_regional_compilation); upgrade accelerate "
+                                  "or use model")
+        plugin.use_regional_compilation = True
+    if compile_dynamic is not None:
+        plugin.dynamic = compile_dynamic

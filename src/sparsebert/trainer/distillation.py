@@ -50,33 +50,27 @@ def match_teacher_rows(student: torch.Tensor, teacher: torch.Tensor) -> torch.Te
     return student
 
 
-class DistillationMixin:
-    """Trainer mixin: ``distillation=(config, teacher_model)`` or None."""
+def prepare_teacher(teacher: nn.Module, device, bf16: bool, fp16: bool) -> nn.Module:
+    """Frozen, in eval mode, in the training precision, on the student's device."""
+    teacher.eval().requires_grad_(False)
+    dtype = torch.bfloat16 if bf16 else torch.float16 if fp16 else torch.float32
+    return teacher.to(device=device, dtype=dtype)
 
-    def __init__(self, *args, distillation: tuple[DistillationConfig, nn.Module] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.kd_config, self.teacher = distillation if distillation is not None else (None, None)
-        if self.teacher is not None:
-            self.teacher.eval().requires_grad_(False)
-            # the teacher runs in the training precision, on the student's device
-            dtype = torch.bfloat16 if self.args.bf16 else torch.float16 if self.args.fp16 else torch.float32
-            self.teacher.to(device=self.args.device, dtype=dtype)
 
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        if self.teacher is None or not model.training:
-            return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                        num_items_in_batch=num_items_in_batch)
-        task_loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
-                                                  num_items_in_batch=num_items_in_batch)
-        with torch.no_grad():
-            teacher = output_logits(self.teacher(**inputs))
-        alpha = self.kd_config.alpha_at(self.state.global_step, self.state.max_steps)
-        student = [match_teacher_rows(s, t) for s, t in zip(output_logits(outputs), teacher)]
-        kd = sum(distillation_loss(s, t, self.kd_config.temperature) for s, t in zip(student, teacher)) / len(student)
-        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
-            # The task loss came back already divided by the step's item count over every accumulated
-            # micro-batch, so the Trainer will not divide by the accumulation steps: the micro-batch mean of the
-            # distillation term must be (DDP then averages it over processes like any gradient).
-            kd = kd / getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
-        loss = alpha * kd + (1.0 - alpha) * task_loss
-        return (loss, outputs) if return_outputs else loss
+def distilled_loss(task_loss: torch.Tensor, outputs, teacher: nn.Module, inputs: dict, config: DistillationConfig,
+                   step: int, max_steps: int, divisor: int | None) -> torch.Tensor:
+    """The training loss with the teacher's term: ``alpha * kd + (1 - alpha) * task_loss``.
+
+    ``divisor``: the step's accumulation count where the task loss came back already divided by the item count
+    over every accumulated micro-batch (the Trainer then does not divide by the accumulation steps, so the
+    micro-batch mean of the distillation term must be; DDP then averages it over processes like any gradient);
+    None otherwise.
+    """
+    with torch.no_grad():
+        teacher_logits = output_logits(teacher(**inputs))
+    alpha = config.alpha_at(step, max_steps)
+    student = [match_teacher_rows(s, t) for s, t in zip(output_logits(outputs), teacher_logits)]
+    kd = sum(distillation_loss(s, t, config.temperature) for s, t in zip(student, teacher_logits)) / len(student)
+    if divisor is not None:
+        kd = kd / divisor
+    return alpha * kd + (1.0 - alpha) * task_loss

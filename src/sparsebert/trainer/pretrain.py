@@ -27,6 +27,7 @@ from sparsebert.sparsity.persistence import MASKS_FILE, STATE_FILE
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.compile_watch import CompileWatch
 from sparsebert.trainer.hooks import build_hooks
+from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class PretrainJob:
         # featurize once per node: the local main process fills the datasets cache, the others load it
         with process_state().local_main_process_first():
             self.data = build_pretrain_data(cfg.data, self.tokenizer, self.data_dir, cfg.seed)
-        self.model = build_mlm_model(cfg.model, self.tokenizer, cfg.data, self.output_root)
+        self.model = prepare_model(build_mlm_model(cfg.model, self.tokenizer, cfg.data, self.output_root), cfg)
         self.hooks = build_hooks(cfg, self.model, cfg.train.max_steps, cfg.seed, teacher,
                                  lambda source: load_mlm_model(source, cfg.model.attn_implementation))
 

@@ -1,4 +1,4 @@
-"""ResidualPrecisionMixin: the residual stream in the autocast dtype (``model.half_precision_residual``).
+"""The residual stream in the autocast dtype (``model.half_precision_residual``).
 
 Under bf16 / fp16 autocast on CUDA, matrix products run in half precision but LayerNorm runs in fp32 and returns
 fp32, so every layer's residual stream (LayerNorm output, residual add, dropout) is stored and read in fp32, and
@@ -42,14 +42,13 @@ def use_half_precision_residual(model: nn.Module) -> int:
     return swapped
 
 
-class ResidualPrecisionMixin:
-    def __init__(self, *args, half_precision_residual: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        if half_precision_residual:
-            swapped = use_half_precision_residual(self.model)
-            if swapped == 0:
-                log.warning("model.half_precision_residual: this model has no nn.LayerNorm; nothing changes")
-            elif not (self.args.bf16 or self.args.fp16):
-                log.info("model.half_precision_residual has no effect without bf16 / fp16 (precision is fp32)")
-            else:
-                log.info("model.half_precision_residual: %d LayerNorms return the autocast dtype", swapped)
+def apply_half_precision_residual(model: nn.Module, half_precision: bool) -> int:
+    """``use_half_precision_residual``, saying what it changes (``half_precision``: bf16 or fp16 training)."""
+    swapped = use_half_precision_residual(model)
+    if swapped == 0:
+        log.warning("model.half_precision_residual: this model has no nn.LayerNorm; nothing changes")
+    elif not half_precision:
+        log.info("model.half_precision_residual has no effect without bf16 / fp16 (precision is fp32)")
+    else:
+        log.info("model.half_precision_residual: %d LayerNorms return the autocast dtype", swapped)
+    return swapped

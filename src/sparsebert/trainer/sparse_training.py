@@ -1,12 +1,13 @@
 """Sparse training in the Trainer: masks kept exact, RigL / GMP updates once per optimizer step.
 
-The order inside one optimizer step, and why:
+The order inside one optimizer step (trainer/step.py runs it), and why:
 1. backward of every micro-batch (DDP all-reduces the dense gradient on the last one, or with
    ``train.ddp.comm_hook=flat`` / ``flat_bf16`` sparsebert's sync after it; with ``sparse`` that sync averages only
-   the active weights' part and leaves zeros at masked positions, except on a step with a RigL update);
-2. ``before_optimizer_step`` (from ``training_step`` of the last micro-batch): keep the dense gradient when a RigL
-   update is due, then zero masked gradients (unless the sparse all-reduce already did), so clipping and AdamW see
-   the sparse model only;
+   the active weights' part and leaves zeros at masked positions, except on a step with a RigL update, and says
+   so in its result);
+2. ``before_optimizer_step(grads_masked=...)`` (after the last micro-batch's backward and the sync): keep the
+   dense gradient when a RigL update is due, then zero masked gradients (unless the sparse all-reduce already
+   did), so clipping and AdamW see the sparse model only;
 3. clip, ``optimizer.step()``;
 4. ``on_optimizer_step`` (callback): keep masked weights at 0 (AdamW after masked gradients already does; other
    optimizers get the masks re-applied), and on schedule update the masks (RigL from the gradient kept in 2, of
@@ -29,39 +30,12 @@ from sparsebert.sparsity import SparsityController, rewound_linear_factor
 log = logging.getLogger(__name__)
 
 
-class SparseTrainingMixin:
-    """Trainer mixin: ``sparsity=`` a SparsityController (or None for dense training)."""
-
-    def __init__(self, *args, sparsity: SparsityController | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.sparsity = sparsity
-        if sparsity is not None:
-            self.add_callback(SparsityCallback(sparsity, self))
-
-    def training_step(self, model, inputs, *args, **kwargs):
-        loss = super().training_step(model, inputs, *args, **kwargs)
-        if self.sparsity is not None and self.accelerator.sync_gradients:
-            self.sparsity.before_optimizer_step()
-        return loss
-
-    def create_scheduler(self, num_training_steps: int, optimizer=None):
-        gmp = self.sparsity.gmp if self.sparsity is not None else None
-        if gmp is None or not gmp.rewind_lr:
-            return super().create_scheduler(num_training_steps, optimizer)
-        if self.lr_scheduler is None:  # gmp.rewind_lr: the linear schedule starts again when pruning ends
-            factor = partial(rewound_linear_factor, warmup_steps=self.args.get_warmup_steps(num_training_steps),
-                             rewind_step=self.sparsity.gmp_end_step, total_steps=num_training_steps)
-            self.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer or self.optimizer, factor)
-            self._created_lr_scheduler = True
-        return self.lr_scheduler
-
-    def _save_optimizer_and_scheduler(self, output_dir, *args, **kwargs):
-        # the masks go into the checkpoint with the optimizer state, before trainer_state.json marks it complete
-        # and before the Trainer deletes older checkpoints (with save_total_limit=1, masks written afterwards in
-        # on_save left a window in which no complete checkpoint existed)
-        super()._save_optimizer_and_scheduler(output_dir, *args, **kwargs)
-        if self.sparsity is not None and output_dir and self.is_world_process_zero():
-            self.sparsity.save(Path(output_dir))
+def rewound_lr_scheduler(controller: SparsityController, optimizer, warmup_steps: int,
+                         num_training_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """``gmp.rewind_lr``: the linear schedule starts again when pruning ends."""
+    factor = partial(rewound_linear_factor, warmup_steps=warmup_steps, rewind_step=controller.gmp_end_step,
+                     total_steps=num_training_steps)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 class SparsityCallback(TrainerCallback):
@@ -86,7 +60,8 @@ class SparsityCallback(TrainerCallback):
             self.trainer.pending_logs.add(stats)
 
     def on_save(self, args, state, control, **kwargs):
-        # the masks go with the optimizer state (SparseTrainingMixin); save_only_model saves none of it
+        # the masks go with the optimizer state (SparseBertTrainer.after_optimizer_state_saved); save_only_model
+        # saves none of it
         if state.is_world_process_zero and args.save_only_model:
             checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             if checkpoint.is_dir():

@@ -1,40 +1,40 @@
-"""SparseBertTrainer: the one Trainer subclass, and the place hooks attach.
+"""SparseBertTrainer: the one Trainer subclass. Its overrides hand each part of the training step to
+``TrainingStep`` (step.py, which shows the step top to bottom); private Trainer hooks reach it through
+``UpstreamTrainer`` (upstream.py, the one module touching private names).
 
-Capabilities that change what the Trainer computes are small mixins placed before ``Trainer`` in the MRO, each
-taking one keyword argument (None = off) and passing everything else on:
+Keyword arguments (None / False = off), from ``build_hooks`` (hooks.py):
 
-- ``sparsity=``      SparseTrainingMixin (sparse_training.py): exact masks, RigL / GMP
-- ``distillation=``  DistillationMixin (distillation.py): teacher soft targets
-- ``onecycle=``      OneCycleMixin (onecycle.py): torch OneCycleLR
-- ``ddp=``           DDPTuningMixin (ddp.py): DDP settings TrainingArguments cannot carry (train.ddp)
-- ``compile_scope=``, ``compile_dynamic=``, ``tune_kernels=`` CompileOptionsMixin (compile_options.py):
-  torch.compile per layer instead of the whole model; symbolic shapes from the first compile; Inductor's kernel
-  tuning
-- ``half_precision_residual=`` ResidualPrecisionMixin (residual_precision.py): LayerNorm outputs in the
-  autocast dtype
-- ``fast_dropout=`` FastDropoutMixin (trainer/fast_dropout.py): dropout with counter-hash random bits under
-  torch.compile
-- ``clip_in_optimizer=`` ClipInOptimizerMixin (clipping.py): the clip factor applied inside the fused AdamW step
-- ``drop_last_batch=`` SparseBertTrainer itself: drop each epoch's short last training batch (train.drop_last_batch)
-- always             ThroughputLoggingMixin (below): samples/s, tokens/s, NaN guard, hook metrics in the logs
+- ``sparsity=``      a SparsityController: exact masks, RigL / GMP (sparse_training.py)
+- ``distillation=``  (config, teacher): teacher soft targets (distillation.py)
+- ``onecycle=``      torch OneCycleLR (onecycle.py)
+- ``ddp=``           DDP settings TrainingArguments cannot carry, sparsebert's flat all-reduce (ddp.py)
+- ``compile_scope=``, ``compile_dynamic=``: Accelerate's compile plugin, per-layer compile and symbolic shapes
+  (compile_options.py)
+- ``clip_in_optimizer=``: the clip factor applied inside the fused AdamW step (clipping.py)
+- ``drop_last_batch=``: drop each epoch's short last training batch (train.drop_last_batch)
+- ``tokens_per_sample=``: tokens/s in the logs; always: samples/s, NaN guard, the stages' values in the logs
+
+Model transforms (fast dropout, half-precision residual, kernel tuning) are applied before the Trainer is built
+(prepare.py).
 """
 
 from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
-from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback
+from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from sparsebert.errors import SparseBertError
-from sparsebert.trainer.clipping import ClipInOptimizerMixin
-from sparsebert.trainer.compile_options import CompileOptionsMixin
-from sparsebert.trainer.ddp import DDPTuningMixin
-from sparsebert.trainer.distillation import DistillationMixin
-from sparsebert.trainer.fast_dropout import FastDropoutMixin
-from sparsebert.trainer.onecycle import OneCycleMixin
-from sparsebert.trainer.residual_precision import ResidualPrecisionMixin
-from sparsebert.trainer.sparse_training import SparseTrainingMixin
+from sparsebert.trainer.clipping import ClipInOptimizer
+from sparsebert.trainer.compile_options import apply_compile_plugin_options
+from sparsebert.trainer.ddp import FlatAllReduceCallback, GradientSync, apply_ddp_settings
+from sparsebert.trainer.distillation import prepare_teacher
+from sparsebert.trainer.onecycle import onecycle_scheduler
+from sparsebert.trainer.sparse_training import SparsityCallback, rewound_lr_scheduler
+from sparsebert.trainer.step import StepCallback, TrainingStep
+from sparsebert.trainer.upstream import UpstreamTrainer
 
 
 class PendingLogs:
@@ -105,15 +105,20 @@ class SkippedSteps(TrainerCallback):
             self.pending.add({"fp16_skipped_steps": self.count})
 
 
-class ThroughputLoggingMixin:
-    """Adds samples/s and tokens/s since the previous training log, and stops on a NaN or infinite loss.
+class SparseBertTrainer(UpstreamTrainer):
+    """The Trainer every sparsebert job runs.
 
-    Both are computed only at logging steps, so there is no extra host-device sync per step. The Trainer's FLOP
-    count (6 x tokens x non-embedding parameters) walks every module to count the parameters at every step, host
-    time on every step; the count never changes, so it is taken once.
+    Throughput: samples/s and tokens/s since the previous training log, and a stop on a NaN or infinite loss,
+    both computed only at logging steps, so there is no extra host-device sync per step. The Trainer's FLOP count
+    (6 x tokens x non-embedding parameters) walks every module to count the parameters at every step, host time
+    on every step; the count never changes, so it is taken once.
     """
 
-    def __init__(self, *args, tokens_per_sample: int = 0, **kwargs):
+    def __init__(self, *args, sparsity=None, distillation=None, onecycle=None, ddp=None,
+                 clip_in_optimizer: bool = False, compile_scope: str | None = None,
+                 compile_dynamic: bool | None = None, drop_last_batch: bool = False, tokens_per_sample: int = 0,
+                 **kwargs):
+        self.onecycle = onecycle
         self.tokens_per_sample = tokens_per_sample
         self._non_embedding_parameters: int | None = None
         self.pending_logs = PendingLogs()
@@ -121,7 +126,89 @@ class ThroughputLoggingMixin:
         super().__init__(*args, **kwargs)
         self.skipped_steps = SkippedSteps(self, self.pending_logs)
         self.add_callback(self.skipped_steps)
+        # Accelerate's compile plugin exists only now; it compiles at the start of training
+        apply_compile_plugin_options(self.accelerator, compile_scope, compile_dynamic)
+        clipping = ClipInOptimizer(clip_in_optimizer)
+        if clip_in_optimizer:
+            self.add_callback(StepCallback(clipping))
+        sync = None
+        if ddp is not None:
+            sync = GradientSync.from_config(ddp, sparsity)
+            if sync is not None:
+                self.add_callback(FlatAllReduceCallback(sync, self))
+            apply_ddp_settings(ddp, self.accelerator, self.args.torch_compile)
+        self.kd_config, self.teacher = distillation if distillation is not None else (None, None)
+        if self.teacher is not None:
+            prepare_teacher(self.teacher, self.args.device, self.args.bf16, self.args.fp16)
+        self.sparsity = sparsity
+        if sparsity is not None:
+            self.add_callback(SparsityCallback(sparsity, self))
+        self.step = TrainingStep(sparsity, sync, clipping, self.teacher, self.kd_config)
+        self.drop_last_batch = drop_last_batch
+        for plain, compact in ((ProgressCallback, CompactProgressCallback), (PrinterCallback, CompactPrinterCallback)):
+            if self.pop_callback(plain) is not None:
+                self.add_callback(compact)
 
+    @property
+    def gradient_sync(self):
+        """sparsebert's flat all-reduce, once training has started under DDP with ``train.ddp.comm_hook`` flat /
+        flat_bf16 / sparse; else None."""
+        sync = self.step.sync
+        return None if sync is None else sync.flat
+
+    @property
+    def clipping(self) -> ClipInOptimizer:
+        return self.step.clipping
+
+    # step 1: forward and loss
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if self.teacher is None or not model.training:  # distillation is off during evaluation
+            return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                        num_items_in_batch=num_items_in_batch)
+        task_loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                  num_items_in_batch=num_items_in_batch)
+        divisor = None
+        if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
+            divisor = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        loss = self.step.loss(task_loss, outputs, inputs, self.state.global_step, self.state.max_steps, divisor)
+        return (loss, outputs) if return_outputs else loss
+
+    # step 2 (backward) and 3 (sync, masking)
+    def training_step(self, model, inputs, *args, **kwargs):
+        with self.step.backward(model):
+            loss = super().training_step(model, inputs, *args, **kwargs)
+        if self.accelerator.sync_gradients:  # the last micro-batch of an optimizer step
+            self.step.after_backward()
+        return loss
+
+    # step 4: clipping
+    def clip_gradients(self, model):
+        return self.step.clip(model, self.optimizer, self.accelerator, self.args.max_grad_norm,
+                              self.trainer_clip_grad_norm)
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        gmp = self.sparsity.gmp if self.sparsity is not None else None
+        rewind = gmp is not None and gmp.rewind_lr
+        if not rewind and self.onecycle is None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            optimizer = optimizer if optimizer is not None else self.optimizer
+            if rewind:
+                scheduler = rewound_lr_scheduler(self.sparsity, optimizer,
+                                                 self.args.get_warmup_steps(num_training_steps), num_training_steps)
+            else:
+                scheduler = onecycle_scheduler(self.onecycle, optimizer, self.args.learning_rate, num_training_steps)
+            self.adopt_lr_scheduler(scheduler)
+        return self.lr_scheduler
+
+    def after_optimizer_state_saved(self, output_dir) -> None:
+        # the masks go into the checkpoint with the optimizer state, before trainer_state.json marks it complete
+        # and before the Trainer deletes older checkpoints (with save_total_limit=1, masks written afterwards in
+        # on_save left a window in which no complete checkpoint existed)
+        if self.sparsity is not None and output_dir and self.is_world_process_zero():
+            self.sparsity.save(Path(output_dir))
+
+    # step 7: logging
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:
         if "loss" in logs:
             loss = logs["loss"]
@@ -153,26 +240,12 @@ class ThroughputLoggingMixin:
         self._last_log = None  # evaluation time is not training throughput
         return metrics
 
-
-class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, DDPTuningMixin, ClipInOptimizerMixin,
-                        CompileOptionsMixin, ResidualPrecisionMixin, FastDropoutMixin, ThroughputLoggingMixin,
-                        Trainer):
-    """The Trainer every sparsebert job runs."""
-
-    def __init__(self, *args, drop_last_batch: bool = False, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.drop_last_batch = drop_last_batch
-        for plain, compact in ((ProgressCallback, CompactProgressCallback), (PrinterCallback, CompactPrinterCallback)):
-            if self.pop_callback(plain) is not None:
-                self.add_callback(compact)
-
-    def _issue_warnings_after_load(self, load_result) -> None:
+    def filter_load_result(self, load_result):
         # A checkpoint stores each tied tensor once (the MLM decoder's weight is the word embeddings, its bias the
         # head's bias), so a resume reports the decoder's names as missing although their tensors were loaded under
         # the other name. Only keys whose tensor nothing loaded are worth a warning.
         missing = set(load_result.missing_keys) - loaded_through_a_tie(self.model, load_result.missing_keys)
-        super()._issue_warnings_after_load(
-            load_result._replace(missing_keys=[k for k in load_result.missing_keys if k in missing]))
+        return load_result._replace(missing_keys=[k for k in load_result.missing_keys if k in missing])
 
     def get_train_dataloader(self):
         # TrainingArguments.dataloader_drop_last would drop rows of the evaluation sets as well
@@ -185,7 +258,7 @@ class SparseBertTrainer(SparseTrainingMixin, DistillationMixin, OneCycleMixin, D
             self.args.dataloader_drop_last = kept
         if len(loader) == 0:  # the Trainer would run no step at all and report success
             raise SparseBertError(f"train.drop_last_batch: {len(self.train_dataset)} training rows are fewer than one "
-                                  f"batch of {self._train_batch_size} per device x {self.args.world_size} "
+                                  f"batch of {self.per_device_train_batch} per device x {self.args.world_size} "
                                   "process(es); use more data or a smaller batch")
         return loader
 

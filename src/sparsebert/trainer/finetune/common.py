@@ -23,6 +23,7 @@ from sparsebert.results.recording import finished, run_record
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.trainer.arguments import batch_layout, training_arguments
 from sparsebert.trainer.hooks import build_hooks
+from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 
@@ -104,6 +105,7 @@ def make_trainer(ctx: FinetuneContext, model, run_dir: Path, seed: int, train_ds
     # divides by the accumulation steps nor undoes its multiply by the number of processes: the gradient would be
     # accumulation x processes times too large (and clipped accordingly). Say what these models do.
     model.accepts_loss_kwargs = False
+    prepare_model(model, cfg)
     hooks = build_hooks(cfg, model, total_optimizer_steps(cfg, len(train_ds)), seed, teacher_source, load_teacher)
     args = training_arguments(cfg.train, run_dir, seed, f"{cfg.name}/{run_dir.parent.name}/{run_dir.name}",
                               label_names=label_names, finetune=True,

@@ -1,0 +1,40 @@
+"""Model transforms applied before the Trainer is built: they change modules of the trained model (never a
+distillation teacher's), so they belong to the model, not to the Trainer's step.
+
+- ``model.fast_dropout``: dropout with counter-hash random bits under torch.compile (trainer/fast_dropout.py);
+- ``model.half_precision_residual``: LayerNorm outputs in the autocast dtype (trainer/residual_precision.py);
+- ``train.torch_compile_tune_kernels``: Inductor's kernel tuning, a process-wide setting (compile_options.py).
+
+The compile plugin's scope and dynamic shapes live on Accelerate's plugin, which exists only once the Trainer
+does: SparseBertTrainer sets them (compile_options.py).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from sparsebert.config import ExperimentConfig
+from sparsebert.errors import SparseBertError
+from sparsebert.trainer.arguments import resolve_precision
+from sparsebert.trainer.compile_options import apply_kernel_tuning
+from sparsebert.trainer.fast_dropout import apply_fast_dropout
+from sparsebert.trainer.residual_precision import apply_half_precision_residual
+
+
+def prepare_model(model: nn.Module, cfg: ExperimentConfig) -> nn.Module:
+    """Applies the experiment's model transforms to ``model`` in place (parameters and state_dict keys stay as
+    they are) and returns it."""
+    compiled = cfg.train.torch_compile
+    apply_kernel_tuning(cfg.train.torch_compile_tune_kernels if compiled else None)
+    if cfg.model.half_precision_residual:
+        apply_half_precision_residual(model, _half_precision(cfg.train.precision))
+    if cfg.model.fast_dropout:
+        apply_fast_dropout(model, compiled)
+    return model
+
+
+def _half_precision(precision: str) -> bool:
+    try:
+        return resolve_precision(precision) in ("bf16", "fp16")
+    except SparseBertError:  # reported where the Trainer's arguments are built
+        return False

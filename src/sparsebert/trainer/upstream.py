@@ -1,0 +1,111 @@
+"""Every private name of Transformers, Accelerate and torch that sparsebert touches, in this one module.
+
+Private names change without notice between releases. Kept here, each is named once, with why it is needed, and
+tests/trainer/test_upstream.py checks that each still exists, so an upgrade that renames one fails there, in one
+line, instead of somewhere inside a training run. ``PRIVATE_NAMES`` lists them for that test.
+
+Trainer methods overridden (``UpstreamTrainer`` below turns each into a public hook of ours):
+- ``Trainer._clip_grad_norm(model)``: the clipping stage; clip-in-optimizer replaces it on fused AdamW.
+- ``Trainer._save_optimizer_and_scheduler(output_dir)``: the masks are written with the optimizer state, before
+  ``trainer_state.json`` marks the checkpoint complete.
+- ``Trainer._issue_warnings_after_load(load_result)``: tied weights reported missing on resume are filtered out.
+Trainer attributes:
+- ``Trainer._created_lr_scheduler``: set with a scheduler of ours, so the Trainer recreates it on the next
+  ``train()`` as it does its own.
+- ``Trainer._train_batch_size``: the per-device batch the Trainer actually uses (named in an error message).
+- ``TrainingArguments._n_gpu``: the process trains on one GPU where the Trainer would use DataParallel.
+torch:
+- ``torch._dynamo.config.optimize_ddp``: Dynamo's DDPOptimizer (``train.ddp.split_compiled_graphs``).
+- ``torch._inductor.config.coordinate_descent_tuning``: Inductor's kernel tuning
+  (``train.torch_compile_tune_kernels``).
+- ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: graphs compiled so far (CompileWatch).
+- ``OptimizedModule._orig_mod``: the module torch.compile wraps (to find DDP under it).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from transformers import Trainer, TrainingArguments
+
+# (owner, attribute) pairs the test checks; instance attributes are checked on an instance there
+PRIVATE_NAMES = {
+    "Trainer methods": ["_clip_grad_norm", "_save_optimizer_and_scheduler", "_issue_warnings_after_load"],
+    "Trainer attributes": ["_created_lr_scheduler", "_train_batch_size"],
+    "TrainingArguments attributes": ["_n_gpu"],
+    "torch": ["torch._dynamo.config.optimize_ddp", "torch._inductor.config.coordinate_descent_tuning",
+              "torch._dynamo.utils.counters", "torch._dynamo.eval_frame.OptimizedModule._orig_mod"],
+}
+
+
+class UpstreamTrainer(Trainer):
+    """The Trainer with its private hooks routed to public methods that SparseBertTrainer overrides. Each
+    default does what the Trainer itself does."""
+
+    def _clip_grad_norm(self, model):
+        return self.clip_gradients(model)
+
+    def trainer_clip_grad_norm(self, model):
+        """The Trainer's own clipping (``clip_grad_norm_`` through Accelerate); returns the pre-clip norm."""
+        return Trainer._clip_grad_norm(self, model)
+
+    def clip_gradients(self, model):
+        return self.trainer_clip_grad_norm(model)
+
+    def _save_optimizer_and_scheduler(self, output_dir, *args, **kwargs):
+        Trainer._save_optimizer_and_scheduler(self, output_dir, *args, **kwargs)
+        self.after_optimizer_state_saved(output_dir)
+
+    def after_optimizer_state_saved(self, output_dir) -> None:
+        """Called inside every checkpoint save, after the optimizer state and before ``trainer_state.json``."""
+
+    def _issue_warnings_after_load(self, load_result) -> None:
+        Trainer._issue_warnings_after_load(self, self.filter_load_result(load_result))
+
+    def filter_load_result(self, load_result):
+        """The load result the Trainer warns about when a checkpoint is loaded."""
+        return load_result
+
+    def adopt_lr_scheduler(self, scheduler) -> None:
+        """Install a scheduler built by us as if the Trainer had built it (so a new ``train()`` rebuilds it)."""
+        self.lr_scheduler = scheduler
+        self._created_lr_scheduler = True
+
+    @property
+    def per_device_train_batch(self) -> int:
+        return self._train_batch_size
+
+
+def train_on_one_gpu(args: TrainingArguments) -> None:
+    """What TrainingArguments itself sets for one device; ``n_gpu`` reads it."""
+    args._n_gpu = 1
+
+
+def set_dynamo_ddp_optimizer(on: bool) -> None:
+    """Process-wide: whether Dynamo splits graphs compiled inside DDP at the buckets."""
+    import torch._dynamo
+
+    torch._dynamo.config.optimize_ddp = on
+
+
+def set_kernel_tuning(on: bool) -> None:
+    """Process-wide Inductor setting; off means the process's default (its environment variable still counts)."""
+    import torch._inductor.config
+
+    from_env = os.environ.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING") == "1"
+    torch._inductor.config.coordinate_descent_tuning = on or from_env
+
+
+def compiled_graphs() -> int:
+    """Graphs Dynamo has compiled in this process (a process-wide count)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def find_ddp(model) -> torch.nn.parallel.DistributedDataParallel | None:
+    """The DDP module under Accelerate's wrapping (torch.compile puts an OptimizedModule around it)."""
+    while model is not None and not isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = getattr(model, "_orig_mod", None)
+    return model
