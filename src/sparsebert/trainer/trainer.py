@@ -86,6 +86,7 @@ class SkippedSteps(TrainerCallback):
         self.pending = pending
         self.count = 0
         self._scale_before: float | None = None
+        self._skipped: bool | None = None  # the verdict on the step just taken, read once per step
 
     def _scaler(self):
         scaler = getattr(self.trainer.accelerator, "scaler", None)
@@ -94,10 +95,14 @@ class SkippedSteps(TrainerCallback):
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         scaler = self._scaler()
         self._scale_before = scaler.get_scale() if scaler is not None else None
+        self._skipped = None
 
     def last_step_skipped(self) -> bool:
-        """Whether the optimizer step just taken was skipped (valid from ``optimizer.step()`` to the next step)."""
-        return self._scale_before is not None and self._scaler().get_scale() < self._scale_before
+        """Whether the optimizer step just taken was skipped (valid from ``optimizer.step()`` to the next step;
+        the scale is read once however many stages ask)."""
+        if self._skipped is None:
+            self._skipped = self._scale_before is not None and self._scaler().get_scale() < self._scale_before
+        return self._skipped
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         if self.last_step_skipped():
