@@ -456,3 +456,12 @@ def test_config_knows_the_glue_tasks_the_data_package_reads():
 
     assert set(GLUE_TASK_NAMES) == set(GLUE_TASKS)
     assert get_glue_task("SST-2").name == glue_task_key("SST-2") == "sst2"
+
+
+def test_stop_after_steps_must_cut_a_step_schedule_short(registry):
+    assert registry.build("bert_tiny_quick", ["train.stop_after_steps=50"]).train.stop_after_steps == 50
+    assert_refused_naming(registry, "bert_tiny_quick", ["train.stop_after_steps=150"],
+                          ["train.stop_after_steps", "max_steps=150", "150"])
+    assert_refused_naming(registry, "bert_tiny_quick", ["train.stop_after_steps=0"], ["train.stop_after_steps"])
+    assert_refused_naming(registry, "bert_tiny_quick", ["train.stop_after_steps=5", "train.epochs=1"],
+                          ["train.stop_after_steps", "train.epochs"])

@@ -289,3 +289,17 @@ def test_profile_writes_a_trace_of_steps_after_warmup(registry, data_dir, tmp_pa
     names = {e.get("name", "") for e in trace["traceEvents"]}
     assert any("Optimizer.step" in n for n in names)  # real training steps were recorded
     assert "aten::" in (profile / "top_ops.txt").read_text()
+
+
+def test_stop_after_steps_ends_early_on_the_full_runs_schedule(registry, data_dir, dense_run, tmp_path):
+    metrics = run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=["train.stop_after_steps=7"])
+    assert metrics["global_step"] == 7
+    stopped = json.loads((tmp_path / "bert_tiny_quick" / "log_history.json").read_text())
+    full = json.loads((dense_run[0] / "bert_tiny_quick" / "log_history.json").read_text())
+    assert [h["step"] for h in stopped if "eval_loss" in h] == [0, 7]  # evaluated where it stopped
+    # the same steps as the 20-step run up to the stop: its LR schedule (warm-up, decay to step 20) is not shortened
+    train_logs = {h["step"]: h for h in full if "loss" in h}
+    for entry in (h for h in stopped if "loss" in h):
+        assert entry["learning_rate"] == train_logs[entry["step"]]["learning_rate"]
+        assert entry["loss"] == pytest.approx(train_logs[entry["step"]]["loss"], abs=1e-6)
+    assert stopped[-1]["step"] == 7 and (tmp_path / "bert_tiny_quick" / "DONE").is_file()

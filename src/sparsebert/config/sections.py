@@ -152,6 +152,9 @@ class DDPConfig:
 @dataclass
 class TrainConfig:
     max_steps: int = 1000  # optimizer steps (ignored when epochs is set)
+    # end the run after this many optimizer steps while the LR, RigL and GMP schedules still span max_steps: the
+    # early phase of a long run at a fraction of its cost (an ablation of when a run leaves the loss plateau)
+    stop_after_steps: int | None = None
     epochs: float | None = None  # finetuning: passes over the training set instead of max_steps
     global_batch_size: int = 256  # sequences per optimizer step, at any number of GPUs
     per_device_batch_size: int | None = None  # None: global / world size; else accumulate to reach global
@@ -212,6 +215,11 @@ class TrainConfig:
                      "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.stop_after_steps is not None and self.epochs is not None:
+            raise ValueError("train.stop_after_steps cuts a max_steps schedule short: it cannot go with train.epochs")
+        if self.stop_after_steps is not None and not 1 <= self.stop_after_steps < self.max_steps:
+            raise ValueError(f"train.stop_after_steps must be in [1, train.max_steps={self.max_steps}), "
+                             f"got {self.stop_after_steps}")
         if self.per_device_batch_size is not None and self.per_device_batch_size < 1:
             raise ValueError(f"train.per_device_batch_size must be >= 1, got {self.per_device_batch_size}")
         if not 0 < self.learning_rate < math.inf:  # also refuses nan

@@ -41,6 +41,20 @@ def mlm_accuracy(eval_pred) -> dict[str, float]:
     return {"accuracy": float((preds[masked] == labels[masked]).mean()) if masked.any() else float("nan")}
 
 
+class StopAfterSteps(TrainerCallback):
+    """train.stop_after_steps: end training after ``steps`` optimizer steps, with an evaluation at that step; the
+    schedules, built for max_steps, are not shortened."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.steps:
+            control.should_training_stop = True
+            control.should_evaluate = True
+        return control
+
+
 @dataclass
 class PretrainJob:
     cfg: ExperimentConfig
@@ -67,6 +81,7 @@ class PretrainJob:
         cfg = self.cfg
         args = training_arguments(cfg.train, run_dir, cfg.seed, cfg.name)
         compile_watch = CompileWatch() if cfg.train.torch_compile else None
+        stop = [StopAfterSteps(cfg.train.stop_after_steps)] if cfg.train.stop_after_steps else []
         trainer = SparseBertTrainer(
             model=self.model,
             args=args,
@@ -76,7 +91,7 @@ class PretrainJob:
             processing_class=self.tokenizer,
             compute_metrics=mlm_accuracy,
             preprocess_logits_for_metrics=scatter_masked_predictions,
-            callbacks=[*self.callbacks, *([compile_watch] if compile_watch else [])],
+            callbacks=[*self.callbacks, *([compile_watch] if compile_watch else []), *stop],
             tokens_per_sample=cfg.data.max_seq_length,
             **self.hooks,
         )
