@@ -1,80 +1,129 @@
 #!/usr/bin/env bash
 # The sparse-pretraining study of docs/results.md ("Sparse pretraining at the bert_small_wiki scale") on one machine
-# with 2 GPUs: every run at bert_small_wiki's data, steps, eval masks and seed, up to three runs per GPU at a time,
-# then GLUE from every pretrained model (one process per model and task, one CPU thread each: finetuning at batch 32
-# is host-bound).
+# with any number of GPUs: a queue of pretraining runs, one per GPU at a time (the KD runs once the teacher is done,
+# the plateau ablations last), and GLUE from every model as soon as it is done (a pool of one-thread processes
+# spread over the GPUs: finetuning at batch 32 is host-bound).
 #
 #   scripts/pretrain_study.sh OUT_ROOT DATA_DIR TOKENIZER_DIR [SECONDS]
 #
-# DATA_DIR holds the Wikipedia mirror and glue/. SECONDS (default 1380): every lane is stopped then; finished runs
-# stay (DONE), unfinished ones do not count. STUDY_SET: extra arguments for every run (a CPU dry run shrinks the
-# model and the steps with it). AFTER_STUDY: a command run on GPU 0 once its lanes are done (a benchmark, say).
-# Then: python scripts/pretrain_study_table.py OUT_ROOT.
+# DATA_DIR holds the Wikipedia mirror and glue/. SECONDS (default 1380): every process is stopped then; finished
+# runs stay (DONE), unfinished ones do not count. Then: python scripts/pretrain_study_table.py OUT_ROOT.
+# Environment (all optional):
+#   STUDY_GPUS     GPUs for pretraining, e.g. "0 1 2 3" (default: every GPU nvidia-smi lists)
+#   GLUE_GPUS      GPUs the GLUE processes share (default: STUDY_GPUS); GLUE_PARALLEL: how many at a time
+#                  (default: half the CPUs)
+#   GLUE_LRS       extra finetuning learning rates for CoLA, MRPC, RTE and STS-B (default "1e-4 2e-4") on the models
+#                  in GLUE_LR_RUNS (default: the two dense baselines and the RigL runs at 80 and 90 %)
+#   STUDY_RUNS     the pretraining runs to make (default: all, the ablations last)
+#   STUDY_SET, GLUE_SET  extra arguments for every pretraining / GLUE process (a CPU dry run shrinks the model)
+# A pretraining worker waits while OUT_ROOT/hold/GPU exists: another job (a benchmark, say) has that GPU.
 set -u
 root=$1 data=$2 tokenizer=$3
 deadline=$(( $(date +%s) + ${4:-1380} ))
 export OMP_NUM_THREADS=1
-mkdir -p "$root/logs"
+mkdir -p "$root/logs" "$root/hold"
 
 # every run on the pretraining defaults: compiled, a fixed masked-token count, CUDA graphs (docs/performance.md)
 common="--output-dir $root --data-dir $data --set model.tokenizer=$tokenizer --set train.eval_steps=500"
-common="$common --set train.save_steps=4000 --set train.report_to=[]"
+common="$common --set train.save_steps=4000 --set train.report_to=[] ${STUDY_SET:-}"
+# the plateau ablations: 80 % RigL with one thing changed, stopped at step 4 000 of the 8 000-step schedules
+early="--set train.stop_after_steps=4000"
 
-# lane GPU NAME COMMAND: run COMMAND in the background on GPU; logs/NAME.log, then logs/NAME.exit (its status)
-lane() {
-  local gpu=$1 name=$2; shift 2
-  ( CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) bash -c "$*" >"$root/logs/$name.log" 2>&1
-    echo $? >"$root/logs/$name.exit" ) &
+# NAME|NEEDS|ARGUMENTS: pretraining run NAME (run.py ARGUMENTS), started once run NEEDS (if any) is done
+all_runs="
+small_wiki_teacher||small_wiki_teacher
+bert_small_wiki||bert_small_wiki
+small_wiki_sparse_80_rigl||small_wiki_sparse_80_rigl
+small_wiki_sparse_80_static||small_wiki_sparse_80_static
+small_wiki_sparse_80_kd_onecycle_lr_rigl|small_wiki_teacher|small_wiki_sparse_80_kd_onecycle_lr_rigl
+small_wiki_dense_kd_onecycle_lr|small_wiki_teacher|small_wiki_dense_kd_onecycle_lr
+small_wiki_sparse_90_kd_onecycle_lr_rigl|small_wiki_teacher|small_wiki_sparse_90_kd_onecycle_lr_rigl
+small_wiki_sparse_80_rigl_erk||small_wiki_sparse_80_rigl_erk
+small_wiki_sparse_80_static_erk||small_wiki_sparse_80_static_erk
+small_wiki_sparse_80_gmp||small_wiki_sparse_80_gmp
+ablation_rigl_drop_0.1||small_wiki_sparse_80_rigl $early --set rigl.drop_fraction=0.1
+ablation_rigl_drop_0.5||small_wiki_sparse_80_rigl $early --set rigl.drop_fraction=0.5
+ablation_rigl_every_400||small_wiki_sparse_80_rigl $early --set rigl.update_freq=400
+ablation_rigl_every_25||small_wiki_sparse_80_rigl $early --set rigl.update_freq=25
+ablation_rigl_lr_1e-3||small_wiki_sparse_80_rigl $early --set train.learning_rate=1e-3
+ablation_rigl_eager||small_wiki_sparse_80_rigl $early --set train.torch_compile=false \
+--set data.static_mask_count=false --set train.torch_compile_mode=default --set train.clip_in_optimizer=false
+"
+queue=$root/queue
+: >"$queue"
+while IFS='|' read -r name needs args; do
+  [ -n "$name" ] || continue
+  if [ -n "${STUDY_RUNS:-}" ] && ! [[ " $STUDY_RUNS " == *" $name "* ]]; then continue; fi
+  echo "$name|$needs|$args" >>"$queue"
+done <<<"$all_runs"  # (inside double quotes bash removes each backslash-newline)
+
+take() {  # the first queue line whose NEEDS is done (removed from the queue); "wait" if none yet; "" if empty
+  (
+    flock 9
+    local n=0 name needs args
+    while IFS='|' read -r name needs args; do
+      n=$((n + 1))
+      if [ -z "$needs" ] || [ -f "$root/$needs/DONE" ]; then
+        sed -i "${n}d" "$queue"; echo "run|$name|$args"; return
+      elif [ -f "$root/logs/$needs.exit" ]; then  # what it needs ended unfinished
+        sed -i "${n}d" "$queue"; echo "skip|$name|$needs"; return
+      fi
+    done <"$queue"
+    if [ -s "$queue" ]; then echo wait; fi
+  ) 9>"$root/queue.lock"
 }
-# after RUN...: wait until every RUN has finished (DONE) or its lane has exited without it (then fail)
-after() {
-  local run out=""
-  for run in "$@"; do
-    out="$out until [ -f $root/$run/DONE ] || [ -f $root/logs/$run.exit ]; do sleep 5; done;"
-    out="$out [ -f $root/$run/DONE ] || { echo 'not finished: $run'; exit 3; };"
+worker() {  # worker GPU: pretraining runs from the queue on GPU, one at a time
+  local gpu=$1 item kind name rest
+  while :; do
+    while [ -e "$root/hold/$gpu" ]; do sleep 5; done
+    item=$(take)
+    IFS='|' read -r kind name rest <<<"$item"
+    case $kind in
+      "") return ;;
+      wait) sleep 5 ;;
+      skip) echo "not run: $rest did not finish" >"$root/logs/$name.log"; echo 3 >"$root/logs/$name.exit" ;;
+      run)
+        # shellcheck disable=SC2086  # the arguments are split on purpose
+        CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) python run.py $rest --run-name "$name" \
+          $common >"$root/logs/$name.log" 2>&1
+        echo $? >"$root/logs/$name.exit" ;;
+    esac
   done
-  printf '%s' "$out"
 }
-pretrain() {  # pretrain NAME EXPERIMENT [ARGS]: one pretraining run named NAME
-  local name=$1 experiment=$2; shift 2
-  printf 'python run.py %s --run-name %s %s %s %s' "$experiment" "$name" "$common" "$*" "${STUDY_SET:-}"
+
+glue_job() {  # glue_job GPU RUN TASK [LR]: GLUE TASK from RUN once RUN is done (3 seeds on the small tasks)
+  local gpu=$1 run=$2 task=$3 lr=${4:-} name=glue_from=$2~$3 extra=""
+  if [ -n "$lr" ]; then name="$name~lr$lr" extra="--set train.learning_rate=$lr"; fi
+  until [ -f "$root/$run/DONE" ] || [ -f "$root/logs/$run.exit" ]; do sleep 5; done
+  [ -f "$root/$run/DONE" ] || { echo "not run: $run did not finish" >"$root/logs/$name.log"; return; }
+  # shellcheck disable=SC2086
+  CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) python run.py "glue_from=$root/$run" \
+    --run-name "$name" --output-dir "$root" --data-dir "$data" --set "finetune.glue_tasks=$task" \
+    --set train.dataloader_workers=0 $extra ${GLUE_SET:-} >"$root/logs/$name.log" 2>&1
+  echo $? >"$root/logs/$name.exit"
 }
-glue() {  # glue GPU RUN: GLUE from RUN, one lane per task (3 seeds on the small tasks: glue_from's runs_per_task)
-  local gpu=$1 run=$2 task
-  for task in cola sst2 mrpc stsb rte wnli; do
-    lane "$gpu" "glue-$run-$task" "$(after "$run") python run.py glue_from=$root/$run --run-name glue_from=$run~$task \
-      --output-dir $root --data-dir $data --set finetune.glue_tasks=$task --set train.dataloader_workers=0 \
-      ${GLUE_SET:-}"
+export -f glue_job
+export root data deadline GLUE_SET
+
+gpus=${STUDY_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | tr '\n' ' ')}
+read -ra glue_gpus <<<"${GLUE_GPUS:-$gpus}"
+lr_runs=${GLUE_LR_RUNS:-bert_small_wiki small_wiki_dense_kd_onecycle_lr small_wiki_sparse_80_rigl
+  small_wiki_sparse_80_kd_onecycle_lr_rigl small_wiki_sparse_90_kd_onecycle_lr_rigl}
+jobs=$root/glue_jobs
+: >"$jobs"
+n=0
+while IFS='|' read -r name _; do  # the study's models in queue order (the teacher and the ablations are not)
+  case $name in small_wiki_teacher|ablation_*) continue ;; esac
+  for task in sst2 cola stsb mrpc rte wnli; do
+    echo "${glue_gpus[n++ % ${#glue_gpus[@]}]} $name $task" >>"$jobs"
   done
-}
-# chain NAME EXPERIMENT [ARGS]: the command of pretraining run NAME that waits for the teacher first
-kd() { printf '%s %s' "$(after small_wiki_teacher)" "$(pretrain "$@")"; }
+  if [[ " $(echo $lr_runs) " == *" $name "* ]]; then
+    for lr in ${GLUE_LRS-1e-4 2e-4}; do
+      for task in cola stsb mrpc rte; do echo "${glue_gpus[n++ % ${#glue_gpus[@]}]} $name $task $lr" >>"$jobs"; done
+    done
+  fi
+done <"$queue"
 
-# GPU 0: the teacher alone, then the two KD runs of the target (80 % and its dense baseline), then AFTER_STUDY alone.
-# GPU 1: three runs at a time, then three more; every GLUE lane (host-bound) shares GPU 1.
-lane 0 small_wiki_teacher "$(pretrain small_wiki_teacher small_wiki_teacher)"
-lane 0 small_wiki_sparse_80_kd_onecycle_lr_rigl "$(kd small_wiki_sparse_80_kd_onecycle_lr_rigl \
-  small_wiki_sparse_80_kd_onecycle_lr_rigl)"
-lane 0 small_wiki_dense_kd_onecycle_lr "$(kd small_wiki_dense_kd_onecycle_lr small_wiki_dense_kd_onecycle_lr)"
-lane 1 bert_small_wiki "$(pretrain bert_small_wiki bert_small_wiki)"
-lane 1 small_wiki_sparse_80_rigl "$(pretrain small_wiki_sparse_80_rigl small_wiki_sparse_80_rigl)"
-lane 1 small_wiki_sparse_80_static "$(pretrain small_wiki_sparse_80_static small_wiki_sparse_80_static)"
-lane 1 small_wiki_sparse_90_kd_onecycle_lr_rigl "$(after bert_small_wiki) $(kd \
-  small_wiki_sparse_90_kd_onecycle_lr_rigl small_wiki_sparse_90_kd_onecycle_lr_rigl)"
-lane 1 small_wiki_sparse_80_gmp "$(after small_wiki_sparse_80_rigl) $(pretrain small_wiki_sparse_80_gmp \
-  small_wiki_sparse_80_gmp)"
-lane 1 small_wiki_sparse_80_rigl_rescaled "$(after small_wiki_sparse_80_static) $(pretrain \
-  small_wiki_sparse_80_rigl_rescaled small_wiki_sparse_80_rigl_rescaled)"
-
-# GLUE from every model of the study (the teacher is not one), in the order the models finish
-for run in bert_small_wiki small_wiki_sparse_80_rigl small_wiki_sparse_80_static small_wiki_sparse_80_kd_onecycle_lr_rigl \
-    small_wiki_dense_kd_onecycle_lr small_wiki_sparse_90_kd_onecycle_lr_rigl small_wiki_sparse_80_gmp \
-    small_wiki_sparse_80_rigl_rescaled; do
-  glue 1 "$run"
-done
-
-if [ -n "${AFTER_STUDY:-}" ]; then  # once GPU 0's lanes have exited, finished or not
-  lane 0 after_study "until [ -f $root/logs/small_wiki_sparse_80_kd_onecycle_lr_rigl.exit ] \
-    && [ -f $root/logs/small_wiki_dense_kd_onecycle_lr.exit ]; do sleep 5; done; $AFTER_STUDY"
-fi
+for gpu in $gpus; do worker "$gpu" & done
+xargs -P "${GLUE_PARALLEL:-$(( $(nproc) / 2 ))}" -L 1 bash -c 'glue_job "$@"' _ <"$jobs" &
 wait

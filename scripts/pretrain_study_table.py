@@ -3,27 +3,44 @@
     python scripts/pretrain_study_table.py OUT_ROOT [--out FILE.md]
 
 Prints the MLM table (every pretraining run: eval loss, perplexity, masked-token accuracy, steps, samples/s,
-recompiles after warm-up) and the GLUE table (``run.py --table glue --agg mean`` over the study's runs). The study
-finetunes each model on each task in a process of its own, named ``glue_from=RUN~TASK``; here those rows are
-labelled ``glue_from=RUN`` again, so each pretrained model is one row.
+recompiles after warm-up, the first evaluation below the unigram plateau) and the GLUE tables
+(``run.py --table glue --agg mean`` over the study's runs). The study finetunes each model on each task in a process
+of its own, named ``glue_from=RUN~TASK`` (``~lrLR`` added for the learning-rate grid); here those rows are labelled
+``glue_from=RUN`` again, so each pretrained model is one row: at the default finetuning learning rate, then per
+learning rate of the grid, then with each task's best learning rate of the grid.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
+import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from sparsebert.results import Registry, glue_table  # noqa: E402
 
+PLATEAU = 5.5  # MLM eval loss: a model above it still predicts little beyond token frequencies (unigram loss ~6)
+DEFAULT_LR = "5e-05"  # glue_from's finetuning learning rate: the grid's label for runs without ``~lr``
+
+
+def left_plateau_at(run_dir: Path) -> int | None:
+    """The first evaluated step with an MLM eval loss below PLATEAU (None: never, or no log_history.json)."""
+    path = Path(run_dir) / "log_history.json"
+    if not path.is_file():
+        return None
+    evals = [h for h in json.loads(path.read_text()) if "eval_loss" in h]
+    return next((int(h["step"]) for h in evals if h["eval_loss"] < PLATEAU), None)
+
 
 def mlm_table(records) -> str:
     lines = ["| run | steps | MLM eval loss | perplexity | masked-token acc. | sparsity | samples/s | recompiles "
-             "after warm-up |", "|---|---|---|---|---|---|---|---|"]
+             f"after warm-up | eval loss < {PLATEAU} from step |", "|---|---|---|---|---|---|---|---|---|"]
     for rec in sorted(records, key=lambda r: r.experiment):
         m = rec.metrics
         sparsity = "dense" if rec.sparsity is None else f"{rec.sparsity:.3f}"
@@ -32,14 +49,50 @@ def mlm_table(records) -> str:
         lines.append(f"| `{rec.experiment}` | {m.get('global_step', 0):.0f} | {m['eval_loss']:.3f} | "
                      f"{math.exp(m['eval_loss']):.1f} | {'-' if accuracy is None else f'{100 * accuracy:.1f} %'} | "
                      f"{sparsity} | {m.get('train_samples_per_second', 0):.0f} | "
-                     f"{'-' if recompiles is None else int(recompiles)} |")
+                     f"{'-' if recompiles is None else int(recompiles)} | {left_plateau_at(rec.run_dir) or '-'} |")
     return "\n".join(lines)
 
 
+def _model_and_lr(experiment: str) -> tuple[str, str | None]:
+    """``glue_from=RUN~TASK[~lrLR]`` -> (``glue_from=RUN``, LR or None)."""
+    model, _, rest = experiment.partition("~")
+    _, _, lr = rest.partition("~lr")
+    return model, lr or None
+
+
 def study_glue_records(registry: Registry):
-    """The study's GLUE rows, each labelled with the pretraining run it started from."""
+    """The study's GLUE rows at the default learning rate, each labelled with the pretraining run it started from."""
     records = registry.runs(task_prefix="glue:")
-    return [dataclasses.replace(r, group=r.experiment.split("~")[0]) for r in records]
+    return [dataclasses.replace(r, group=_model_and_lr(r.experiment)[0]) for r in records
+            if _model_and_lr(r.experiment)[1] is None]
+
+
+def lr_grid_records(registry: Registry):
+    """(every run of the models in the learning-rate grid, labelled ``MODEL lr=LR``; each model's task at its best
+    learning rate, labelled ``MODEL best lr``): the best is the highest mean score over seeds on the dev set, so
+    optimistic, and chosen the same way for every model."""
+    records = registry.runs(task_prefix="glue:")
+    gridded = {_model_and_lr(r.experiment)[0] for r in records if _model_and_lr(r.experiment)[1]}
+    by_lr: dict[tuple[str, str, str], list] = defaultdict(list)
+    for r in records:
+        model, lr = _model_and_lr(r.experiment)
+        if model in gridded:
+            by_lr[model, r.task, lr or DEFAULT_LR].append(r)
+    grid = [dataclasses.replace(r, group=f"{model} lr={lr}")
+            for (model, _, lr), runs in sorted(by_lr.items(), key=lambda item: (item[0][0], float(item[0][2])))
+            for r in runs]
+    best = []
+    for model, task in sorted({(m, t) for m, t, _ in by_lr}):
+        lrs = [lr for m, t, lr in by_lr if (m, t) == (model, task)]
+        top = max(lrs, key=lambda lr: statistics.fmean(_score(r) for r in by_lr[model, task, lr]))
+        best += [dataclasses.replace(r, group=f"{model} best lr") for r in by_lr[model, task, top]]
+    return grid, best
+
+
+def _score(record) -> float:
+    """A run's GLUE score (every finetuning run writes one); NaN (a collapsed STS-B run) ranks last."""
+    score = record.metrics["score"]
+    return -math.inf if math.isnan(score) else score
 
 
 def main() -> int:
@@ -51,7 +104,13 @@ def main() -> int:
     parts = ["## MLM", "", mlm_table(registry.runs(task_prefix="mlm")), ""]
     glue = study_glue_records(registry)
     if glue:
-        parts += ["## GLUE (mean over seeds)", "", glue_table(glue, agg="mean"), ""]
+        parts += [f"## GLUE (mean over seeds), finetuning learning rate {DEFAULT_LR}", "", glue_table(glue, agg="mean"),
+                  ""]
+    grid, best = lr_grid_records(registry)
+    if grid:
+        parts += ["## GLUE per finetuning learning rate", "", glue_table(grid, agg="mean"), "",
+                  "## GLUE with each task's best learning rate of the grid (chosen on dev: optimistic, for every "
+                  "model alike)", "", glue_table(best, agg="mean"), ""]
     text = "\n".join(parts)
     print(text)
     if args.out:

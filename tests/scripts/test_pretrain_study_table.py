@@ -1,9 +1,11 @@
 """scripts/pretrain_study_table.py: the study's per-task GLUE processes (``glue_from=RUN~TASK``) come back as one
-row per pretrained model, beside the MLM table of every pretraining run."""
+row per pretrained model, beside the MLM table of every pretraining run; the learning-rate grid
+(``glue_from=RUN~TASK~lrLR``) as one row per model and rate, and one with each task's best rate."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 from sparsebert.results import Registry, RunRecord
@@ -29,13 +31,31 @@ def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):
             name = f"glue_from=dense~{task}"
             registry.record(RunRecord(run_dir=str(tmp_path / name / str(seed)), experiment=name, task=f"glue:{task}",
                                       model=str(tmp_path / "dense"), seed=seed, status="done",
-                                      metrics={metric: value + 0.01 * (seed - 42)}, group=name,
+                                      metrics={metric: value + 0.01 * (seed - 42), "score": value + 0.01 * (seed - 42)},
+                                      group=name,
                                       pretrain_metrics={"eval_loss": 3.0, "perplexity": 20.1}))
+    for task, lr, value in (("rte", "1e-4", 0.7), ("rte", "2e-4", 0.5), ("cola", "2e-4", 0.1)):
+        name = f"glue_from=dense~{task}~lr{lr}"
+        registry.record(RunRecord(run_dir=str(tmp_path / name), experiment=name, task=f"glue:{task}",
+                                  model=str(tmp_path / "dense"), seed=42, status="done",
+                                  metrics={"accuracy" if task == "rte" else "matthews_corr": value, "score": value},
+                                  group=name, pretrain_metrics={"eval_loss": 3.0, "perplexity": 20.1}))
+    (tmp_path / "dense").mkdir()
+    (tmp_path / "dense" / "log_history.json").write_text(json.dumps(
+        [{"eval_loss": 10.4, "step": 0}, {"loss": 7.0, "step": 50}, {"eval_loss": 6.1, "step": 500},
+         {"eval_loss": 5.2, "step": 1000}, {"eval_loss": 4.0, "step": 1500}]))
     script = _script()
     reader = Registry.in_output_root(tmp_path, read_only=True)
     mlm = script.mlm_table(reader.runs(task_prefix="mlm"))
-    assert "| `dense` | 8000 | 3.000 | 20.1 | 50.0 % | dense | 9000 | 0 |" in mlm
+    assert "| `dense` | 8000 | 3.000 | 20.1 | 50.0 % | dense | 9000 | 0 | 1000 |" in mlm
     glue = script.study_glue_records(reader)
     assert {r.label for r in glue} == {"glue_from=dense"} and len(glue) == 4
     table = script.glue_table(glue, agg="mean")
     assert sum(line.startswith("| glue_from=dense ") for line in table.splitlines()) == 1
+    grid, best = script.lr_grid_records(reader)
+    labels = [r.label for r in grid]  # by learning rate, the default one included, in numeric order
+    assert labels == ["glue_from=dense lr=5e-05"] * 4 + ["glue_from=dense lr=1e-4"] + ["glue_from=dense lr=2e-4"] * 2
+    # RTE: lr 1e-4 (0.7) beats 5e-05 (mean 0.605) and 2e-4 (0.5); CoLA: 5e-05 (mean 0.205) beats 2e-4 (0.1)
+    chosen = {(r.task, r.experiment) for r in best}
+    assert chosen == {("glue:rte", "glue_from=dense~rte~lr1e-4"), ("glue:cola", "glue_from=dense~cola")}
+    assert len(best) == 3 and {r.label for r in best} == {"glue_from=dense best lr"}
