@@ -86,6 +86,11 @@ EXPERIMENTS = {
         "kd": SMALL_WIKI_KD,
         "onecycle": SMALL_WIKI_ONECYCLE,
     },
+    "small_wiki_sparse_80_kd_onecycle_lr_rigl_erk": {
+        "parent": "small_wiki_sparse_80_kd_onecycle_lr_rigl",
+        "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl with ERK layer densities",
+        "sparsity": {"distribution": "erk"},
+    },
     "small_wiki_sparse_90_kd_onecycle_lr_rigl": {
         "parent": "small_wiki_sparse_80_kd_onecycle_lr_rigl",
         "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl at 90% sparse",

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The sparse-pretraining study of docs/results.md ("Sparse pretraining at the bert_small_wiki scale") on one machine
 # with any number of GPUs: a queue of pretraining runs, one per GPU at a time (the KD runs once the teacher is done,
-# the plateau ablations last), and GLUE from every model as soon as it is done (a pool of one-thread processes
+# the plateau ablations and the optional runs last), and GLUE from every model as soon as it is done (a pool of one-thread processes
 # spread over the GPUs: finetuning at batch 32 is host-bound).
 #
 #   scripts/pretrain_study.sh OUT_ROOT DATA_DIR TOKENIZER_DIR [SECONDS]
@@ -14,7 +14,7 @@
 #                  (default: half the CPUs)
 #   GLUE_LRS       extra finetuning learning rates for CoLA, MRPC, RTE and STS-B (default "1e-4 2e-4") on the models
 #                  in GLUE_LR_RUNS (default: the two dense baselines and the RigL runs at 80 and 90 %)
-#   STUDY_RUNS     the pretraining runs to make (default: all, the ablations last)
+#   STUDY_RUNS     the pretraining runs to make (default: all, in the queue order below)
 #   STUDY_SET, GLUE_SET  extra arguments for every pretraining / GLUE process (a CPU dry run shrinks the model)
 # A pretraining worker waits while OUT_ROOT/hold/GPU exists: another job (a benchmark, say) has that GPU.
 set -u
@@ -44,10 +44,10 @@ small_wiki_sparse_80_gmp||small_wiki_sparse_80_gmp
 ablation_rigl_drop_0.1||small_wiki_sparse_80_rigl $early --set rigl.drop_fraction=0.1
 ablation_rigl_drop_0.5||small_wiki_sparse_80_rigl $early --set rigl.drop_fraction=0.5
 ablation_rigl_every_400||small_wiki_sparse_80_rigl $early --set rigl.update_freq=400
-ablation_rigl_every_25||small_wiki_sparse_80_rigl $early --set rigl.update_freq=25
 ablation_rigl_lr_1e-3||small_wiki_sparse_80_rigl $early --set train.learning_rate=1e-3
 ablation_rigl_eager||small_wiki_sparse_80_rigl $early --set train.torch_compile=false \
 --set data.static_mask_count=false --set train.torch_compile_mode=default --set train.clip_in_optimizer=false
+small_wiki_sparse_80_kd_onecycle_lr_rigl_erk|small_wiki_teacher|small_wiki_sparse_80_kd_onecycle_lr_rigl_erk
 "
 queue=$root/queue
 : >"$queue"
