@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The sparse-pretraining study of docs/results.md ("Sparse pretraining at the bert_small_wiki scale") on one machine
 # with any number of GPUs: a queue of pretraining runs, one per GPU at a time (the KD runs once the teacher is done,
-# the plateau ablations and the optional runs last), and GLUE from every model as soon as it is done (a pool of one-thread processes
-# spread over the GPUs: finetuning at batch 32 is host-bound).
+# the plateau ablations and the optional runs last), and GLUE from every model as soon as it is done (a pool of
+# one-thread processes spread over the GPUs: finetuning at batch 32 is host-bound).
 #
 #   scripts/pretrain_study.sh OUT_ROOT DATA_DIR TOKENIZER_DIR [SECONDS]
 #
