@@ -15,7 +15,18 @@ def unit(module: str) -> str:
     return parts[1] if len(parts) > 1 else parts[0]
 
 
+def source_of(module: str) -> Path | None:
+    """The file of one of our modules (a package: its ``__init__.py``), or None if there is none."""
+    base = SRC.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.is_file():
+            return path
+    return None
+
+
 def imported_modules(path: Path, module: str) -> set[str]:
+    """Our modules that ``path`` imports; ``from package import name`` counts ``package.name`` too where that is
+    a module."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -24,16 +35,24 @@ def imported_modules(path: Path, module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:  # relative: from the package, up level - 1
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                found.add(".".join([*base, node.module] if node.module else base))
+                source = ".".join([*base, node.module] if node.module else base)
             elif node.module:
-                found.add(node.module)
+                source = node.module
+            else:
+                continue
+            found.add(source)
+            found |= {f"{source}.{alias.name}" for alias in node.names if source_of(f"{source}.{alias.name}")}
     return {m for m in found if m == "sparsebert" or m.startswith("sparsebert.")}
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
 
 
 def package_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in sorted((SRC / "sparsebert").rglob("*.py")):
-        module = ".".join(path.relative_to(SRC).with_suffix("").parts).removesuffix(".__init__")
+        module = module_name(path)
         here = unit(module)
         graph.setdefault(here, set())
         graph[here] |= {unit(m) for m in imported_modules(path, module) if m != "sparsebert"} - {here}
@@ -74,19 +93,42 @@ def test_the_packages_import_each_other_without_cycles():
     assert find_cycle(graph) is None, " -> ".join(find_cycle(graph))
 
 
+def sparsity_modules() -> list[Path]:
+    return sorted((SRC / "sparsebert" / "sparsity").rglob("*.py"))
+
+
 def test_the_sparsity_core_imports_no_other_package_of_ours_but_its_helpers():
     # the mask core only: the all-reduce (distributed/) and the 2:4 inference export (export/) build on it, not it
-    # on them; it may use the I/O helpers and its one error type, nothing else
-    assert package_graph()["sparsity"] <= {"io", "errors"}
+    # on them; it may use the I/O helpers, its one error type and torch's private kernels (upstream/torch_ops.py,
+    # torch only), nothing else
+    assert package_graph()["sparsity"] <= {"io", "errors", "upstream"}
+    for path in sparsity_modules():
+        upstream = {m for m in imported_modules(path, module_name(path)) if unit(m) == "upstream"}
+        assert upstream <= {"sparsebert.upstream", "sparsebert.upstream.torch_ops"}, module_name(path)
+
+
+def third_party_imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
 
 
 def test_the_sparsity_core_is_plain_pytorch():
-    for path in sorted((SRC / "sparsebert" / "sparsity").rglob("*.py")):
-        module = ".".join(path.relative_to(SRC).with_suffix("").parts)
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                found |= {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-                found.add(node.module.split(".")[0])
-        assert "transformers" not in found, module
+    # no transformers import in sparsity/, nor in any module of ours that importing it loads (the modules it
+    # imports, theirs in turn, and every package above each of them: importing a module runs its packages first)
+    seen: set[str] = set()
+    todo = [module_name(path) for path in sparsity_modules()]
+    while todo:
+        module = todo.pop()
+        if module in seen or (path := source_of(module)) is None:
+            continue
+        seen.add(module)
+        parts = module.split(".")
+        todo += [".".join(parts[:cut]) for cut in range(1, len(parts))]
+        todo += imported_modules(path, module)
+        assert "transformers" not in third_party_imports(path), f"{module}, loaded by sparsebert.sparsity"
+    assert "sparsebert.upstream.torch_ops" in seen  # the walk does reach past sparsity/

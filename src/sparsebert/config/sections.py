@@ -131,7 +131,7 @@ class DDPConfig:
     # split a whole-model graph, not per-layer ones, nor any graph under comm_hook=flat, flat_bf16 or sparse
     # (nothing to overlap);
     # true / false: always / never
-    # (torch._dynamo.config.optimize_ddp, process-wide)
+    # (Dynamo's optimize_ddp, process-wide: upstream/torch_ops.py)
     split_compiled_graphs: bool | None = None
 
     def validate(self) -> None:

@@ -74,6 +74,7 @@ from typing import Any
 
 from sparsebert.io import publish_permissions
 from sparsebert.locks import FileLock
+from sparsebert.upstream.libraries import row_indices
 
 log = logging.getLogger(__name__)
 
@@ -480,8 +481,9 @@ def shard_weights(dataset, bounds: list[tuple[int, int]]) -> list[float]:
             else:
                 continue
             per_row += sizes.fill_null(0).to_numpy()
-        if dataset._indices is not None:
-            per_row = per_row[dataset._indices.column(0).to_numpy()]
+        indices = row_indices(dataset)
+        if indices is not None:
+            per_row = per_row[indices.column(0).to_numpy()]
         if len(per_row) != len(dataset):
             return rows
         cumulative = np.concatenate([[0.0], np.cumsum(per_row)])

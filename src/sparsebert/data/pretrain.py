@@ -23,6 +23,7 @@ from sparsebert.data.featurize import default_num_proc, featurize, files_digest,
 from sparsebert.data.paths import HOW_TO_POINT
 from sparsebert.errors import SparseBertError
 from sparsebert.models.bert import static_prediction_rows
+from sparsebert.upstream.libraries import fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -229,7 +230,7 @@ def build_pretrain_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, dat
             key_parts.update(hub=[cfg.hub_name, cfg.hub_config, cfg.hub_split, cfg.text_column])
         blocks[side] = pack_documents(
             split[side], tokenizer, cfg.max_seq_length, num_proc, name, key_parts=key_parts, cache_dir=cache_dir,
-            input_digest=f"files:{corpus}" if corpus else f"fingerprint:{split[side]._fingerprint}")
+            input_digest=f"files:{corpus}" if corpus else f"fingerprint:{fingerprint(split[side])}")
     train, eval_blocks = blocks["train"], blocks["test"]
     if len(train) == 0 or len(eval_blocks) == 0:
         raise SparseBertError(f"the corpus is too small for blocks of {cfg.max_seq_length} tokens")

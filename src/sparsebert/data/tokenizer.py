@@ -35,6 +35,7 @@ def train_wordpiece(files: list[Path], fmt: str, out_dir: Path, vocab_size: int 
     from transformers import BertTokenizerFast
 
     from sparsebert.data.corpus import iter_documents
+    from sparsebert.upstream.libraries import tokenizer_object
 
     def texts():
         for doc in iter_documents([str(f) for f in files], fmt):
@@ -44,7 +45,7 @@ def train_wordpiece(files: list[Path], fmt: str, out_dir: Path, vocab_size: int 
     trainer.train_from_iterator(texts(), vocab_size=vocab_size, min_frequency=min_frequency,
                                 special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = BertTokenizerFast(tokenizer_object=trainer._tokenizer, do_lower_case=lowercase,
+    tokenizer = BertTokenizerFast(tokenizer_object=tokenizer_object(trainer), do_lower_case=lowercase,
                                   unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]", cls_token="[CLS]",
                                   mask_token="[MASK]")
     tokenizer.save_pretrained(str(out_dir))

@@ -54,6 +54,7 @@ import torch.distributed as dist
 from torch import nn
 
 from sparsebert.sparsity.controller import SparsityController
+from sparsebert.upstream.torch_ops import foreach_copy_
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ class FlatGradientSync:
                 flat[piece.start:piece.end].zero_()
                 flat.index_copy_(0, index, wire.to(dtype))
             elif rounded:  # a batched, casting copy: copy_ back ran a non-vectorized kernel
-                torch._foreach_copy_([flat[piece.start:piece.end]], [wire])
+                foreach_copy_([flat[piece.start:piece.end]], [wire])
             if track_norm and wire.numel():
                 at_least_fp32 = torch.promote_types(wire.dtype, torch.float32)  # bf16 summed in fp32
                 squares.append(torch.linalg.vector_norm(wire, dtype=at_least_fp32).float().square())
@@ -197,7 +198,7 @@ class FlatGradientSync:
         targets = buffer[piece.start:piece.end].split([end - first for _, first, end in piece.segments])
         # reshape(-1) is a view of a contiguous gradient and a copy of a strided one
         sources = [param.grad.reshape(-1)[first:end] for param, first, end in piece.segments]
-        torch._foreach_copy_(list(targets), sources)
+        foreach_copy_(list(targets), sources)
 
     @staticmethod
     def _use_as_gradients(params: list[nn.Parameter], flat: torch.Tensor) -> None:

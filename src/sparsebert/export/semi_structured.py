@@ -20,11 +20,11 @@ keeps the layout) into the down-projection, which then reads it as a contiguous 
 count needs no padding; padding copies it to row-major) and writes a row-major result again. Every other layer
 returns row-major results, as attention's head split and LayerNorm want. The values are the same either way.
 
-``SemiStructuredLinear`` calls ``torch._cslt_sparse_mm`` itself rather than torch's semi-structured ``F.linear``
-so that it, not the torch version, decides the layouts: torch 2.11's ``F.linear`` returns the result as a
-transposed view everywhere. Either way cuSPARSELt sets up its plan on the host at every call
-(pytorch/pytorch#153825), so eager 2:4 inference is host-bound; a CUDA graph removes that. Measure on the target
-card.
+``SemiStructuredLinear`` calls torch's cuSPARSELt matmul itself (``cslt_sparse_mm``, upstream/torch_ops.py)
+rather than torch's semi-structured ``F.linear`` so that it, not the torch version, decides the layouts: torch
+2.11's ``F.linear`` returns the result as a transposed view everywhere. Either way cuSPARSELt sets up its plan
+on the host at every call (pytorch/pytorch#153825), so eager 2:4 inference is host-bound; a CUDA graph removes
+that. Measure on the target card.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from torch.sparse import (
 
 from sparsebert.sparsity.masks import nm_violations
 from sparsebert.sparsity.report import layer_type
+from sparsebert.upstream.torch_ops import cslt_sparse_mm, semi_structured_limits
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ def cusparselt_linear(
     if not (x.is_contiguous() or x.t().is_contiguous()):
         x = x.contiguous()
     # cuSPARSELt wants the dense operand's row count to be a multiple of the dtype's minimum (8 for bf16/fp16)
-    pad = -rows % weight._DTYPE_SHAPE_CONSTRAINTS[x.dtype].dense_min_rows
+    pad = -rows % semi_structured_limits(weight)[x.dtype].dense_min_rows
     if pad:
         x = F.pad(x, (0, 0, 0, pad))
     # torch's shape function takes the output size from the compressed weight's first dimension: give it
@@ -138,7 +139,7 @@ def cusparselt_linear(
     packed = weight.packed
     if packed.dim() == 1 and packed.numel() % weight.shape[0] == 0:
         packed = packed.view(weight.shape[0], -1)
-    out = torch._cslt_sparse_mm(
+    out = cslt_sparse_mm(
         packed, x.t(), bias, transpose_result=not column_major_output, alg_id=weight.alg_id_cusparselt
     )
     if column_major_output:
@@ -158,8 +159,8 @@ def to_semi_structured(
     Eligible: the weight is 2:4 (``is_two_four``) and its shape meets the backend's constraints for ``dtype``.
     ``names``: module names (as in ``named_modules()``) to consider; None: every Linear. A named module that is
     not a Linear is an error; ineligible ones are skipped and logged with the reason. ``backend``: "cusparselt",
-    "cutlass" (what ``SparseSemiStructuredTensor._FORCE_CUTLASS`` selects; sm8x only), or "auto" (cuSPARSELt
-    where this torch build has it, else CUTLASS). The chosen class is called directly rather than flipping the
+    "cutlass" (what torch's global force-CUTLASS flag selects; sm8x only), or "auto" (cuSPARSELt where this
+    torch build has it, else CUTLASS). The chosen class is called directly rather than flipping the
     global flag. The capability check uses the current CUDA device, where the model is expected to be.
     ``column_major``: name suffixes (whole dotted parts) of the layers that return column-major results
     (cuSPARSELt only; see the module docstring); ``()`` keeps every result row-major. Returns the names of the
@@ -171,10 +172,10 @@ def to_semi_structured(
     if not torch.cuda.is_available():
         raise RuntimeError("semi-structured sparse kernels need a CUDA GPU (sm80+); CUDA is not available here")
     sparse_cls = _backend_class(backend, torch.cuda.get_device_capability())
-    if dtype not in _FLOAT_DTYPES or dtype not in sparse_cls._DTYPE_SHAPE_CONSTRAINTS:
-        supported = [d for d in _FLOAT_DTYPES if d in sparse_cls._DTYPE_SHAPE_CONSTRAINTS]
+    if dtype not in _FLOAT_DTYPES or dtype not in semi_structured_limits(sparse_cls):
+        supported = [d for d in _FLOAT_DTYPES if d in semi_structured_limits(sparse_cls)]
         raise ValueError(f"dtype {dtype} is not supported by the {sparse_cls.BACKEND} backend; use one of {supported}")
-    limits = sparse_cls._DTYPE_SHAPE_CONSTRAINTS[dtype]
+    limits = semi_structured_limits(sparse_cls)[dtype]
     min_rows, min_cols = limits.sparse_min_rows, limits.sparse_min_cols
 
     modules = dict(model.named_modules())

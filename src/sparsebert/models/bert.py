@@ -14,6 +14,7 @@ from sparsebert.config.sections import MODEL_SIZES, DataConfig, ModelConfig
 from sparsebert.errors import SparseBertError
 from sparsebert.models.pretrained import dropout_overrides
 from sparsebert.results.runs import resolve_pretrained
+from sparsebert.upstream.libraries import set_attn_implementation
 
 
 def static_prediction_rows(num_tokens: int, mlm_probability: float) -> int:
@@ -128,7 +129,7 @@ def build_mlm_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, data: 
                                **dropout_overrides(cfg))
     else:
         model = BertForMaskedLMAtMasked(bert_config(cfg, len(tokenizer), tokenizer.pad_token_id))
-        model.config._attn_implementation = cfg.attn_implementation
+        set_attn_implementation(model.config, cfg.attn_implementation)
     if data.max_seq_length > model.config.max_position_embeddings:
         raise SparseBertError(f"data.max_seq_length={data.max_seq_length} is beyond the model's "
                               f"{model.config.max_position_embeddings} position embeddings")

@@ -18,6 +18,7 @@ from sparsebert.errors import SparseBertError
 from sparsebert.search.plan import DIRECTIONS, SearchPlan
 from sparsebert.search.summary import write_summary
 from sparsebert.search.trials import TrialProcess, finish_trial, start_trial
+from sparsebert.upstream.libraries import trial_id
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,5 @@ def gpu_slots(gpus: list[str], parallel: int) -> list[str | None]:
 
 
 def _reopen(study: optuna.Study, frozen: FrozenTrial) -> optuna.Trial:
-    # optuna has no public call to take up a RUNNING trial again; Study.ask wraps a trial id just like this
     log.info("trial %d was left running by an interrupted search: resuming it", frozen.number)
-    return optuna.Trial(study, frozen._trial_id)
+    return optuna.Trial(study, trial_id(frozen))

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 
 import torch
 
+from sparsebert.upstream.torch_ops import foreach_addcmul_
+
 from .config import GMPConfig
 from .masks import mask_from_indices, top_k_indices
 
@@ -58,7 +60,7 @@ def gmp_prune_global(
 def accumulate_movement(scores: list[torch.Tensor], weights: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
     """``S -= grad * w`` in place for every layer: one step of movement scores. A weight that the gradient pushes
     away from zero (sign(grad) = -sign(w)) gains score, one pushed towards zero loses it."""
-    torch._foreach_addcmul_(scores, [g.float() for g in grads], [w.float() for w in weights], value=-1.0)
+    foreach_addcmul_(scores, [g.float() for g in grads], [w.float() for w in weights], value=-1.0)
 
 
 def rewound_linear_factor(step: int, warmup_steps: int, rewind_step: int, total_steps: int) -> float:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from sparsebert.upstream.torch_ops import foreach_mul_
+
 _STEP_STRIDE = 1_000_003  # a prime, so (seed, step) pairs map to distinct generator seeds in practice
 
 
@@ -121,4 +123,4 @@ def apply_masks_(weights: list[torch.Tensor], masks: list[torch.Tensor]) -> None
     foreach off its fused CUDA path (one kernel per tensor instead), but the op is memory-bound either way, about
     0.8 GB of traffic per call for BERT-base.
     """
-    torch._foreach_mul_(weights, masks)
+    foreach_mul_(weights, masks)

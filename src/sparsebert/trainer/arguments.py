@@ -12,7 +12,7 @@ from transformers import TrainingArguments
 from sparsebert.config.sections import TrainConfig
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
-from sparsebert.trainer.upstream import train_on_one_gpu
+from sparsebert.upstream.trainer import train_on_one_gpu
 
 log = logging.getLogger(__name__)
 

@@ -28,6 +28,8 @@ import logging
 
 import torch
 
+from sparsebert.upstream.torch_ops import foreach_norm
+
 log = logging.getLogger(__name__)
 
 # torch.nn.utils.clip_grad_norm_'s guard against a zero norm: the factor is max_norm / (norm + 1e-6)
@@ -114,4 +116,4 @@ def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
         return get_total_norm(grads, 2.0)
     if not grads:
         return torch.tensor(0.0)
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)), 2.0)
+    return torch.linalg.vector_norm(torch.stack(foreach_norm(grads, 2.0)), 2.0)

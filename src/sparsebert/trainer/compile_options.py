@@ -31,7 +31,7 @@ needs no Trainer, so it is set with the model transforms before one is built (tr
 from __future__ import annotations
 
 from sparsebert.errors import SparseBertError
-from sparsebert.trainer.upstream import set_kernel_tuning
+from sparsebert.upstream.torch_ops import set_kernel_tuning
 
 
 def apply_kernel_tuning(tune_kernels: bool | None) -> None:

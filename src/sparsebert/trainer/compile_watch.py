@@ -13,11 +13,11 @@ import logging
 
 from transformers import TrainerCallback
 
-from sparsebert.trainer.upstream import compiled_graphs
+from sparsebert.upstream.torch_ops import compiled_graphs
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CompileWatch", "compiled_graphs"]  # the count is read in upstream.py (a private Dynamo counter)
+__all__ = ["CompileWatch", "compiled_graphs"]  # read in upstream/torch_ops.py (a private Dynamo counter)
 
 
 class CompileWatch(TrainerCallback):

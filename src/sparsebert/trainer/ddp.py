@@ -4,7 +4,7 @@
 TrainingArguments (arguments.py). ``gradient_as_bucket_view`` and the bf16 / fp16 communication hooks are set here
 on the DistributedDataParallelKwargs handler the Trainer gives Accelerate; Accelerate reads it when it wraps the
 model at the start of training, so setting it after ``Trainer.__init__`` is in time. ``split_compiled_graphs=false``
-switches Dynamo's DDPOptimizer off for the process (``torch._dynamo.config.optimize_ddp``).
+switches Dynamo's DDPOptimizer off for the process (``set_dynamo_ddp_optimizer``, upstream/torch_ops.py).
 
 ``comm_hook=flat`` / ``flat_bf16`` / ``sparse`` are not DDP hooks: DDP's reducer is left out (each backward runs
 under ``no_sync``), and after the last backward of an optimizer step sparsebert's own sync averages the gradients
@@ -27,7 +27,7 @@ from sparsebert.config.sections import DEFAULT_FLAT_PIECES, FLAT_COMM_HOOKS, DDP
 from sparsebert.distributed import all_reduce
 from sparsebert.errors import SparseBertError
 from sparsebert.sparsity import SparsityController
-from sparsebert.trainer.upstream import find_ddp, set_dynamo_ddp_optimizer
+from sparsebert.upstream.torch_ops import find_ddp, set_dynamo_ddp_optimizer
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,10 @@ distillation teacher's), so they belong to the model, not to the Trainer's step.
 - ``train.torch_compile_tune_kernels``: Inductor's kernel tuning, a process-wide setting (compile_options.py).
 
 The compile plugin's scope and dynamic shapes live on Accelerate's plugin, which exists only once the Trainer
-does: SparseBertTrainer sets them (compile_options.py).
+does: SparseBertTrainer sets them (compile_options.py). They cannot move here unchanged: ``Trainer.__init__``
+builds the plugin from TrainingArguments, and Accelerate compiles the model with it only after wrapping it in
+DDP, at the start of ``train()``; compiling here would compile the bare model, and the plugin's only other
+inputs are process-wide ``ACCELERATE_DYNAMO_*`` environment variables.
 """
 
 from __future__ import annotations

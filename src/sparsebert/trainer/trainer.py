@@ -1,6 +1,6 @@
 """SparseBertTrainer: the one Trainer subclass. Its overrides hand each part of the training step to
 ``TrainingStep`` (step.py, which shows the step top to bottom); private Trainer hooks reach it through
-``UpstreamTrainer`` (upstream.py, the one module touching private names).
+``UpstreamTrainer`` (upstream/trainer.py: private names are touched in sparsebert/upstream/ only).
 
 Keyword arguments (None / False = off), from ``build_hooks`` (hooks.py):
 
@@ -34,7 +34,7 @@ from sparsebert.trainer.distillation import prepare_teacher
 from sparsebert.trainer.onecycle import onecycle_scheduler
 from sparsebert.trainer.sparse_training import SparsityCallback, rewound_lr_scheduler
 from sparsebert.trainer.step import StepCallback, TrainingStep
-from sparsebert.trainer.upstream import UpstreamTrainer
+from sparsebert.upstream.trainer import UpstreamTrainer
 
 
 class PendingLogs:

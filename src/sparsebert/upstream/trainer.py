@@ -1,8 +1,4 @@
-"""Every private name of Transformers, Accelerate and torch that sparsebert touches, in this one module.
-
-Private names change without notice between releases. Kept here, each is named once, with why it is needed, and
-tests/trainer/test_upstream.py checks that each still exists, so an upgrade that renames one fails there, in one
-line, instead of somewhere inside a training run. ``PRIVATE_NAMES`` lists them for that test.
+"""Every private name of the Transformers Trainer and TrainingArguments that sparsebert touches.
 
 Trainer methods overridden (``UpstreamTrainer`` below turns each into a public hook of ours):
 - ``Trainer._clip_grad_norm(model)``: the clipping stage; clip-in-optimizer replaces it on fused AdamW.
@@ -14,19 +10,12 @@ Trainer attributes:
   ``train()`` as it does its own.
 - ``Trainer._train_batch_size``: the per-device batch the Trainer actually uses (named in an error message).
 - ``TrainingArguments._n_gpu``: the process trains on one GPU where the Trainer would use DataParallel.
-torch:
-- ``torch._dynamo.config.optimize_ddp``: Dynamo's DDPOptimizer (``train.ddp.split_compiled_graphs``).
-- ``torch._inductor.config.coordinate_descent_tuning``: Inductor's kernel tuning
-  (``train.torch_compile_tune_kernels``).
-- ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: graphs compiled so far (CompileWatch).
-- ``OptimizedModule._orig_mod``: the module torch.compile wraps (to find DDP under it).
+
+``PRIVATE_NAMES`` lists them for tests/upstream/test_trainer.py. torch's private names are in torch_ops.py.
 """
 
 from __future__ import annotations
 
-import os
-
-import torch
 from transformers import Trainer, TrainingArguments
 
 # (owner, attribute) pairs the test checks; instance attributes are checked on an instance there
@@ -34,8 +23,6 @@ PRIVATE_NAMES = {
     "Trainer methods": ["_clip_grad_norm", "_save_optimizer_and_scheduler", "_issue_warnings_after_load"],
     "Trainer attributes": ["_created_lr_scheduler", "_train_batch_size"],
     "TrainingArguments attributes": ["_n_gpu"],
-    "torch": ["torch._dynamo.config.optimize_ddp", "torch._inductor.config.coordinate_descent_tuning",
-              "torch._dynamo.utils.counters", "torch._dynamo.eval_frame.OptimizedModule._orig_mod"],
 }
 
 
@@ -81,31 +68,3 @@ def train_on_one_gpu(args: TrainingArguments) -> None:
     """What TrainingArguments itself sets for one device; ``n_gpu`` reads it."""
     args._n_gpu = 1
 
-
-def set_dynamo_ddp_optimizer(on: bool) -> None:
-    """Process-wide: whether Dynamo splits graphs compiled inside DDP at the buckets."""
-    import torch._dynamo
-
-    torch._dynamo.config.optimize_ddp = on
-
-
-def set_kernel_tuning(on: bool) -> None:
-    """Process-wide Inductor setting; off means the process's default (its environment variable still counts)."""
-    import torch._inductor.config
-
-    from_env = os.environ.get("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING") == "1"
-    torch._inductor.config.coordinate_descent_tuning = on or from_env
-
-
-def compiled_graphs() -> int:
-    """Graphs Dynamo has compiled in this process (a process-wide count)."""
-    from torch._dynamo.utils import counters
-
-    return int(counters["stats"]["unique_graphs"])
-
-
-def find_ddp(model) -> torch.nn.parallel.DistributedDataParallel | None:
-    """The DDP module under Accelerate's wrapping (torch.compile puts an OptimizedModule around it)."""
-    while model is not None and not isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = getattr(model, "_orig_mod", None)
-    return model

@@ -1,0 +1,35 @@
+"""Every private Transformers Trainer / TrainingArguments name sparsebert touches (upstream/trainer.py) still
+exists: an upgrade that renames one fails here, by name, instead of silently inside a training run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import Trainer, TrainingArguments
+
+from sparsebert.upstream.trainer import PRIVATE_NAMES, UpstreamTrainer, train_on_one_gpu
+
+SEE = "see sparsebert/upstream/trainer.py"
+
+
+@pytest.mark.parametrize("name", PRIVATE_NAMES["Trainer methods"])
+def test_the_trainer_hooks_we_override_exist(name):
+    assert callable(getattr(Trainer, name, None)), f"Trainer.{name} is gone: {SEE}"
+    assert name in vars(UpstreamTrainer)  # and upstream/trainer.py is where they are overridden
+
+
+def test_the_trainer_and_argument_attributes_exist(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    trainer = Trainer(model=torch.nn.Linear(2, 2), args=args)
+    for name in PRIVATE_NAMES["Trainer attributes"]:
+        assert hasattr(trainer, name), f"Trainer.{name} is gone: {SEE}"
+    for name in PRIVATE_NAMES["TrainingArguments attributes"]:
+        assert hasattr(args, name), f"TrainingArguments.{name} is gone: {SEE}"
+    train_on_one_gpu(args)
+    assert args.n_gpu == 1  # the public property reads the private attribute
+
+
+def test_the_per_device_batch_is_the_trainers(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, per_device_train_batch_size=3)
+    trainer = UpstreamTrainer(model=torch.nn.Linear(2, 2), args=args)
+    assert trainer.per_device_train_batch == 3
