@@ -175,18 +175,20 @@ def test_kernel_tuning_sets_inductor_for_the_process_both_ways(registry, tmp_pat
     setting back, and a run that compiles nothing leaves Inductor alone."""
     import torch._inductor.config as inductor
 
-    monkeypatch.setattr(inductor, "coordinate_descent_tuning", False)  # restored after the test
     monkeypatch.delenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", raising=False)
-    tiny_trainer(registry, tmp_path, ["train.torch_compile=true", "train.torch_compile_tune_kernels=true"])
-    assert inductor.coordinate_descent_tuning is True
-    tiny_trainer(registry, tmp_path, [])
-    assert inductor.coordinate_descent_tuning is True
-    tiny_trainer(registry, tmp_path, ["train.torch_compile=true"])
-    assert inductor.coordinate_descent_tuning is False
-    # off means the process's default: Inductor's own environment variable still turns it on
-    monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
-    tiny_trainer(registry, tmp_path, ["train.torch_compile=true"])
-    assert inductor.coordinate_descent_tuning is True
+    # the config's own patch restores the setting afterwards (monkeypatch would delete the config key on undo)
+    with inductor.patch(coordinate_descent_tuning=False):
+        tiny_trainer(registry, tmp_path, ["train.torch_compile=true", "train.torch_compile_tune_kernels=true"])
+        assert inductor.coordinate_descent_tuning is True
+        tiny_trainer(registry, tmp_path, [])
+        assert inductor.coordinate_descent_tuning is True
+        tiny_trainer(registry, tmp_path, ["train.torch_compile=true"])
+        assert inductor.coordinate_descent_tuning is False
+        # off means the process's default: Inductor's own environment variable still turns it on
+        monkeypatch.setenv("TORCHINDUCTOR_COORDINATE_DESCENT_TUNING", "1")
+        tiny_trainer(registry, tmp_path, ["train.torch_compile=true"])
+        assert inductor.coordinate_descent_tuning is True
+    assert hasattr(inductor, "coordinate_descent_tuning")
 
 
 def test_kernel_tuning_without_compile_is_refused(registry):
