@@ -337,12 +337,27 @@ def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
         out.write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def main() -> None:
+def check_variants(args: argparse.Namespace) -> None:
+    """Build every variant's config here, before any GPU process starts: a refused one stops the bench in one line
+    (inside torchrun it would end as a worker traceback)."""
+    from sparse_overhead import timing_overrides, variant_config
+
+    from sparsebert.config import Registry
+
+    registry = Registry.from_directory(ROOT / "experiments")
+    for variant in (v for v in args.variants.split(",") if v != PLAIN_DDP):
+        experiment, extra = VARIANTS[variant]
+        variant_config(registry, experiment, [*timing_overrides(args.steps, args.batch, args.tokenizer, args.size),
+                                              *extra])
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokenizer", default="minilm")
     p.add_argument("--gpus", default="1,2")
     p.add_argument("--per-gpu-batch", default="128,256")
-    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--steps", type=int, default=120, help="optimizer steps per run; the sparse variants' RigL "
+                   "updates every 100, so the window after --warmup must hold a multiple of 100")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--size", default="base", help="model size (tiny for a CPU smoke run)")
     p.add_argument("--variants", default="bert_100k,sparse_80_rigl",
@@ -362,13 +377,18 @@ def main() -> None:
     p.add_argument("--variant", default="bert_100k", help=argparse.SUPPRESS)
     p.add_argument("--batch", type=int, default=128, help=argparse.SUPPRESS)
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
-    args = p.parse_args()
+    return p
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     if args.worker:
         return worker(args)
     unknown = sorted(set(args.variants.split(",")) - VARIANTS.keys() - {PLAIN_DDP})
     if unknown:
         raise SystemExit(f"unknown variant(s) {', '.join(unknown)}; known: {', '.join(VARIANTS)}")
 
+    check_variants(args)
     env = {**os.environ, **env_pairs(args.env, "--env")}
 
     runs: list[dict] = []

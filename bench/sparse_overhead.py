@@ -81,14 +81,22 @@ def timing_overrides(steps: int, global_batch: int, tokenizer: str, size: str = 
             f"model.tokenizer={tokenizer}", f"model.size={size}"]
 
 
-def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer, data, warmup: int,
-                 callbacks: list | None = None) -> dict:
+def variant_config(registry: Registry, name: str, overrides: list[str]):
+    """The config a timed run of experiment ``name`` trains with; refused (one line) if the registry refuses it."""
     if registry.resolve(name).get("rigl") is not None:
         # a real run updates masks through its first 75 %; this short one must too, inside the timed window
         # (and a RigL range without an update step is refused)
         steps = next(int(item.split("=", 1)[1]) for item in overrides if item.startswith("train.max_steps="))
         overrides = [*overrides, f"rigl.end_step={steps + 1}"]
-    cfg = registry.build(name, overrides)
+    try:
+        return registry.build(name, overrides)
+    except ValueError as e:
+        raise SystemExit(f"{name}: {e}") from None
+
+
+def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer, data, warmup: int,
+                 callbacks: list | None = None) -> dict:
+    cfg = variant_config(registry, name, overrides)
     torch.manual_seed(cfg.seed)
     model = prepare_model(build_mlm_model(cfg.model, tokenizer, cfg.data), cfg)
     hooks = build_hooks(cfg, model, cfg.train.max_steps, cfg.seed)

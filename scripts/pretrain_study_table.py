@@ -31,14 +31,16 @@ DEFAULT_LR = "5e-05"  # glue_from's finetuning learning rate: the grid's label f
 
 def left_plateau_at(run_dir: Path) -> int | None:
     """The first evaluated step with an MLM eval loss below PLATEAU (None: never, or no log_history.json)."""
-    path = Path(run_dir) / "log_history.json"
+    path = run_dir / "log_history.json"
     if not path.is_file():
         return None
     evals = [h for h in json.loads(path.read_text()) if "eval_loss" in h]
     return next((int(h["step"]) for h in evals if h["eval_loss"] < PLATEAU), None)
 
 
-def mlm_table(records) -> str:
+def mlm_table(records, root: Path) -> str:
+    """One row per pretraining run; its run directory is looked up under ``root`` (the study's output root, where
+    it may have been copied from the machine that ran it)."""
     lines = ["| run | steps | MLM eval loss | perplexity | masked-token acc. | sparsity | samples/s | recompiles "
              f"after warm-up | eval loss < {PLATEAU} from step |", "|---|---|---|---|---|---|---|---|---|"]
     for rec in sorted(records, key=lambda r: r.experiment):
@@ -49,7 +51,7 @@ def mlm_table(records) -> str:
         lines.append(f"| `{rec.experiment}` | {m.get('global_step', 0):.0f} | {m['eval_loss']:.3f} | "
                      f"{math.exp(m['eval_loss']):.1f} | {'-' if accuracy is None else f'{100 * accuracy:.1f} %'} | "
                      f"{sparsity} | {m.get('train_samples_per_second', 0):.0f} | "
-                     f"{'-' if recompiles is None else int(recompiles)} | {left_plateau_at(rec.run_dir) or '-'} |")
+                     f"{'-' if recompiles is None else int(recompiles)} | {left_plateau_at(root / Path(rec.run_dir).name) or '-'} |")
     return "\n".join(lines)
 
 
@@ -101,7 +103,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
     args = parser.parse_args()
     registry = Registry.in_output_root(args.root, read_only=True)
-    parts = ["## MLM", "", mlm_table(registry.runs(task_prefix="mlm")), ""]
+    parts = ["## MLM", "", mlm_table(registry.runs(task_prefix="mlm"), args.root), ""]
     glue = study_glue_records(registry)
     if glue:
         parts += [f"## GLUE (mean over seeds), finetuning learning rate {DEFAULT_LR}", "", glue_table(glue, agg="mean"),

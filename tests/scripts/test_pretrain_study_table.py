@@ -22,7 +22,7 @@ def _script():
 
 def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):
     registry = Registry.in_output_root(tmp_path)
-    registry.record(RunRecord(run_dir=str(tmp_path / "dense"), experiment="dense", task="mlm", model="medium", seed=42,
+    registry.record(RunRecord(run_dir="/elsewhere/out/dense", experiment="dense", task="mlm", model="medium", seed=42,
                               status="done", metrics={"eval_loss": 3.0, "global_step": 8000, "masked_accuracy": 0.5,
                                                       "train_samples_per_second": 9000.0,
                                                       "recompiles_after_warmup": 0}))
@@ -46,7 +46,7 @@ def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):
          {"eval_loss": 5.2, "step": 1000}, {"eval_loss": 4.0, "step": 1500}]))
     script = _script()
     reader = Registry.in_output_root(tmp_path, read_only=True)
-    mlm = script.mlm_table(reader.runs(task_prefix="mlm"))
+    mlm = script.mlm_table(reader.runs(task_prefix="mlm"), tmp_path)  # the run copied here from elsewhere
     assert "| `dense` | 8000 | 3.000 | 20.1 | 50.0 % | dense | 9000 | 0 | 1000 |" in mlm
     glue = script.study_glue_records(reader)
     assert {r.label for r in glue} == {"glue_from=dense"} and len(glue) == 4
