@@ -74,7 +74,7 @@ take() {  # the first queue line whose NEEDS is done (removed from the queue); "
 }
 worker() {  # worker GPU: pretraining runs from the queue on GPU, one at a time
   local gpu=$1 item kind name rest
-  while :; do
+  while [ "$(date +%s)" -lt "$deadline" ]; do
     while [ -e "$root/hold/$gpu" ]; do sleep 5; done
     item=$(take)
     IFS='|' read -r kind name rest <<<"$item"
@@ -94,7 +94,10 @@ worker() {  # worker GPU: pretraining runs from the queue on GPU, one at a time
 glue_job() {  # glue_job GPU RUN TASK [LR]: GLUE TASK from RUN once RUN is done (3 seeds on the small tasks)
   local gpu=$1 run=$2 task=$3 lr=${4:-} name=glue_from=$2~$3 extra=""
   if [ -n "$lr" ]; then name="$name~lr$lr" extra="--set train.learning_rate=$lr"; fi
-  until [ -f "$root/$run/DONE" ] || [ -f "$root/logs/$run.exit" ]; do sleep 5; done
+  # (a model still queued at the deadline never gets an exit status: stop waiting then too)
+  until [ -f "$root/$run/DONE" ] || [ -f "$root/logs/$run.exit" ] || [ "$(date +%s)" -ge "$deadline" ]; do
+    sleep 5
+  done
   [ -f "$root/$run/DONE" ] || { echo "not run: $run did not finish" >"$root/logs/$name.log"; return; }
   # shellcheck disable=SC2086
   CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) python run.py "glue_from=$root/$run" \
