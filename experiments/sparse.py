@@ -86,6 +86,12 @@ EXPERIMENTS = {
         "kd": SMALL_WIKI_KD,
         "onecycle": SMALL_WIKI_ONECYCLE,
     },
+    "small_wiki_sparse_80_kd_onecycle_lr_gmp": {
+        "parent": "small_wiki_sparse_80_gmp",
+        "description": "small_wiki_sparse_80_gmp + distillation from small_wiki_teacher + one-cycle LR",
+        "kd": SMALL_WIKI_KD,
+        "onecycle": SMALL_WIKI_ONECYCLE,
+    },
     "small_wiki_sparse_80_kd_onecycle_lr_rigl_erk": {
         "parent": "small_wiki_sparse_80_kd_onecycle_lr_rigl",
         "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl with ERK layer densities",
