@@ -86,6 +86,13 @@ EXPERIMENTS = {
         "kd": SMALL_WIKI_KD,
         "onecycle": SMALL_WIKI_ONECYCLE,
     },
+    # the speed issue's numerics pair: bert_small_wiki with the two settings that change numerics (opt-in until a
+    # pair like this one ends at the same eval loss within noise)
+    "small_wiki_dense_fast_numerics": {
+        "parent": "bert_small_wiki",
+        "description": "bert_small_wiki with a bf16 residual stream and hash dropout (the opt-in fast settings)",
+        "model": {"half_precision_residual": True, "fast_dropout": True},
+    },
     "small_wiki_sparse_80_kd_onecycle_lr_gmp": {
         "parent": "small_wiki_sparse_80_gmp",
         "description": "small_wiki_sparse_80_gmp + distillation from small_wiki_teacher + one-cycle LR",

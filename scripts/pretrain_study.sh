@@ -49,6 +49,7 @@ ablation_rigl_lr_1e-3||small_wiki_sparse_80_rigl $early --set train.learning_rat
 ablation_rigl_eager||small_wiki_sparse_80_rigl $early --set train.torch_compile=false \
 --set data.static_mask_count=false --set train.torch_compile_mode=default --set train.clip_in_optimizer=false
 small_wiki_sparse_80_kd_onecycle_lr_rigl_erk|small_wiki_teacher|small_wiki_sparse_80_kd_onecycle_lr_rigl_erk
+small_wiki_dense_fast_numerics||small_wiki_dense_fast_numerics
 "
 queue=$root/queue
 : >"$queue"
