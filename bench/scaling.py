@@ -345,10 +345,17 @@ def check_variants(args: argparse.Namespace) -> None:
     from sparsebert.config import Registry
 
     registry = Registry.from_directory(ROOT / "experiments")
+    compile_items = ["train.torch_compile=true"] if args.compile else []
     for variant in (v for v in args.variants.split(",") if v != PLAIN_DDP):
         experiment, extra = VARIANTS[variant]
-        variant_config(registry, experiment, [*timing_overrides(args.steps, args.batch, args.tokenizer, args.size),
-                                              *extra])
+        for batch in map(int, args.per_gpu_batch.split(",")):
+            for gpus in map(int, args.gpus.split(",")):  # the global batch of each launch, as the workers build it
+                items = [*timing_overrides(args.steps, batch * gpus, args.tokenizer, args.size), *extra,
+                         *compile_items]
+                try:
+                    variant_config(registry, experiment, items)
+                except ValueError as e:
+                    raise SystemExit(f"{variant}: {e}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

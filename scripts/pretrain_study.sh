@@ -16,7 +16,9 @@
 #                  in GLUE_LR_RUNS (default: the two dense baselines and the RigL runs at 80 and 90 %)
 #   STUDY_RUNS     the pretraining runs to make (default: all, in the queue order below)
 #   STUDY_SET, GLUE_SET  extra arguments for every pretraining / GLUE process (a CPU dry run shrinks the model)
-# A pretraining worker waits while OUT_ROOT/hold/GPU exists: another job (a benchmark, say) has that GPU.
+# A pretraining worker waits while OUT_ROOT/hold/GPU exists: another job (a benchmark, say) has that GPU (GLUE
+# processes do not look at holds). Use a fresh OUT_ROOT per call: nothing is resumed, and the logs/*.exit and hold/*
+# files of an earlier call would be taken as this call's. Paths must not contain spaces.
 set -u
 root=$1 data=$2 tokenizer=$3
 deadline=$(( $(date +%s) + ${4:-1380} ))
@@ -59,6 +61,10 @@ while IFS='|' read -r name needs args; do
   echo "$name|$needs|$args" >>"$queue"
 done <<<"$all_runs"  # (inside double quotes bash removes each backslash-newline)
 
+seconds_left() {  # until the deadline, at least 1 ("timeout 0" would mean no limit at all)
+  local left=$(( deadline - $(date +%s) ))
+  echo $(( left > 0 ? left : 1 ))
+}
 take() {  # the first queue line whose NEEDS is done (removed from the queue); "wait" if none yet; "" if empty
   (
     flock 9
@@ -66,8 +72,10 @@ take() {  # the first queue line whose NEEDS is done (removed from the queue); "
     while IFS='|' read -r name needs args; do
       n=$((n + 1))
       if [ -z "$needs" ] || [ -f "$root/$needs/DONE" ]; then
-        sed -i "${n}d" "$queue"; echo "run|$name|$args"; return
+        sed -i "${n}d" "$queue"; touch "$root/logs/$name.started"; echo "run|$name|$args"; return
       elif [ -f "$root/logs/$needs.exit" ]; then  # what it needs ended unfinished
+        sed -i "${n}d" "$queue"; echo "skip|$name|$needs"; return
+      elif [ ! -f "$root/logs/$needs.started" ] && ! grep -q "^$needs|" "$queue"; then  # nor queued nor running
         sed -i "${n}d" "$queue"; echo "skip|$name|$needs"; return
       fi
     done <"$queue"
@@ -77,16 +85,16 @@ take() {  # the first queue line whose NEEDS is done (removed from the queue); "
 worker() {  # worker GPU: pretraining runs from the queue on GPU, one at a time
   local gpu=$1 item kind name rest
   while [ "$(date +%s)" -lt "$deadline" ]; do
-    while [ -e "$root/hold/$gpu" ]; do sleep 5; done
+    if [ -e "$root/hold/$gpu" ]; then sleep 5; continue; fi
     item=$(take)
     IFS='|' read -r kind name rest <<<"$item"
     case $kind in
       "") return ;;
       wait) sleep 5 ;;
-      skip) echo "not run: $rest did not finish" >"$root/logs/$name.log"; echo 3 >"$root/logs/$name.exit" ;;
+      skip) echo "not run: it needs $rest, which did not finish here" >"$root/logs/$name.log"; echo 3 >"$root/logs/$name.exit" ;;
       run)
         # shellcheck disable=SC2086  # the arguments are split on purpose
-        CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) python run.py $rest --run-name "$name" \
+        CUDA_VISIBLE_DEVICES=$gpu timeout -k 30 "$(seconds_left)" python run.py $rest --run-name "$name" \
           $common >"$root/logs/$name.log" 2>&1
         echo $? >"$root/logs/$name.exit" ;;
     esac
@@ -101,16 +109,18 @@ glue_job() {  # glue_job GPU RUN TASK [LR]: GLUE TASK from RUN once RUN is done 
     sleep 5
   done
   [ -f "$root/$run/DONE" ] || { echo "not run: $run did not finish" >"$root/logs/$name.log"; return; }
+  [ "$(date +%s)" -lt "$deadline" ] || { echo "not run: the deadline passed" >"$root/logs/$name.log"; return; }
   # shellcheck disable=SC2086
-  CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) python run.py "glue_from=$root/$run" \
+  CUDA_VISIBLE_DEVICES=$gpu timeout -k 30 "$(seconds_left)" python run.py "glue_from=$root/$run" \
     --run-name "$name" --output-dir "$root" --data-dir "$data" --set "finetune.glue_tasks=$task" \
     --set train.dataloader_workers=0 $extra ${GLUE_SET:-} >"$root/logs/$name.log" 2>&1
   echo $? >"$root/logs/$name.exit"
 }
-export -f glue_job
+export -f glue_job seconds_left
 export root data deadline GLUE_SET
 
-gpus=${STUDY_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader | tr '\n' ' ')}
+gpus=${STUDY_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ')}
+[ -n "${gpus// /}" ] || { echo "pretrain_study.sh: no GPU found (nvidia-smi); set STUDY_GPUS" >&2; exit 2; }
 read -ra glue_gpus <<<"${GLUE_GPUS:-$gpus}"
 lr_runs=${GLUE_LR_RUNS:-bert_small_wiki small_wiki_dense_kd_onecycle_lr small_wiki_sparse_80_rigl
   small_wiki_sparse_80_kd_onecycle_lr_rigl small_wiki_sparse_90_kd_onecycle_lr_rigl}
@@ -130,5 +140,6 @@ while IFS='|' read -r name _; do  # the study's models in queue order (the teach
 done <"$queue"
 
 for gpu in $gpus; do worker "$gpu" & done
-xargs -P "${GLUE_PARALLEL:-$(( $(nproc) / 2 ))}" -L 1 bash -c 'glue_job "$@"' _ <"$jobs" &
+parallel=${GLUE_PARALLEL:-$(( $(nproc) / 2 ))}
+xargs -P "$(( parallel > 0 ? parallel : 1 ))" -L 1 bash -c 'glue_job "$@"' _ <"$jobs" &
 wait

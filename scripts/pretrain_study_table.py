@@ -24,9 +24,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from sparsebert.results import Registry, glue_table  # noqa: E402
+from sparsebert.results.glue_table import TASK_METRICS  # noqa: E402
 
 PLATEAU = 5.5  # MLM eval loss: a model above it still predicts little beyond token frequencies (unigram loss ~6)
-DEFAULT_LR = "5e-05"  # glue_from's finetuning learning rate: the grid's label for runs without ``~lr``
+DEFAULT_LR = "5e-5"  # glue_from's finetuning learning rate: the rate of the runs without ``~lr``
 
 
 def left_plateau_at(run_dir: Path) -> int | None:
@@ -36,6 +37,14 @@ def left_plateau_at(run_dir: Path) -> int | None:
         return None
     evals = [h for h in json.loads(path.read_text()) if "eval_loss" in h]
     return next((int(h["step"]) for h in evals if h["eval_loss"] < PLATEAU), None)
+
+
+def _plateau_cell(run_dir: Path) -> str:
+    """The step the run left the plateau; "never" when its curve stays above; "?" without a curve to read."""
+    if not (run_dir / "log_history.json").is_file():
+        return "?"
+    step = left_plateau_at(run_dir)
+    return "never" if step is None else str(step)
 
 
 def mlm_table(records, root: Path) -> str:
@@ -51,7 +60,7 @@ def mlm_table(records, root: Path) -> str:
         lines.append(f"| `{rec.experiment}` | {m.get('global_step', 0):.0f} | {m['eval_loss']:.3f} | "
                      f"{math.exp(m['eval_loss']):.1f} | {'-' if accuracy is None else f'{100 * accuracy:.1f} %'} | "
                      f"{sparsity} | {m.get('train_samples_per_second', 0):.0f} | "
-                     f"{'-' if recompiles is None else int(recompiles)} | {left_plateau_at(root / Path(rec.run_dir).name) or '-'} |")
+                     f"{'-' if recompiles is None else int(recompiles)} | {_plateau_cell(root / Path(rec.run_dir).name)} |")
     return "\n".join(lines)
 
 
@@ -69,20 +78,25 @@ def study_glue_records(registry: Registry):
             if _model_and_lr(r.experiment)[1] is None]
 
 
+def _rate(lr: str | None) -> str:
+    """A learning rate as one label however it was written (``5e-5``, ``5e-05``, ``0.00005``)."""
+    return f"{float(lr or DEFAULT_LR):.0e}"
+
+
 def lr_grid_records(registry: Registry):
-    """(every run of the models in the learning-rate grid, labelled ``MODEL lr=LR``; each model's task at its best
-    learning rate, labelled ``MODEL best lr``): the best is the highest mean score over seeds on the dev set, so
-    optimistic, and chosen the same way for every model."""
+    """(the grid: each model's runs of the tasks finetuned at several rates, labelled ``MODEL lr=LR``; each model's
+    every task at its best rate, labelled ``MODEL best lr``): the best is the highest mean score over seeds on the
+    dev set, so optimistic, and chosen the same way for every model."""
     records = registry.runs(task_prefix="glue:")
-    gridded = {_model_and_lr(r.experiment)[0] for r in records if _model_and_lr(r.experiment)[1]}
+    gridded = {(_model_and_lr(r.experiment)[0], r.task) for r in records if _model_and_lr(r.experiment)[1]}
     by_lr: dict[tuple[str, str, str], list] = defaultdict(list)
     for r in records:
         model, lr = _model_and_lr(r.experiment)
-        if model in gridded:
-            by_lr[model, r.task, lr or DEFAULT_LR].append(r)
+        if model in {m for m, _ in gridded}:
+            by_lr[model, r.task, _rate(lr)].append(r)
     grid = [dataclasses.replace(r, group=f"{model} lr={lr}")
-            for (model, _, lr), runs in sorted(by_lr.items(), key=lambda item: (item[0][0], float(item[0][2])))
-            for r in runs]
+            for (model, task, lr), runs in sorted(by_lr.items(), key=lambda item: (item[0][0], float(item[0][2])))
+            if (model, task) in gridded for r in runs]
     best = []
     for model, task in sorted({(m, t) for m, t, _ in by_lr}):
         lrs = [lr for m, t, lr in by_lr if (m, t) == (model, task)]
@@ -92,8 +106,10 @@ def lr_grid_records(registry: Registry):
 
 
 def _score(record) -> float:
-    """A run's GLUE score (every finetuning run writes one); NaN (a collapsed STS-B run) ranks last."""
-    score = record.metrics["score"]
+    """A run's GLUE score (``score``, else the mean of its task's metrics); NaN (a collapsed STS-B run) ranks last."""
+    score = record.metrics.get("score")
+    if score is None:
+        score = statistics.fmean(record.metrics[key] for key in TASK_METRICS[record.task.partition(":")[2]])
     return -math.inf if math.isnan(score) else score
 
 
@@ -106,8 +122,8 @@ def main() -> int:
     parts = ["## MLM", "", mlm_table(registry.runs(task_prefix="mlm"), args.root), ""]
     glue = study_glue_records(registry)
     if glue:
-        parts += [f"## GLUE (mean over seeds), finetuning learning rate {DEFAULT_LR}", "", glue_table(glue, agg="mean"),
-                  ""]
+        parts += [f"## GLUE (mean over seeds), finetuning learning rate {_rate(DEFAULT_LR)}", "",
+                  glue_table(glue, agg="mean"), ""]
     grid, best = lr_grid_records(registry)
     if grid:
         parts += ["## GLUE per finetuning learning rate", "", glue_table(grid, agg="mean"), "",

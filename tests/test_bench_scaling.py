@@ -21,7 +21,8 @@ def scaling():
 
 
 def args(steps: int, variants: str) -> SimpleNamespace:
-    return SimpleNamespace(variants=variants, steps=steps, batch=128, tokenizer="minilm", size="base")
+    return SimpleNamespace(variants=variants, steps=steps, per_gpu_batch="128,256", gpus="1,2", compile=True,
+                           tokenizer="minilm", size="base")
 
 
 def test_every_variant_builds_at_the_default_steps(scaling):

@@ -463,5 +463,5 @@ def test_stop_after_steps_must_cut_a_step_schedule_short(registry):
     assert_refused_naming(registry, "bert_tiny_quick", ["train.stop_after_steps=150"],
                           ["train.stop_after_steps", "max_steps=150", "150"])
     assert_refused_naming(registry, "bert_tiny_quick", ["train.stop_after_steps=0"], ["train.stop_after_steps"])
-    assert_refused_naming(registry, "bert_tiny_quick", ["train.stop_after_steps=5", "train.epochs=1"],
-                          ["train.stop_after_steps", "train.epochs"])
+    assert_refused_naming(registry, "tiny_glue", ["train.stop_after_steps=5", "train.epochs=null"],
+                          ["train.stop_after_steps", "pretraining"])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -37,6 +38,15 @@ def test_a_finished_run_is_skipped_only_with_the_same_settings(tmp_path):
     with pytest.raises(SparseBertError, match=r"holds a finished run of bert_tiny_quick with other settings "
                                               r"\(train.max_steps\); use --overwrite"):
         run_experiment(changed, opts)
+
+
+def test_a_run_made_before_a_setting_existed_still_counts_as_the_same(tmp_path):
+    """config.json of an older version lacks the settings added since; at their None default that is no change."""
+    cfg = finished_run(tmp_path, ["train.max_steps=20"])
+    saved = json.loads((tmp_path / cfg.name / "config.json").read_text())
+    del saved["train"]["stop_after_steps"]  # a setting added after the run was made
+    atomic_write_json(tmp_path / cfg.name / "config.json", saved)
+    assert run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=tmp_path)) is None  # skipped as finished
 
 
 # --- one writer per run directory: real processes racing on one output root ----------------------------------

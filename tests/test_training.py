@@ -303,3 +303,18 @@ def test_stop_after_steps_ends_early_on_the_full_runs_schedule(registry, data_di
         assert entry["learning_rate"] == train_logs[entry["step"]]["learning_rate"]
         assert entry["loss"] == pytest.approx(train_logs[entry["step"]]["loss"], abs=1e-6)
     assert stopped[-1]["step"] == 7 and (tmp_path / "bert_tiny_quick" / "DONE").is_file()
+    # samples/s of the 7 steps that ran (transformers 5.17's own figure counts the whole 20-step schedule)
+    assert metrics["train_samples_per_second"] == pytest.approx(7 * 8 / metrics["train_runtime_s"])
+
+
+def test_resume_of_a_stopped_run_never_trains_past_the_stop(registry, data_dir, tmp_path):
+    """A checkpoint saved at the stop step is not resumed from: the stop can only act after a step."""
+    stop = ["train.stop_after_steps=10"]  # FAST saves at step 10 too
+    run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=stop)
+    run_dir = tmp_path / "bert_tiny_quick"
+    assert (run_dir / "checkpoint-10").is_dir()
+    (run_dir / "DONE").unlink()  # killed after the checkpoint, before it finished
+    metrics = run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=stop, resume=True)
+    assert metrics["global_step"] == 10
+    evals = [h["step"] for h in json.loads((run_dir / "log_history.json").read_text()) if "eval_loss" in h]
+    assert evals[-1] == 10 and max(evals) == 10

@@ -158,8 +158,10 @@ def _check_same_config(run_dir: Path, cfg: ExperimentConfig, problem: str) -> No
         return
     saved = json.loads(saved_path.read_text())
     current = json.loads(json.dumps(to_dict(cfg)))
-    if saved != current:
-        diff = sorted(_diff_keys(saved, current))
+    # a key missing on one side counts as None: a setting added since the run was made, at its None default,
+    # is no difference (comparing the dicts themselves refused every older run)
+    diff = sorted(_diff_keys(saved, current))
+    if diff:
         raise SparseBertError(f"{problem} ({', '.join(diff[:5])}); use --overwrite or another --output-dir")
 
 

@@ -40,6 +40,10 @@ def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):
                                   model=str(tmp_path / "dense"), seed=42, status="done",
                                   metrics={"accuracy" if task == "rte" else "matthews_corr": value, "score": value},
                                   group=name, pretrain_metrics={"eval_loss": 3.0, "perplexity": 20.1}))
+    registry.record(RunRecord(run_dir=str(tmp_path / "sst2"), experiment="glue_from=dense~sst2", task="glue:sst2",
+                              model=str(tmp_path / "dense"), seed=42, status="done",
+                              metrics={"accuracy": 0.8, "score": 0.8}, group="glue_from=dense~sst2",
+                              pretrain_metrics={"eval_loss": 3.0, "perplexity": 20.1}))  # no other rate
     (tmp_path / "dense").mkdir()
     (tmp_path / "dense" / "log_history.json").write_text(json.dumps(
         [{"eval_loss": 10.4, "step": 0}, {"loss": 7.0, "step": 50}, {"eval_loss": 6.1, "step": 500},
@@ -49,13 +53,14 @@ def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):
     mlm = script.mlm_table(reader.runs(task_prefix="mlm"), tmp_path)  # the run copied here from elsewhere
     assert "| `dense` | 8000 | 3.000 | 20.1 | 50.0 % | dense | 9000 | 0 | 1000 |" in mlm
     glue = script.study_glue_records(reader)
-    assert {r.label for r in glue} == {"glue_from=dense"} and len(glue) == 4
+    assert {r.label for r in glue} == {"glue_from=dense"} and len(glue) == 5
     table = script.glue_table(glue, agg="mean")
     assert sum(line.startswith("| glue_from=dense ") for line in table.splitlines()) == 1
     grid, best = script.lr_grid_records(reader)
     labels = [r.label for r in grid]  # by learning rate, the default one included, in numeric order
-    assert labels == ["glue_from=dense lr=5e-05"] * 4 + ["glue_from=dense lr=1e-4"] + ["glue_from=dense lr=2e-4"] * 2
+    assert labels == ["glue_from=dense lr=5e-05"] * 4 + ["glue_from=dense lr=1e-04"] + ["glue_from=dense lr=2e-04"] * 2
     # RTE: lr 1e-4 (0.7) beats 5e-05 (mean 0.605) and 2e-4 (0.5); CoLA: 5e-05 (mean 0.205) beats 2e-4 (0.1)
     chosen = {(r.task, r.experiment) for r in best}
-    assert chosen == {("glue:rte", "glue_from=dense~rte~lr1e-4"), ("glue:cola", "glue_from=dense~cola")}
-    assert len(best) == 3 and {r.label for r in best} == {"glue_from=dense best lr"}
+    assert chosen == {("glue:rte", "glue_from=dense~rte~lr1e-4"), ("glue:cola", "glue_from=dense~cola"),
+                      ("glue:sst2", "glue_from=dense~sst2")}  # SST-2, at one rate, is in the best row, not the grid
+    assert len(best) == 4 and {r.label for r in best} == {"glue_from=dense best lr"}

@@ -41,8 +41,14 @@ def test_the_torch_names_exist(path):
 def test_the_aliases_are_torchs_own_functions():
     # module-level aliases, not wrappers: the hot paths (masks after every step, the flat all-reduce's copies)
     # pay nothing for going through torch_ops
-    for alias in ("foreach_norm", "foreach_mul_", "foreach_addcmul_", "foreach_copy_", "cslt_sparse_mm"):
+    for alias in ("foreach_norm", "foreach_mul_", "foreach_addcmul_", "foreach_copy_"):
         assert getattr(torch_ops, alias) is getattr(torch, "_" + alias), f"torch._{alias}: {SEE}"
+
+
+def test_cslt_sparse_mm_is_looked_up_when_called(monkeypatch):
+    calls = []
+    monkeypatch.setattr(torch, "_cslt_sparse_mm", lambda *args, **kwargs: calls.append((args, kwargs)) or "out")
+    assert torch_ops.cslt_sparse_mm(1, 2, alpha=3) == "out" and calls == [((1, 2), {"alpha": 3})]
 
 
 def test_the_foreach_kernels_do_what_we_rely_on():

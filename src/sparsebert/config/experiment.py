@@ -118,6 +118,8 @@ class ExperimentConfig:
                     schedule.check_run_length(self.train.max_steps)
         if self.data.static_mask_count and self.is_finetuning:
             raise ConfigError("data.static_mask_count is for MLM pretraining; finetuning has no masked tokens")
+        if self.is_finetuning and self.train.stop_after_steps is not None:
+            raise ConfigError("train.stop_after_steps is for MLM pretraining (it cuts a pretraining schedule short)")
         if not self.is_finetuning and self.train.epochs is not None:
             raise ConfigError("train.epochs is for finetuning; pretraining runs train.max_steps optimizer steps")
         if self.is_finetuning and not self.model.init_from:

@@ -215,8 +215,6 @@ class TrainConfig:
                      "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
-        if self.stop_after_steps is not None and self.epochs is not None:
-            raise ValueError("train.stop_after_steps cuts a max_steps schedule short: it cannot go with train.epochs")
         if self.stop_after_steps is not None and not 1 <= self.stop_after_steps < self.max_steps:
             raise ValueError(f"train.stop_after_steps must be in [1, train.max_steps={self.max_steps}), "
                              f"got {self.stop_after_steps}")

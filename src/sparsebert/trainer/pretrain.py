@@ -97,13 +97,15 @@ class PretrainJob:
         )
         checkpoint = None
         if resume and run_dir.is_dir():
-            checkpoint = last_complete_checkpoint(run_dir, sparse=trainer.sparsity is not None)
+            checkpoint = last_complete_checkpoint(run_dir, sparse=trainer.sparsity is not None,
+                                                  below_step=cfg.train.stop_after_steps)
         if checkpoint is not None and trainer.sparsity is not None:
             load_masks(trainer.sparsity, checkpoint)  # the masks that go with the checkpoint's weights
         result = trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
         final = last_eval(trainer) or trainer.evaluate()
         trainer.save_model(str(run_dir / "model"))  # safetensors; sparse weights are exact zeros
-        metrics = pretrain_metrics(trainer, result.metrics, final, self.data)
+        start_step = 0 if checkpoint is None else checkpoint_step(checkpoint)
+        metrics = pretrain_metrics(trainer, result.metrics, final, self.data, start_step)
         if trainer.is_world_process_zero():  # plain data for loss curves (--plot loss), beside metrics.json
             atomic_write_json(run_dir / "log_history.json", trainer.state.log_history)
         if compile_watch is not None and compile_watch.at_warmup_end is not None:
@@ -177,11 +179,14 @@ _FILE_CHECKS = {".safetensors": _safetensors_problem, ".json": _json_problem, ".
                 ".pth": _archive_problem, ".bin": _archive_problem}
 
 
-def last_complete_checkpoint(run_dir: Path, sparse: bool) -> Path | None:
+def last_complete_checkpoint(run_dir: Path, sparse: bool, below_step: int | None = None) -> Path | None:
     """The newest ``checkpoint-N`` that holds everything a resume loads, whole. Newer incomplete ones (a crash
     while saving) are skipped; so are damaged ones, with a warning, but when no whole checkpoint is left the
-    damage is an error: starting over would silently throw the run's progress away."""
-    steps = {path: step for path in run_dir.glob("checkpoint-*") if (step := checkpoint_step(path)) is not None}
+    damage is an error: starting over would silently throw the run's progress away. ``below_step``: only
+    checkpoints before that step (train.stop_after_steps: a resume from the stop step would train one step past
+    it before the stop could take effect)."""
+    steps = {path: step for path in run_dir.glob("checkpoint-*")
+             if (step := checkpoint_step(path)) is not None and (below_step is None or step < below_step)}
     damaged = []
     for checkpoint in sorted(steps, key=steps.__getitem__, reverse=True):
         missing = missing_checkpoint_files(checkpoint, sparse)
@@ -216,8 +221,21 @@ def last_eval(trainer) -> dict[str, float] | None:
     return None
 
 
-def pretrain_metrics(trainer, train: dict[str, float], final: dict[str, float], data: PretrainData) -> dict:
+def trained_samples_per_second(trainer, train: dict[str, float], start_step: int) -> float | None:
+    """Samples per second of the steps this process trained. Counted here: the Trainer's own figure assumes the
+    whole max_steps schedule ran (transformers 5.17 doubles a run stopped halfway by train.stop_after_steps)."""
+    runtime = train.get("train_runtime")
+    if not runtime:
+        return None
+    args = trainer.args
+    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+    return (trainer.state.global_step - start_step) * global_batch / runtime
+
+
+def pretrain_metrics(trainer, train: dict[str, float], final: dict[str, float], data: PretrainData,
+                     start_step: int = 0) -> dict:
     initial = next((h for h in trainer.state.log_history if "eval_loss" in h and h.get("step") == 0), None)
+    samples_per_second = trained_samples_per_second(trainer, train, start_step)
     out: dict[str, Any] = {
         "eval_loss": final["eval_loss"],
         "perplexity": math.exp(final["eval_loss"]),
@@ -225,8 +243,8 @@ def pretrain_metrics(trainer, train: dict[str, float], final: dict[str, float], 
         "global_step": trainer.state.global_step,
         "train_loss": train.get("train_loss"),
         "train_runtime_s": train.get("train_runtime"),
-        "train_samples_per_second": train.get("train_samples_per_second"),
-        "train_tokens_per_second": (train.get("train_samples_per_second") or 0.0) * trainer.tokens_per_sample,
+        "train_samples_per_second": samples_per_second,
+        "train_tokens_per_second": (samples_per_second or 0.0) * trainer.tokens_per_sample,
         "train_blocks": len(data.train),
         "eval_blocks": len(data.eval),
         "train_documents": data.train_documents,

@@ -38,7 +38,12 @@ foreach_norm = torch._foreach_norm
 foreach_mul_ = torch._foreach_mul_
 foreach_addcmul_ = torch._foreach_addcmul_
 foreach_copy_ = torch._foreach_copy_
-cslt_sparse_mm = torch._cslt_sparse_mm
+
+
+def cslt_sparse_mm(*args, **kwargs) -> torch.Tensor:
+    """cuSPARSELt's 2:4 matmul, looked up when called: only the 2:4 export needs it, and a torch without it must
+    not break every import of the sparsity core (the foreach aliases above are looked up at import)."""
+    return torch._cslt_sparse_mm(*args, **kwargs)
 
 
 def semi_structured_limits(sparse_cls_or_tensor) -> dict:
