@@ -101,14 +101,9 @@ worker() {  # worker GPU: pretraining runs from the queue on GPU, one at a time
   done
 }
 
-glue_job() {  # glue_job GPU RUN TASK [LR]: GLUE TASK from RUN once RUN is done (3 seeds on the small tasks)
+glue_job() {  # glue_job GPU RUN TASK [LR]: GLUE TASK from the finished RUN (3 seeds on the small tasks)
   local gpu=$1 run=$2 task=$3 lr=${4:-} name=glue_from=$2~$3 extra=""
   if [ -n "$lr" ]; then name="$name~lr$lr" extra="--set train.learning_rate=$lr"; fi
-  # (a model still queued at the deadline never gets an exit status: stop waiting then too)
-  until [ -f "$root/$run/DONE" ] || [ -f "$root/logs/$run.exit" ] || [ "$(date +%s)" -ge "$deadline" ]; do
-    sleep 5
-  done
-  [ -f "$root/$run/DONE" ] || { echo "not run: $run did not finish" >"$root/logs/$name.log"; return; }
   [ "$(date +%s)" -lt "$deadline" ] || { echo "not run: the deadline passed" >"$root/logs/$name.log"; return; }
   # shellcheck disable=SC2086
   CUDA_VISIBLE_DEVICES=$gpu timeout -k 30 "$(seconds_left)" python run.py "glue_from=$root/$run" \
@@ -124,22 +119,36 @@ gpus=${STUDY_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/n
 read -ra glue_gpus <<<"${GLUE_GPUS:-$gpus}"
 lr_runs=${GLUE_LR_RUNS:-bert_small_wiki small_wiki_dense_kd_onecycle_lr small_wiki_sparse_80_rigl
   small_wiki_sparse_80_kd_onecycle_lr_rigl small_wiki_sparse_90_kd_onecycle_lr_rigl}
-jobs=$root/glue_jobs
-: >"$jobs"
-n=0
-while IFS='|' read -r name _; do  # the study's models in queue order (the teacher and the ablations are not)
+# each model's GLUE jobs (TASK [LR] per line), handed to the pool once the model is done
+mkdir -p "$root/glue_jobs"
+models=""
+while IFS='|' read -r name _; do  # the study's models (the teacher and the ablations are not)
   case $name in small_wiki_teacher|ablation_*) continue ;; esac
-  for task in sst2 cola stsb mrpc rte wnli; do
-    echo "${glue_gpus[n++ % ${#glue_gpus[@]}]} $name $task" >>"$jobs"
-  done
+  models="$models $name"
+  printf '%s\n' sst2 cola stsb mrpc rte wnli >"$root/glue_jobs/$name"
   if [[ " $(echo $lr_runs) " == *" $name "* ]]; then
-    for lr in ${GLUE_LRS-1e-4 2e-4}; do
-      for task in cola stsb mrpc rte; do echo "${glue_gpus[n++ % ${#glue_gpus[@]}]} $name $task $lr" >>"$jobs"; done
-    done
+    for lr in ${GLUE_LRS-1e-4 2e-4}; do printf '%s '"$lr"'\n' cola stsb mrpc rte >>"$root/glue_jobs/$name"; done
   fi
 done <"$queue"
 
+dispatch() {  # "GPU RUN TASK [LR]" lines, each model's as soon as it is done, GPUs in turn; until none is left
+  local pending=" $models " name task lr n=0
+  while [ -n "${pending// /}" ] && [ "$(date +%s)" -lt "$deadline" ]; do
+    for name in $pending; do
+      if [ -f "$root/$name/DONE" ]; then
+        # (no trailing blank: xargs -L would join the next line to this one)
+        while read -r task lr; do echo "${glue_gpus[n++ % ${#glue_gpus[@]}]} $name $task${lr:+ $lr}"; done \
+          <"$root/glue_jobs/$name"
+        pending=${pending/ $name / }
+      elif [ -f "$root/logs/$name.exit" ]; then  # ended unfinished (or skipped): no GLUE
+        pending=${pending/ $name / }
+      fi
+    done
+    sleep 5
+  done
+}
+
 for gpu in $gpus; do worker "$gpu" & done
 parallel=${GLUE_PARALLEL:-$(( $(nproc) / 2 ))}
-xargs -P "$(( parallel > 0 ? parallel : 1 ))" -L 1 bash -c 'glue_job "$@"' _ <"$jobs" &
+dispatch | xargs -P "$(( parallel > 0 ? parallel : 1 ))" -L 1 bash -c 'glue_job "$@"' _ &
 wait
