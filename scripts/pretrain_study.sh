@@ -12,8 +12,10 @@
 #   STUDY_GPUS     GPUs for pretraining, e.g. "0 1 2 3" (default: every GPU nvidia-smi lists)
 #   GLUE_GPUS      GPUs the GLUE processes share (default: STUDY_GPUS); GLUE_PARALLEL: how many at a time
 #                  (default: half the CPUs)
-#   GLUE_LRS       extra finetuning learning rates for CoLA, MRPC, RTE and STS-B (default "1e-4 2e-4") on the models
-#                  in GLUE_LR_RUNS (default: the two dense baselines and the RigL runs at 80 and 90 %)
+#   GLUE_TASKS     the GLUE tasks of every model (default "sst2 cola stsb mrpc rte wnli")
+#   GLUE_LRS       extra finetuning learning rates (default "1e-4 2e-4") for the tasks in GLUE_LR_TASKS (default
+#                  "cola stsb mrpc rte") on the models in GLUE_LR_RUNS (default: the two dense baselines and the
+#                  RigL KD runs at 80 and 90 %, and plain 80 % RigL)
 #   STUDY_RUNS     the pretraining runs to make (default: all, in the queue order below)
 #   STUDY_SET, GLUE_SET  extra arguments for every pretraining / GLUE process (a CPU dry run shrinks the model)
 # A pretraining worker waits while OUT_ROOT/hold/GPU exists: another job (a benchmark, say) has that GPU (GLUE
@@ -125,9 +127,11 @@ models=""
 while IFS='|' read -r name _; do  # the study's models (the teacher and the ablations are not)
   case $name in small_wiki_teacher|ablation_*) continue ;; esac
   models="$models $name"
-  printf '%s\n' sst2 cola stsb mrpc rte wnli >"$root/glue_jobs/$name"
+  printf '%s\n' ${GLUE_TASKS:-sst2 cola stsb mrpc rte wnli} >"$root/glue_jobs/$name"
   if [[ " $(echo $lr_runs) " == *" $name "* ]]; then
-    for lr in ${GLUE_LRS-1e-4 2e-4}; do printf '%s '"$lr"'\n' cola stsb mrpc rte >>"$root/glue_jobs/$name"; done
+    for lr in ${GLUE_LRS-1e-4 2e-4}; do
+      printf '%s '"$lr"'\n' ${GLUE_LR_TASKS:-cola stsb mrpc rte} >>"$root/glue_jobs/$name"
+    done
   fi
 done <"$queue"
 
@@ -150,5 +154,5 @@ dispatch() {  # "GPU RUN TASK [LR]" lines, each model's as soon as it is done, G
 
 for gpu in $gpus; do worker "$gpu" & done
 parallel=${GLUE_PARALLEL:-$(( $(nproc) / 2 ))}
-dispatch | xargs -P "$(( parallel > 0 ? parallel : 1 ))" -L 1 bash -c 'glue_job "$@"' _ &
+dispatch | xargs -r -P "$(( parallel > 0 ? parallel : 1 ))" -L 1 bash -c 'glue_job "$@"' _ &
 wait

@@ -1,0 +1,64 @@
+"""scripts/pretrain_study.sh on CPU at tiny size: the queue starts a KD run only after its teacher, GLUE (and the
+learning-rate grid) follows each finished model, a run whose teacher never runs is skipped, and a held GPU does not
+keep the script past its deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pretrain_study.sh"
+TINY = ("--set model.size=tiny --set data.max_files=1 --set data.eval_documents=4 --set data.max_eval_samples=32 "
+        "--set data.max_seq_length=64 --set train.global_batch_size=8 --set train.max_steps=1000 "
+        "--set train.stop_after_steps=4 --set train.warmup_steps=0 --set train.eval_steps=4 "
+        "--set train.torch_compile=false --set data.static_mask_count=false --set train.dataloader_workers=0")
+
+pytestmark = pytest.mark.slow
+
+
+def study(root: Path, data_dir: Path, tokenizer: str, seconds: int, **env: str) -> float:
+    """Run the script; its wall time in seconds."""
+    # the script calls `python`: this test's interpreter (its virtual environment's bin first)
+    bin_dir = Path(sys.executable).parent
+    full = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUDY_SET": TINY, "GLUE_PARALLEL": "2",
+            "GLUE_SET": "--set finetune.max_train_samples=16 --set finetune.max_eval_samples=8 --set train.epochs=1",
+            "PYTHONPATH": str(SCRIPT.parents[1] / "src"), **env}
+    start = time.monotonic()
+    subprocess.run(["bash", str(SCRIPT), str(root), str(data_dir), tokenizer, str(seconds)], env=full,
+                   cwd=SCRIPT.parents[1], check=True, capture_output=True, timeout=600)
+    return time.monotonic() - start
+
+
+def test_kd_after_its_teacher_and_glue_after_each_model(data_dir, minilm_path, tmp_path):
+    root = tmp_path / "out"
+    study(root, data_dir, minilm_path, 500, STUDY_GPUS="cpu", GLUE_GPUS="g0 g1",
+          STUDY_RUNS="small_wiki_teacher small_wiki_sparse_80_kd_onecycle_lr_rigl", GLUE_TASKS="rte",
+          GLUE_LRS="1e-4", GLUE_LR_TASKS="rte", GLUE_LR_RUNS="small_wiki_sparse_80_kd_onecycle_lr_rigl")
+    logs = root / "logs"
+    kd = "small_wiki_sparse_80_kd_onecycle_lr_rigl"
+    exits = {p.stem: p.read_text().strip() for p in logs.glob("*.exit")}
+    assert exits == {"small_wiki_teacher": "0", kd: "0", f"glue_from={kd}~rte": "0", f"glue_from={kd}~rte~lr1e-4": "0"}
+    # the KD run started once its teacher was done (one worker, but the queue lists it second either way)
+    assert (root / "small_wiki_teacher" / "DONE").stat().st_mtime <= (logs / f"{kd}.started").stat().st_mtime
+    # GLUE from the KD model only (the teacher is no model of the study), at the default rate and at the grid's
+    configs = {p.parents[2].name: json.loads(p.read_text())["train"]["learning_rate"]
+               for p in root.glob("glue_from=*/glue_rte/run*/config.json")}
+    assert configs == {f"glue_from={kd}~rte": 5e-5, f"glue_from={kd}~rte~lr1e-4": 1e-4}
+
+
+def test_a_missing_teacher_skips_its_student_and_a_hold_ends_at_the_deadline(data_dir, minilm_path, tmp_path):
+    root = tmp_path / "out"
+    (root / "hold").mkdir(parents=True)
+    (root / "hold" / "held").touch()  # a benchmark that never gives this GPU back
+    wall = study(root, data_dir, minilm_path, 8, STUDY_GPUS="cpu held",
+                 STUDY_RUNS="small_wiki_sparse_80_kd_onecycle_lr_rigl", GLUE_TASKS="rte", GLUE_LRS="")
+    log = (root / "logs" / "small_wiki_sparse_80_kd_onecycle_lr_rigl.log").read_text()
+    assert log.startswith("not run: it needs small_wiki_teacher")
+    assert not list(root.glob("glue_from=*"))  # no GLUE from a model that was never made
+    assert wall < 30  # the held GPU's worker stops at the 8 s deadline
