@@ -30,21 +30,14 @@ PLATEAU = 5.5  # MLM eval loss: a model above it still predicts little beyond to
 DEFAULT_LR = "5e-5"  # glue_from's finetuning learning rate: the rate of the runs without ``~lr``
 
 
-def left_plateau_at(run_dir: Path) -> int | None:
-    """The first evaluated step with an MLM eval loss below PLATEAU (None: never, or no log_history.json)."""
+def left_plateau_at(run_dir: Path) -> str:
+    """The first evaluated step with an MLM eval loss below PLATEAU; "never" when the curve stays above it; "?"
+    without a curve (no log_history.json) to read."""
     path = run_dir / "log_history.json"
     if not path.is_file():
-        return None
-    evals = [h for h in json.loads(path.read_text()) if "eval_loss" in h]
-    return next((int(h["step"]) for h in evals if h["eval_loss"] < PLATEAU), None)
-
-
-def _plateau_cell(run_dir: Path) -> str:
-    """The step the run left the plateau; "never" when its curve stays above; "?" without a curve to read."""
-    if not (run_dir / "log_history.json").is_file():
         return "?"
-    step = left_plateau_at(run_dir)
-    return "never" if step is None else str(step)
+    evals = [h for h in json.loads(path.read_text()) if "eval_loss" in h]
+    return next((str(int(h["step"])) for h in evals if h["eval_loss"] < PLATEAU), "never")
 
 
 def mlm_table(records, root: Path) -> str:
@@ -60,7 +53,7 @@ def mlm_table(records, root: Path) -> str:
         lines.append(f"| `{rec.experiment}` | {m.get('global_step', 0):.0f} | {m['eval_loss']:.3f} | "
                      f"{math.exp(m['eval_loss']):.1f} | {'-' if accuracy is None else f'{100 * accuracy:.1f} %'} | "
                      f"{sparsity} | {m.get('train_samples_per_second', 0):.0f} | "
-                     f"{'-' if recompiles is None else int(recompiles)} | {_plateau_cell(root / Path(rec.run_dir).name)} |")
+                     f"{'-' if recompiles is None else int(recompiles)} | {left_plateau_at(root / Path(rec.run_dir).name)} |")
     return "\n".join(lines)
 
 

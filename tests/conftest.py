@@ -58,3 +58,19 @@ def tokenizer(minilm_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(minilm_path)
+
+
+@pytest.fixture(scope="session")
+def gap_dev(data_dir):
+    """GAP's development file, read (the reader's and the metrics' tests share it)."""
+    from sparsebert.data.gap import read_gap
+
+    return read_gap(data_dir / "gap" / "gap-development.tsv")
+
+
+@pytest.fixture(scope="session")
+def gap_val(data_dir):
+    """GAP's validation file, read."""
+    from sparsebert.data.gap import read_gap
+
+    return read_gap(data_dir / "gap" / "gap-validation.tsv")

@@ -3,8 +3,9 @@ and real rows copied verbatim. Tests that moved from the real files to the asset
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from module_loading import load_module
 
 ASSETS = Path(__file__).resolve().parent / "assets"
 
@@ -28,9 +29,7 @@ def test_every_asset_is_described_in_the_readme(asset_data_dir):
 
 def test_assets_are_what_make_assets_makes_from_the_real_data(data_dir, asset_data_dir):
     """Byte for byte: the real files' first rows, whole SQuAD paragraphs, whole corpus documents."""
-    spec = importlib.util.spec_from_file_location("make_assets", ASSETS / "make_assets.py")
-    make_assets = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_assets)
+    make_assets = load_module(ASSETS / "make_assets.py")
     assets, made = asset_files(asset_data_dir), make_assets.build(data_dir)
     assert sorted(assets) == sorted(made)
     for name, content in made.items():

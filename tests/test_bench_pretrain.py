@@ -3,11 +3,11 @@ and the slower-baseline warning, and the plain user loop and the baseline at tin
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
+from module_loading import load_module
 from transformers import BertConfig
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "pretrain_throughput.py"
@@ -15,10 +15,7 @@ BENCH = Path(__file__).resolve().parents[1] / "bench" / "pretrain_throughput.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("pretrain_throughput", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH)
 
 
 def keys(bench) -> list[str]:

@@ -3,21 +3,18 @@ RigL schedule without an update in the run, as the old 80-step default had) stop
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from module_loading import load_module
 
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "scaling.py"
 
 
 @pytest.fixture(scope="module")
 def scaling():
-    spec = importlib.util.spec_from_file_location("scaling", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(BENCH)
 
 
 def args(steps: int, variants: str) -> SimpleNamespace:

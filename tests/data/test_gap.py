@@ -13,16 +13,6 @@ from sparsebert.errors import SparseBertError
 
 
 @pytest.fixture(scope="module")
-def dev(data_dir):
-    return read_gap(data_dir / "gap" / "gap-development.tsv")
-
-
-@pytest.fixture(scope="module")
-def val(data_dir):
-    return read_gap(data_dir / "gap" / "gap-validation.tsv")
-
-
-@pytest.fixture(scope="module")
 def gap_assets(asset_data_dir):
     """The checked-in slices: the header and first 10 rows of gap-development.tsv, first 5 of gap-validation.tsv."""
     return asset_data_dir / "gap"
@@ -43,20 +33,20 @@ def test_a_byte_order_mark_is_accepted(tmp_path, gap_assets):
     assert read_gap(path) == read_gap(gap_assets / "gap-validation.tsv")
 
 
-def test_read_real_files(dev, val):
-    assert len(dev) == 2000 and len(val) == 454
-    assert dev[0].id == "development-1" and val[-1].id == "validation-454"
-    first = dev[0]
+def test_read_real_files(gap_dev, gap_val):
+    assert len(gap_dev) == 2000 and len(gap_val) == 454
+    assert gap_dev[0].id == "development-1" and gap_val[-1].id == "validation-454"
+    first = gap_dev[0]
     assert (first.pronoun, first.pronoun_offset, first.a, first.a_offset, first.b, first.b_offset) == (
         "her", 274, "Cheryl Cassidy", 191, "Pauline", 207,
     )  # fmt: skip
     assert first.a_coref and not first.b_coref and first.label == 0
-    labels = [ex.label for ex in dev]
+    labels = [ex.label for ex in gap_dev]
     # labels agree with the coref columns, and all three classes occur
-    assert labels.count(0) == sum(ex.a_coref for ex in dev)
-    assert labels.count(1) == sum(ex.b_coref for ex in dev)
-    assert labels.count(2) == sum(not ex.a_coref and not ex.b_coref for ex in dev) > 100
-    assert {ex.gender for ex in dev + val} == {"M", "F"}
+    assert labels.count(0) == sum(ex.a_coref for ex in gap_dev)
+    assert labels.count(1) == sum(ex.b_coref for ex in gap_dev)
+    assert labels.count(2) == sum(not ex.a_coref and not ex.b_coref for ex in gap_dev) > 100
+    assert {ex.gender for ex in gap_dev + gap_val} == {"M", "F"}
 
 
 def test_read_asset_files(gap_assets):
@@ -187,8 +177,8 @@ def test_both_coref_true_is_an_error(tmp_path, gap_assets):
         read_gap(tmp_path / "x.tsv")
 
 
-def test_truncation_keeps_all_mentions(dev, tokenizer):
-    ex = next(e for e in dev if e.id == "development-210")  # the longest text: 346 tokens
+def test_truncation_keeps_all_mentions(gap_dev, tokenizer):
+    ex = next(e for e in gap_dev if e.id == "development-210")  # the longest text: 346 tokens
     full = featurize_gap([ex], tokenizer, 512, "segment", pad_to_max_length=False)
     assert len(full["input_ids"][0]) == 348
     lo = min(full[k][0] for k in ("p_idx", "a_idx", "b_idx"))

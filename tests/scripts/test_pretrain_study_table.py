@@ -4,9 +4,10 @@ row per pretrained model, beside the MLM table of every pretraining run; the lea
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
+
+from module_loading import load_module
 
 from sparsebert.results import Registry, RunRecord
 
@@ -14,10 +15,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pretrain_study_table
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("pretrain_study_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(SCRIPT)
 
 
 def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):

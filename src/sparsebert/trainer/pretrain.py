@@ -105,7 +105,8 @@ class PretrainJob:
         final = last_eval(trainer) or trainer.evaluate()
         trainer.save_model(str(run_dir / "model"))  # safetensors; sparse weights are exact zeros
         start_step = 0 if checkpoint is None else checkpoint_step(checkpoint)
-        metrics = pretrain_metrics(trainer, result.metrics, final, self.data, start_step)
+        trained_samples = (trainer.state.global_step - start_step) * cfg.train.global_batch_size
+        metrics = pretrain_metrics(trainer, result.metrics, final, self.data, trained_samples)
         if trainer.is_world_process_zero():  # plain data for loss curves (--plot loss), beside metrics.json
             atomic_write_json(run_dir / "log_history.json", trainer.state.log_history)
         if compile_watch is not None and compile_watch.at_warmup_end is not None:
@@ -221,21 +222,14 @@ def last_eval(trainer) -> dict[str, float] | None:
     return None
 
 
-def trained_samples_per_second(trainer, train: dict[str, float], start_step: int) -> float | None:
-    """Samples per second of the steps this process trained. Counted here: the Trainer's own figure assumes the
-    whole max_steps schedule ran (transformers 5.17 doubles a run stopped halfway by train.stop_after_steps)."""
-    runtime = train.get("train_runtime")
-    if not runtime:
-        return None
-    args = trainer.args
-    global_batch = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-    return (trainer.state.global_step - start_step) * global_batch / runtime
-
-
 def pretrain_metrics(trainer, train: dict[str, float], final: dict[str, float], data: PretrainData,
-                     start_step: int = 0) -> dict:
+                     trained_samples: int) -> dict:
+    """``trained_samples``: the sequences of the steps this process ran. samples/s is counted from them: the
+    Trainer's own figure assumes the whole max_steps schedule ran (transformers 5.17 doubles a run stopped halfway
+    by train.stop_after_steps)."""
     initial = next((h for h in trainer.state.log_history if "eval_loss" in h and h.get("step") == 0), None)
-    samples_per_second = trained_samples_per_second(trainer, train, start_step)
+    runtime = train.get("train_runtime")
+    samples_per_second = trained_samples / runtime if runtime else None
     out: dict[str, Any] = {
         "eval_loss": final["eval_loss"],
         "perplexity": math.exp(final["eval_loss"]),

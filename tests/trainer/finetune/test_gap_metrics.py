@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import accuracy_score, confusion_matrix, log_loss, precision_recall_fscore_support
 
-from sparsebert.data.gap import GapExample, read_gap
+from sparsebert.data.gap import GapExample
 from sparsebert.errors import SparseBertError
 from sparsebert.trainer.finetune.gap import gap_metrics, write_gap_system_file, write_kaggle_submission
 
@@ -17,16 +17,6 @@ from sparsebert.trainer.finetune.gap import gap_metrics, write_gap_system_file, 
 def _raw_rows(path) -> list[list[str]]:
     with open(path, encoding="utf-8", newline="") as f:
         return list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-
-
-@pytest.fixture(scope="module")
-def dev(data_dir):
-    return read_gap(data_dir / "gap" / "gap-development.tsv")
-
-
-@pytest.fixture(scope="module")
-def val(data_dir):
-    return read_gap(data_dir / "gap" / "gap-validation.tsv")
 
 
 def _ex(label: int, pronoun: str) -> GapExample:
@@ -53,13 +43,13 @@ def test_metrics_hand_values():
     assert m["confusion_matrix"] == [[1, 1, 0], [1, 0, 0], [0, 0, 1]]
 
 
-def test_metrics_match_sklearn(dev):
+def test_metrics_match_sklearn(gap_dev):
     rng = np.random.default_rng(0)
-    probs = rng.dirichlet([1.0, 1.0, 1.0], size=len(dev))
-    labels = np.array([ex.label for ex in dev])
+    probs = rng.dirichlet([1.0, 1.0, 1.0], size=len(gap_dev))
+    labels = np.array([ex.label for ex in gap_dev])
     probs[labels == 0] += [0.5, 0, 0]  # a better-than-chance system
     probs /= probs.sum(axis=1, keepdims=True)
-    m = gap_metrics(probs, dev)
+    m = gap_metrics(probs, gap_dev)
     pred = probs.argmax(axis=1)
     assert math.isclose(m["accuracy"], accuracy_score(labels, pred))
     assert m["confusion_matrix"] == confusion_matrix(labels, pred, labels=[0, 1, 2]).tolist()
@@ -70,17 +60,17 @@ def test_metrics_match_sklearn(dev):
         guess = np.concatenate([pred[rows] == 0, pred[rows] == 1])
         return precision_recall_fscore_support(gold, guess, average="binary")[:3]
 
-    everyone = np.ones(len(dev), bool)
-    male = np.array([ex.pronoun.lower() in ("he", "him", "his") for ex in dev])
+    everyone = np.ones(len(gap_dev), bool)
+    male = np.array([ex.pronoun.lower() in ("he", "him", "his") for ex in gap_dev])
     assert np.allclose([m["precision"], m["recall"], m["f1"]], prf(everyone))
     assert math.isclose(m["f1_masculine"], prf(male)[2])
     assert math.isclose(m["f1_feminine"], prf(~male)[2])
     assert math.isclose(m["bias"], prf(~male)[2] / prf(male)[2])
     with pytest.raises(SparseBertError, match="shape"):
-        gap_metrics(probs[:, :2], dev)
+        gap_metrics(probs[:, :2], gap_dev)
 
 
-def test_writers_exact_format(tmp_path, val, data_dir):
+def test_writers_exact_format(tmp_path, gap_val, data_dir):
     probs = np.array([[0.5, 0.25, 0.25], [0.1, 0.2, 0.7], [0.2, 0.7, 0.1]])
     write_kaggle_submission(tmp_path / "sub.csv", ["validation-1", "validation-2", "validation-3"], probs)
     assert (tmp_path / "sub.csv").read_text(encoding="utf-8") == (
@@ -91,8 +81,8 @@ def test_writers_exact_format(tmp_path, val, data_dir):
         encoding="utf-8"
     ) == "a\tTRUE\tFALSE\nb\tFALSE\tFALSE\nc\tFALSE\tTRUE\n"
     # one-hot gold probabilities reproduce the gold columns of the real file
-    gold = np.eye(3)[[ex.label for ex in val]]
-    write_gap_system_file(tmp_path / "gold.tsv", [ex.id for ex in val], gold)
+    gold = np.eye(3)[[ex.label for ex in gap_val]]
+    write_gap_system_file(tmp_path / "gold.tsv", [ex.id for ex in gap_val], gold)
     rows = [r.split("\t") for r in (tmp_path / "gold.tsv").read_text(encoding="utf-8").splitlines()]
     raw = _raw_rows(data_dir / "gap" / "gap-validation.tsv")[1:]
     assert rows == [[r[0], r[6], r[9]] for r in raw]
