@@ -30,7 +30,9 @@ mkdir -p "$root/logs" "$root/hold"
 # every run on the pretraining defaults: compiled, a fixed masked-token count, CUDA graphs (docs/performance.md)
 common="--output-dir $root --data-dir $data --set model.tokenizer=$tokenizer --set train.eval_steps=500"
 common="$common --set train.save_steps=4000 --set train.report_to=[] ${STUDY_SET:-}"
-# the plateau ablations: 80 % RigL with one thing changed, stopped at step 4 000 of the 8 000-step schedules
+# the plateau ablations: 80 % RigL with one thing changed, stopped at step 4 000 of the 8 000-step schedules; last,
+# the numerics pairs of the speed issue (bert_small_wiki with and without the bf16 residual stream and hash
+# dropout, at two seeds): eval loss only, no GLUE
 early="--set train.stop_after_steps=4000"
 
 # NAME|NEEDS|ARGUMENTS: pretraining run NAME (run.py ARGUMENTS), started once run NEEDS (if any) is done
@@ -52,8 +54,11 @@ ablation_rigl_every_400||small_wiki_sparse_80_rigl $early --set rigl.update_freq
 ablation_rigl_lr_1e-3||small_wiki_sparse_80_rigl $early --set train.learning_rate=1e-3
 ablation_rigl_eager||small_wiki_sparse_80_rigl $early --set train.torch_compile=false \
 --set data.static_mask_count=false --set train.torch_compile_mode=default --set train.clip_in_optimizer=false
+ablation_rigl_grow_normal||small_wiki_sparse_80_rigl $early --set rigl.grow_init=normal
 small_wiki_sparse_80_kd_onecycle_lr_rigl_erk|small_wiki_teacher|small_wiki_sparse_80_kd_onecycle_lr_rigl_erk
 small_wiki_dense_fast_numerics||small_wiki_dense_fast_numerics
+numerics_dense_seed43||bert_small_wiki --set seed=43
+numerics_fast_seed43||small_wiki_dense_fast_numerics --set seed=43
 "
 queue=$root/queue
 : >"$queue"
@@ -124,8 +129,8 @@ lr_runs=${GLUE_LR_RUNS:-bert_small_wiki small_wiki_dense_kd_onecycle_lr small_wi
 # each model's GLUE jobs (TASK [LR] per line), handed to the pool once the model is done
 mkdir -p "$root/glue_jobs"
 models=""
-while IFS='|' read -r name _; do  # the study's models (the teacher and the ablations are not)
-  case $name in small_wiki_teacher|ablation_*) continue ;; esac
+while IFS='|' read -r name _; do  # the study's models (not the teacher, the ablations, the numerics pairs)
+  case $name in small_wiki_teacher|ablation_*|*numerics*) continue ;; esac
   models="$models $name"
   printf '%s\n' ${GLUE_TASKS:-sst2 cola stsb mrpc rte wnli} >"$root/glue_jobs/$name"
   if [[ " $(echo $lr_runs) " == *" $name "* ]]; then

@@ -240,3 +240,43 @@ def test_minus_zero_and_zero_are_one_tie():
     picks = [top_k_indices(scores, eligible, 1, make_generator(seed, 1, scores.device)).item() for seed in range(400)]
     assert set(picks) == {0, 1}
     assert 150 < picks.count(0) < 250
+
+
+def test_grow_init_normal_draws_regrown_weights_at_the_kept_weights_scale():
+    """rigl.grow_init "normal": regrown weights start non-zero, at the std of the layer's kept weights, with
+    empty optimizer state, and the same seed draws the same values (every DDP rank must)."""
+
+    def one_update(grow_init: str):
+        model = make_mlp()
+        controller = SparsityController(
+            model, SparsityConfig(include=[r"^[02]\.weight$"], sparsity=0.5),
+            rigl=RigLConfig(update_freq=1, end_step=10, drop_fraction=0.3, grow_init=grow_init), seed=3,
+        )
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        controller.attach_optimizer(optimizer)
+        mlp_loss(model, torch.Generator().manual_seed(0)).backward()
+        optimizer.step()
+        before = {n: m.clone() for n, m in controller.masks.items()}
+        controller.on_optimizer_step()
+        return controller, optimizer, before
+
+    zeros, _, _ = one_update("zeros")
+    controller, optimizer, before = one_update("normal")
+    again, _, _ = one_update("normal")
+    for name, param in controller.params.items():
+        grown = controller.masks[name] & ~before[name]
+        kept = controller.masks[name] & before[name]
+        assert grown.sum() > 20
+        assert torch.equal(controller.masks[name], zeros.masks[name])  # the init does not change the selection
+        values = param.detach()[grown]
+        assert torch.all(values != 0) and torch.all(zeros.params[name].detach()[grown] == 0)
+        ratio = float(values.std() / param.detach()[kept].std())
+        assert 0.7 < ratio < 1.4, ratio
+        assert torch.all(optimizer.state[param]["exp_avg"][grown] == 0)
+        assert torch.equal(param, again.params[name])
+    assert_masked_weights_zero(controller)
+
+
+def test_grow_init_must_be_known():
+    with pytest.raises(ValueError, match="rigl.grow_init"):
+        RigLConfig(grow_init="uniform").validate()

@@ -23,6 +23,7 @@ MLM_HEAD_PATTERN = r"(^|\.)predictions\.transform\.dense\.weight$"
 DISTRIBUTIONS = ("uniform", "erk", "explicit")
 MASK_INITS = ("random", "magnitude", "zeros")
 DROP_SCHEDULES = ("cosine", "constant")
+GROW_INITS = ("zeros", "normal")
 PRUNING_SCORES = ("magnitude", "movement")
 PATTERNS = ("unstructured", "2:4")
 TWO_FOUR_INITS = ("magnitude", "zeros")
@@ -126,9 +127,14 @@ class RigLConfig:
     """"cosine" (decays to 0 at ``end_step``) or "constant"."""
     global_ranking: bool = False
     """Rank all layers together, so layer densities may drift (the total stays fixed)."""
+    grow_init: str = "zeros"
+    """Value of a regrown weight: "zeros" (RigL's choice: the new connection starts without effect on the output)
+    or "normal" (drawn from N(0, s^2), s the standard deviation of the layer's weights that stay active, so a new
+    connection starts at the scale of the ones around it). Its optimizer state starts empty either way."""
 
     def validate(self) -> None:
         _check_positive_int("rigl.update_freq", self.update_freq)
+        _check_choice("rigl.grow_init", self.grow_init, GROW_INITS)
         _check_step_range("rigl", self.begin_step, self.end_step, self.end_fraction)
         if not 0.0 < self.drop_fraction < 1.0:
             raise ValueError(f"rigl.drop_fraction must be in (0, 1), got {self.drop_fraction}")

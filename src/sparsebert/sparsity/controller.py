@@ -383,6 +383,8 @@ class SparsityController:
             }
         for name, change in changes.items():
             self._commit(name, change)
+        if self.rigl.grow_init == "normal":
+            self._draw_grown_weights(changes, generator)
         names = list(changes)
         moved = _counts([changes[name].grown for name in names])
         stats = {"rigl/drop_fraction": drop_fraction,
@@ -392,6 +394,21 @@ class SparsityController:
         gone = sum(_counts([self.initial_masks[n] & ~self.masks[n] for n in self.masks]))
         stats["rigl/mask_changed_since_start"] = gone / initially_active if initially_active else 0.0
         return stats
+
+    def _draw_grown_weights(self, changes: Mapping[str, MaskChange], generator: torch.Generator) -> None:
+        """rigl.grow_init "normal": each regrown weight from N(0, s^2), s the std of the layer's kept weights.
+
+        The draw uses the update's seeded generator after the selection, so every DDP rank draws the same values.
+        """
+        with torch.no_grad():
+            for name, change in changes.items():
+                param = self.params[name]
+                kept = (self.masks[name] & ~change.grown).float()
+                n_kept = kept.sum().clamp(min=2)  # a tensor: no device-to-host read per layer
+                mean = (param.float() * kept).sum() / n_kept
+                std = (((param.float() - mean) * kept).square().sum() / (n_kept - 1)).sqrt()
+                noise = torch.randn(param.shape, generator=generator, device=param.device, dtype=torch.float32)
+                param.copy_(torch.where(change.grown, (noise * std).to(param.dtype), param))
 
     def finish_schedule(self) -> dict[str, float] | None:
         """At the end of training: prune to GMP's final sparsity if the schedule has not got there.
