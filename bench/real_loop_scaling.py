@@ -27,19 +27,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-# the fast settings of docs/performance.md on top of the pretraining defaults (compile, static mask count, CUDA
-# graphs); the sparse all-reduce for a sparse experiment
-FAST = ["model.half_precision_residual=true", "model.fast_dropout=true"]
-
-
 def run_command(args: argparse.Namespace, gpus: int, out_root: Path, port: int) -> list[str]:
     """The torchrun command line of one run (a 1-GPU run goes through torchrun too: the same code path)."""
     overrides = [
         f"model.tokenizer={args.tokenizer}", f"data.max_files={args.max_files}",
         f"train.global_batch_size={args.per_gpu_batch * gpus}", f"train.max_steps={args.steps}",
         f"train.logging_steps={args.logging_steps}", f"train.eval_steps={args.steps}",
-        f"train.save_steps={args.steps}", "train.eval_at_start=false", "train.report_to=[]",
-        *FAST, *args.set,
+        f"train.save_steps={args.steps}", "train.eval_at_start=false", "train.report_to=[]", *args.set,
     ]
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus),
             "--master-addr", "127.0.0.1", "--master-port", str(port),

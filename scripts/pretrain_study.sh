@@ -31,8 +31,8 @@ mkdir -p "$root/logs" "$root/hold"
 common="--output-dir $root --data-dir $data --set model.tokenizer=$tokenizer --set train.eval_steps=500"
 common="$common --set train.save_steps=4000 --set train.report_to=[] ${STUDY_SET:-}"
 # the plateau ablations: 80 % RigL with one thing changed, stopped at step 4 000 of the 8 000-step schedules; last,
-# the numerics pairs of the speed issue (bert_small_wiki with and without the bf16 residual stream and hash
-# dropout, at two seeds): eval loss only, no GLUE
+# the numerics pair (bert_small_wiki with and without the bf16 residual stream and hash dropout, at two seeds):
+# eval loss only, no GLUE
 early="--set train.stop_after_steps=4000"
 
 # NAME|NEEDS|ARGUMENTS: pretraining run NAME (run.py ARGUMENTS), started once run NEEDS (if any) is done
@@ -56,9 +56,9 @@ ablation_rigl_eager||small_wiki_sparse_80_rigl $early --set train.torch_compile=
 --set data.static_mask_count=false --set train.torch_compile_mode=default --set train.clip_in_optimizer=false
 ablation_rigl_grow_normal||small_wiki_sparse_80_rigl $early --set rigl.grow_init=normal
 small_wiki_sparse_80_kd_onecycle_lr_rigl_erk|small_wiki_teacher|small_wiki_sparse_80_kd_onecycle_lr_rigl_erk
-small_wiki_dense_fast_numerics||small_wiki_dense_fast_numerics
+small_wiki_dense_exact_numerics||small_wiki_dense_exact_numerics
 numerics_dense_seed43||bert_small_wiki --set seed=43
-numerics_fast_seed43||small_wiki_dense_fast_numerics --set seed=43
+numerics_exact_seed43||small_wiki_dense_exact_numerics --set seed=43
 "
 queue=$root/queue
 : >"$queue"
