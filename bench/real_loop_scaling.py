@@ -38,7 +38,7 @@ def run_command(args: argparse.Namespace, gpus: int, out_root: Path, port: int) 
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(gpus),
             "--master-addr", "127.0.0.1", "--master-port", str(port),
             str(ROOT / "run.py"), args.experiment, "--run-name", f"{args.experiment}_{gpus}gpu",
-            "--output-dir", str(out_root), "--data-dir", str(args.data_dir),
+            "--output-dir", str(out_root), "--data-dir", str(args.data_dir), "--overwrite",  # the bench's own runs
             *(part for o in overrides for part in ("--set", o))]
 
 

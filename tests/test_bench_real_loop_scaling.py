@@ -48,12 +48,17 @@ def test_one_real_launch_is_read_back(data_dir, tmp_path):
            "--max-files", "1", "--work-dir", str(tmp_path / "runs"), "--out", str(out),
            "--set", "data.max_seq_length=64", "--set", "data.eval_documents=4", "--set", "data.max_eval_samples=32",
            "--set", "train.dataloader_workers=0", "--set", "rigl.update_freq=5"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache")})
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    env = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache")}
+    history_file = tmp_path / "runs" / "sparse_tiny_rigl_1gpu" / "log_history.json"
+    written = []
+    for _ in range(2):  # the second launch in the same work directory trains anew instead of reporting the first
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        written.append(history_file.stat().st_mtime_ns)
+    assert written[1] > written[0]
     report = json.loads(out.read_text())
     (run,) = report["runs"]
-    history = json.loads((tmp_path / "runs" / "sparse_tiny_rigl_1gpu" / "log_history.json").read_text())
+    history = json.loads(history_file.read_text())
     logged = [h["samples_per_second"] for h in history if "samples_per_second" in h and 10 < h["step"] <= 30]
     assert run["rates"] == logged and run["intervals"] == 4  # steps 15, 20, 25, 30
     assert any("rigl/drop_fraction" in h and 10 < h["step"] <= 30 for h in history)  # updates in the window
