@@ -289,3 +289,28 @@ def test_wandb_key_netrc_variable_host_and_user_mode(registry, wandb_env, monkey
     monkeypatch.setenv("WANDB_MODE", "disabled")  # the user's choice stays, with credentials or without
     monkeypatch.delenv("NETRC")
     assert wandb_mode(registry, wandb_env / "run") == "disabled"
+
+
+class _RowsSayingWhoReadThem(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": torch.full((4,), 5), "labels": torch.full((4,), -100), "pid": os.getpid()}
+
+
+@pytest.mark.parametrize("workers", [2, 0])
+def test_loader_workers_outlive_an_epoch(registry, tmp_path, workers):
+    """The training loader keeps its worker processes from one epoch to the next: starting new ones at
+    every epoch boundary stalled the step, and a multi-GPU run over a small corpus ends its epochs N times as often
+    (docs/performance.md, real-loop scaling). Without workers the loader reads in this process, as before."""
+    trainer = tiny_trainer(registry, tmp_path, [f"train.dataloader_workers={workers}", "train.global_batch_size=4"])
+    trainer.train_dataset = _RowsSayingWhoReadThem()
+    loader = trainer.get_train_dataloader()
+    readers = [{int(pid) for batch in loader for pid in batch["pid"]} for _epoch in range(2)]
+    assert trainer.args.dataloader_persistent_workers is False  # evaluation loaders start their own, as before
+    if workers:
+        assert len(readers[0]) == 2 and os.getpid() not in readers[0]
+        assert readers[1] == readers[0]  # the same two processes read the second epoch
+    else:
+        assert readers == [{os.getpid()}, {os.getpid()}]

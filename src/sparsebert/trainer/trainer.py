@@ -253,15 +253,19 @@ class SparseBertTrainer(UpstreamTrainer):
         return load_result._replace(missing_keys=[k for k in load_result.missing_keys if k in missing])
 
     def get_train_dataloader(self):
-        # TrainingArguments.dataloader_drop_last would drop rows of the evaluation sets as well
-        if not self.drop_last_batch:
-            return super().get_train_dataloader()
-        kept, self.args.dataloader_drop_last = self.args.dataloader_drop_last, True
+        # Two loader settings for training only (TrainingArguments' flags reach the evaluation loaders too):
+        # - the short last batch dropped when asked (dataloader_drop_last would drop rows of the evaluation sets);
+        # - worker processes that outlive an epoch: starting new ones at every epoch boundary stalled the step, and a
+        #   multi-GPU run over a small corpus ends its epochs N times as often (docs/performance.md). (Persistent
+        #   evaluation loaders are cached by the Trainer under one name, whatever dataset evaluate() is given.)
+        saved = self.args.dataloader_drop_last, self.args.dataloader_persistent_workers
+        self.args.dataloader_drop_last = saved[0] or self.drop_last_batch
+        self.args.dataloader_persistent_workers = self.args.dataloader_num_workers > 0
         try:
             loader = super().get_train_dataloader()
         finally:
-            self.args.dataloader_drop_last = kept
-        if len(loader) == 0:  # the Trainer would run no step at all and report success
+            self.args.dataloader_drop_last, self.args.dataloader_persistent_workers = saved
+        if self.drop_last_batch and len(loader) == 0:  # the Trainer would run no step at all and report success
             raise SparseBertError(f"train.drop_last_batch: {len(self.train_dataset)} training rows are fewer than one "
                                   f"batch of {self.per_device_train_batch} per device x {self.args.world_size} "
                                   "process(es); use more data or a smaller batch")
