@@ -5,7 +5,8 @@ EXPERIMENTS = {
         "description": "BERT-base (12x768) MLM on Wikipedia, seq 128, batch 256, AdamW 1e-4, 10k warmup, 1M steps",
         "task": "mlm",
         # a bf16 residual stream and hash dropout: faster on a GPU, the same eval loss within seed noise in an
-        # 8 000-step pair at two seeds (docs/performance.md); no effect in fp32 / uncompiled runs
+        # 8 000-step pair at two seeds (docs/performance.md); nothing changes in fp32 runs, hash dropout needs
+        # compile, and fp16 runs keep an fp32 residual stream
         "model": {"size": "base", "tokenizer": "minilm", "half_precision_residual": True, "fast_dropout": True},
         # static_mask_count: a fixed number of MLM decoder rows per batch, so the compiled step is one CUDA graph
         "data": {"corpus": "wikipedia-enwiki-2015-wikiextractor", "format": "wikiextractor",

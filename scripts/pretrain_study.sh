@@ -57,7 +57,7 @@ ablation_rigl_eager||small_wiki_sparse_80_rigl $early --set train.torch_compile=
 ablation_rigl_grow_normal||small_wiki_sparse_80_rigl $early --set rigl.grow_init=normal
 small_wiki_sparse_80_kd_onecycle_lr_rigl_erk|small_wiki_teacher|small_wiki_sparse_80_kd_onecycle_lr_rigl_erk
 small_wiki_dense_exact_numerics||small_wiki_dense_exact_numerics
-numerics_dense_seed43||bert_small_wiki --set seed=43
+numerics_fast_seed43||bert_small_wiki --set seed=43
 numerics_exact_seed43||small_wiki_dense_exact_numerics --set seed=43
 "
 queue=$root/queue

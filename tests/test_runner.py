@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -40,13 +39,25 @@ def test_a_finished_run_is_skipped_only_with_the_same_settings(tmp_path):
         run_experiment(changed, opts)
 
 
-def test_a_run_made_before_a_setting_existed_still_counts_as_the_same(tmp_path):
-    """config.json of an older version lacks the settings added since; at their None default that is no change."""
-    cfg = finished_run(tmp_path, ["train.max_steps=20"])
-    saved = json.loads((tmp_path / cfg.name / "config.json").read_text())
-    del saved["train"]["stop_after_steps"]  # a setting added after the run was made
-    atomic_write_json(tmp_path / cfg.name / "config.json", saved)
-    assert run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=tmp_path)) is None  # skipped as finished
+@pytest.mark.parametrize("experiment, section, key", [("bert_tiny_quick", "train", "stop_after_steps"),
+                                                     ("sparse_tiny_rigl", "rigl", "grow_init")])
+def test_a_run_made_before_a_setting_existed_still_counts_as_the_same(tmp_path, experiment, section, key):
+    """config.json of an older version lacks the settings added since: at their default (None for
+    stop_after_steps, "zeros" for grow_init) that is no change; at another value it is."""
+    registry = Registry.from_directory(REPO / "experiments")
+    cfg = registry.build(experiment, ["train.max_steps=20"])
+    run_dir = tmp_path / cfg.name
+    run_dir.mkdir(parents=True)
+    saved = to_dict(cfg)
+    del saved[section][key]  # a setting added after the run was made
+    atomic_write_json(run_dir / "config.json", saved)
+    (run_dir / DONE).write_text("2026-11-26\n")
+    opts = RunOptions(output_root=tmp_path, data_dir=tmp_path)
+    assert run_experiment(cfg, opts) is None  # skipped as finished
+    other = "4" if key == "stop_after_steps" else "normal"
+    changed = registry.build(experiment, ["train.max_steps=20", f"{section}.{key}={other}"])
+    with pytest.raises(SparseBertError, match=rf"other settings \({section}.{key}\)"):
+        run_experiment(changed, opts)
 
 
 # --- one writer per run directory: real processes racing on one output root ----------------------------------

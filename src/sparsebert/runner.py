@@ -12,6 +12,7 @@ processes of a multi-process job take no lock: they write only what the main pro
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import time
@@ -158,17 +159,33 @@ def _check_same_config(run_dir: Path, cfg: ExperimentConfig, problem: str) -> No
         return
     saved = json.loads(saved_path.read_text())
     current = json.loads(json.dumps(to_dict(cfg)))
-    # a key missing on one side counts as None: a setting added since the run was made, at its None default,
-    # is no difference (comparing the dicts themselves refused every older run)
-    diff = sorted(_diff_keys(saved, current))
+    # a key missing from the saved config (a setting added since the run was made) stands for that setting's
+    # default, which the older code ran with: no difference unless the current value differs from it
+    defaults = json.loads(json.dumps(_field_defaults(cfg)))
+    diff = sorted(_diff_keys(saved, current, defaults))
     if diff:
         raise SparseBertError(f"{problem} ({', '.join(diff[:5])}); use --overwrite or another --output-dir")
 
 
-def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
+def _field_defaults(obj: Any) -> dict:
+    """Each dataclass field's default, nested like ``to_dict(obj)``; a nested section that is set is walked."""
+    out: dict = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            out[f.name] = _field_defaults(value)
+        elif f.default is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = to_dict(f.default_factory())
+    return out
+
+
+def _diff_keys(saved: Any, current: Any, defaults: Any, prefix: str = "") -> list[str]:
+    if isinstance(saved, dict) and isinstance(current, dict):
         out: list[str] = []
-        for k in set(a) | set(b):
-            out += _diff_keys(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
+        for k in set(saved) | set(current):
+            default = defaults.get(k) if isinstance(defaults, dict) else None
+            out += _diff_keys(saved.get(k, default), current.get(k), default, f"{prefix}.{k}" if prefix else k)
         return out
-    return [] if a == b else [prefix]
+    return [] if saved == current else [prefix]

@@ -38,15 +38,15 @@ def study(root: Path, data_dir: Path, tokenizer: str, seconds: int, **env: str) 
 def test_kd_after_its_teacher_and_glue_after_each_model(data_dir, minilm_path, tmp_path):
     root = tmp_path / "out"
     study(root, data_dir, minilm_path, 500, STUDY_GPUS="cpu", GLUE_GPUS="g0 g1",
-          STUDY_RUNS="small_wiki_teacher small_wiki_sparse_80_kd_onecycle_lr_rigl numerics_dense_seed43",
+          STUDY_RUNS="small_wiki_teacher small_wiki_sparse_80_kd_onecycle_lr_rigl numerics_fast_seed43",
           GLUE_TASKS="rte",
           GLUE_LRS="1e-4", GLUE_LR_TASKS="rte", GLUE_LR_RUNS="small_wiki_sparse_80_kd_onecycle_lr_rigl")
     logs = root / "logs"
     kd = "small_wiki_sparse_80_kd_onecycle_lr_rigl"
     exits = {p.stem: p.read_text().strip() for p in logs.glob("*.exit")}
-    assert exits == {"small_wiki_teacher": "0", kd: "0", "numerics_dense_seed43": "0",
+    assert exits == {"small_wiki_teacher": "0", kd: "0", "numerics_fast_seed43": "0",
                      f"glue_from={kd}~rte": "0", f"glue_from={kd}~rte~lr1e-4": "0"}  # no GLUE from a numerics run
-    assert json.loads((root / "numerics_dense_seed43" / "config.json").read_text())["seed"] == 43
+    assert json.loads((root / "numerics_fast_seed43" / "config.json").read_text())["seed"] == 43
     # the KD run started once its teacher was done (one worker, but the queue lists it second either way)
     assert (root / "small_wiki_teacher" / "DONE").stat().st_mtime <= (logs / f"{kd}.started").stat().st_mtime
     # GLUE from the KD model only (the teacher and the numerics runs are no models of the study), at the default

@@ -15,7 +15,11 @@ from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.prepare import prepare_model
-from sparsebert.trainer.residual_precision import AutocastDtypeLayerNorm, use_half_precision_residual
+from sparsebert.trainer.residual_precision import (
+    AutocastDtypeLayerNorm,
+    apply_half_precision_residual,
+    use_half_precision_residual,
+)
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,3 +98,13 @@ def test_converted_model_compiles_to_one_graph_that_keeps_the_cast():
             dtypes.append(torch.compile(m.encode, backend="aot_eager", fullgraph=True)(ids).dtype)
     torch._dynamo.reset()
     assert dtypes == [torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("precision, converted", [("bf16", True), ("fp32", True), ("fp16", False)])
+def test_fp16_training_keeps_an_fp32_residual_stream(precision, converted):
+    """A pretraining default must not put an fp16 residual stream (which can overflow) into an fp16 run; in fp32
+    the converted LayerNorms compute as before (no autocast)."""
+    model, _, _ = _model_and_batch()
+    assert (apply_half_precision_residual(model, precision) > 0) == converted
+    kinds = {type(m) for m in model.modules() if isinstance(m, nn.LayerNorm)}
+    assert kinds == ({AutocastDtypeLayerNorm} if converted else {nn.LayerNorm})

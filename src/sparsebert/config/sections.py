@@ -31,8 +31,8 @@ class ModelConfig:
     tokenizer: str = "minilm"  # "minilm" (its uncased WordPiece vocab), a local path, or a hub name
     attn_implementation: str = "sdpa"  # "sdpa" uses FlashAttention / memory-efficient kernels on GPU
     max_position_embeddings: int = 512
-    # LayerNorm outputs (the residual stream) in the autocast dtype instead of fp32 under bf16 / fp16; weights and
-    # optimizer state stay fp32 (trainer/residual_precision.py)
+    # LayerNorm outputs (the residual stream) in bf16 instead of fp32 under bf16 training (left off under fp16,
+    # whose range it can overflow); weights and optimizer state stay fp32 (trainer/residual_precision.py)
     half_precision_residual: bool = False
     # under train.torch_compile: dropout whose random bits come from a counter hash instead of Philox (the same
     # keep probability, another random stream; models/fast_dropout.py)

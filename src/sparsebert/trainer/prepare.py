@@ -2,7 +2,7 @@
 distillation teacher's), so they belong to the model, not to the Trainer's step.
 
 - ``model.fast_dropout``: dropout with counter-hash random bits under torch.compile (trainer/fast_dropout.py);
-- ``model.half_precision_residual``: LayerNorm outputs in the autocast dtype (trainer/residual_precision.py);
+- ``model.half_precision_residual``: LayerNorm outputs in bf16 under bf16 training (trainer/residual_precision.py);
 - ``train.torch_compile_tune_kernels``: Inductor's kernel tuning, a process-wide setting (compile_options.py).
 
 The compile plugin's scope and dynamic shapes live on Accelerate's plugin, which exists only once the Trainer
@@ -30,14 +30,14 @@ def prepare_model(model: nn.Module, cfg: ExperimentConfig) -> nn.Module:
     compiled = cfg.train.torch_compile
     apply_kernel_tuning(cfg.train.torch_compile_tune_kernels if compiled else None)
     if cfg.model.half_precision_residual:
-        apply_half_precision_residual(model, _half_precision(cfg.train.precision))
+        apply_half_precision_residual(model, _precision(cfg.train.precision))
     if cfg.model.fast_dropout:
         apply_fast_dropout(model, compiled)
     return model
 
 
-def _half_precision(precision: str) -> bool:
+def _precision(precision: str) -> str:
     try:
-        return resolve_precision(precision) in ("bf16", "fp16")
+        return resolve_precision(precision)
     except SparseBertError:  # reported where the Trainer's arguments are built
-        return False
+        return precision
