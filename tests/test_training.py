@@ -318,3 +318,13 @@ def test_resume_of_a_stopped_run_never_trains_past_the_stop(registry, data_dir, 
     assert metrics["global_step"] == 10
     evals = [h["step"] for h in json.loads((run_dir / "log_history.json").read_text()) if "eval_loss" in h]
     assert evals[-1] == 10 and max(evals) == 10
+
+
+def test_a_finished_run_leaves_no_loader_workers_behind(registry, data_dir, tmp_path):
+    """The training loader's workers outlive epochs; when the run ends they end too, so the next experiment of a
+    `run.py A B` sequence does not train beside them."""
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    run(registry, "bert_tiny_quick", tmp_path, data_dir, ["train.dataloader_workers=2", "train.max_steps=6"])
+    assert set(multiprocessing.active_children()) - before == set()

@@ -13,6 +13,7 @@ processes of a multi-process job take no lock: they write only what the main pro
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import shutil
 import time
@@ -66,8 +67,13 @@ def run_experiment(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | No
     run_dir = opts.output_root / cfg.name
     state = process_state()
     make_output_root(opts.output_root)
-    with run_lock(run_dir) if state.is_main_process else nullcontext():
-        return _run(cfg, opts, run_dir, callbacks)
+    try:
+        with run_lock(run_dir) if state.is_main_process else nullcontext():
+            return _run(cfg, opts, run_dir, callbacks)
+    finally:
+        # the finished job's trainer sits in reference cycles, and with it the training loader's worker processes
+        # (they outlive epochs): collected now, not while the next experiment of a sequence trains
+        gc.collect()
 
 
 def make_output_root(root: Path) -> None:
