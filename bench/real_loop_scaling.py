@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from scaling import free_port  # noqa: E402  (bench/ on the path first)
+
 
 def run_command(args: argparse.Namespace, gpus: int, out_root: Path, port: int) -> list[str]:
     """The torchrun command line of one run (a 1-GPU run goes through torchrun too: the same code path)."""
@@ -62,12 +65,6 @@ def efficiencies(results: dict[int, dict], key: str = "samples_per_second") -> d
         return {}
     one = results[1][key]
     return {n: r[key] / (n * one) for n, r in results.items()}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(args: argparse.Namespace, gpus: int, out_root: Path) -> dict:
