@@ -16,7 +16,8 @@
 #   GLUE_LRS       extra finetuning learning rates (default "1e-4 2e-4") for the tasks in GLUE_LR_TASKS (default
 #                  "cola stsb mrpc rte") on the models in GLUE_LR_RUNS (default: the two dense baselines and the
 #                  RigL KD runs at 80 and 90 %, and plain 80 % RigL)
-#   STUDY_RUNS     the pretraining runs to make (default: all, in the queue order below)
+#   STUDY_RUNS     the pretraining runs to make, separated by any whitespace (default: all, in the queue order
+#                  below); a name the queue does not hold is an error
 #   STUDY_SET, GLUE_SET  extra arguments for every pretraining / GLUE process (a CPU dry run shrinks the model)
 # A pretraining worker waits while OUT_ROOT/hold/GPU exists: another job (a benchmark, say) has that GPU (GLUE
 # processes do not look at holds). Use a fresh OUT_ROOT per call: nothing is resumed, and the logs/*.exit and hold/*
@@ -65,11 +66,18 @@ kd_rigl_erk_max_lr_2e-3|small_wiki_teacher|small_wiki_sparse_80_kd_onecycle_lr_r
 numerics_fast_seed43||bert_small_wiki --set seed=43
 numerics_exact_seed43||small_wiki_dense_exact_numerics --set seed=43
 "
+# STUDY_RUNS: any whitespace between names (a list written over several lines loses no run); a name the list
+# above does not hold is an error before anything starts
+wanted=" $(echo ${STUDY_RUNS:-}) "
+known=" $(cut -d'|' -f1 <<<"$all_runs" | tr '\n' ' ') "
+for name in $wanted; do
+  [[ "$known" == *" $name "* ]] || { echo "pretrain_study.sh: STUDY_RUNS names an unknown run: $name" >&2; exit 2; }
+done
 queue=$root/queue
 : >"$queue"
 while IFS='|' read -r name needs args; do
   [ -n "$name" ] || continue
-  if [ -n "${STUDY_RUNS:-}" ] && ! [[ " $STUDY_RUNS " == *" $name "* ]]; then continue; fi
+  if [ -n "${wanted// /}" ] && ! [[ "$wanted" == *" $name "* ]]; then continue; fi
   echo "$name|$needs|$args" >>"$queue"
 done <<<"$all_runs"  # (inside double quotes bash removes each backslash-newline)
 

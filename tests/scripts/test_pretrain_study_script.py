@@ -66,3 +66,22 @@ def test_a_missing_teacher_skips_its_student_and_a_hold_ends_at_the_deadline(dat
     assert log.startswith("not run: it needs small_wiki_teacher")
     assert not list(root.glob("glue_from=*"))  # no GLUE from a model that was never made
     assert wall < 30  # the held GPU's worker stops at the 8 s deadline
+
+
+def test_study_runs_over_several_lines_and_an_unknown_name(tmp_path):
+    """STUDY_RUNS written over several lines keeps every run; a name the script does not hold stops it before
+    anything starts, with a one-line error."""
+    env = {**os.environ, "STUDY_GPUS": "cpu"}
+    bad = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "bad"), "DATA", "TOK", "5"], capture_output=True,
+                         text=True, env={**env, "STUDY_RUNS": "small_wiki_teacher\nsmall_wiki_tacher"}, timeout=60)
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == "pretrain_study.sh: STUDY_RUNS names an unknown run: small_wiki_tacher"
+    assert not (tmp_path / "bad" / "queue").exists()
+    # the queue of a multi-line list (the workers fail at once here: no python data; the queue file is what counts)
+    root = tmp_path / "ok"
+    (root / "hold").mkdir(parents=True)
+    (root / "hold" / "cpu").touch()  # the one worker waits, so the queue stays as the script wrote it
+    subprocess.run(["bash", str(SCRIPT), str(root), "DATA", "TOK", "3"], capture_output=True, timeout=60,
+                   env={**env, "STUDY_RUNS": "small_wiki_teacher\n  small_wiki_sparse_80_gmp\n"})
+    queued = [line.split("|")[0] for line in (root / "queue").read_text().splitlines()]
+    assert queued == ["small_wiki_teacher", "small_wiki_sparse_80_gmp"]
