@@ -465,3 +465,10 @@ def test_stop_after_steps_must_cut_a_step_schedule_short(registry):
     assert_refused_naming(registry, "bert_tiny_quick", ["train.stop_after_steps=0"], ["train.stop_after_steps"])
     assert_refused_naming(registry, "tiny_glue", ["train.stop_after_steps=5", "train.epochs=null"],
                           ["train.stop_after_steps", "pretraining"])
+
+
+def test_hidden_state_distillation_is_refused_where_the_model_returns_no_hidden_states(registry):
+    kd = ["kd.teacher=minilm_gap_mul", "kd.hidden_weight=1.0"]
+    with pytest.raises(ConfigError, match="kd.hidden_weight needs hidden states from the model: the GAP heads"):
+        registry.build("minilm_gap_mul", kd)
+    assert registry.build("tiny_glue", ["kd.teacher=minilm", "kd.hidden_weight=1.0"]).kd.hidden_weight == 1.0

@@ -20,6 +20,7 @@ from sparsebert.errors import SparseBertError
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.runner import RunOptions, run_experiment
 from sparsebert.sparsity import SparsityController, rigl_update_due
+from sparsebert.trainer.distillation import hidden_state_loss
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = [
@@ -245,6 +246,27 @@ def test_kd_onecycle_rigl_runs_with_the_dense_run_as_teacher(kd_run):
     assert lrs.index(peak) not in (0, len(lrs) - 1) and lrs[-1] < peak / 100
     assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
     assert math.isfinite(metrics["eval_loss"])
+
+
+def test_kd_hidden_states_pull_the_student_towards_the_teacher(registry, data_dir, dense_run, kd_run, tmp_path):
+    """kd.hidden_weight in a real run: it trains, and its student's layers end closer to the teacher's than those
+    of the same run (same seed and data) without the term."""
+    out, _ = dense_run
+    teacher_dir = out / "bert_tiny_quick"
+    metrics = run(registry, "sparse_tiny_kd_onecycle_lr_rigl", tmp_path, data_dir,
+                  extra=[f"kd.teacher={teacher_dir}", "kd.hidden_weight=1.0"])
+    assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4) and math.isfinite(metrics["eval_loss"])
+    ids = torch.randint(1000, 3000, (4, 64), generator=torch.Generator().manual_seed(0))
+
+    def states(model_dir: Path):
+        model = BertForMaskedLMAtMasked.from_pretrained(model_dir).eval()
+        with torch.no_grad():
+            return model(input_ids=ids, output_hidden_states=True).hidden_states
+
+    teacher = states(teacher_dir / "model")
+    with_term = hidden_state_loss(states(tmp_path / "sparse_tiny_kd_onecycle_lr_rigl" / "model"), teacher)
+    without = hidden_state_loss(states(out / "sparse_tiny_kd_onecycle_lr_rigl" / "model"), teacher)
+    assert with_term < 0.8 * without
 
 
 def test_plots_of_finished_runs(dense_run, kd_run, tmp_path):

@@ -55,6 +55,24 @@ def test_same_loss_with_position_ids_token_types_and_input_embeddings():
                                    rtol=1e-5, atol=1e-6, msg=str(list(inputs)))
 
 
+def test_hidden_states_are_bert_for_masked_lm_s_on_both_paths():
+    """With output_hidden_states the fast path returns the embeddings' output and each layer's, as BertModel does
+    (what kd.hidden_weight distils), on the unmasked path it runs itself and with an attention mask; the loss is
+    the same with or without them."""
+    plain, fast = twins()
+    ids, labels = batch()
+    padded = torch.ones_like(ids)
+    padded[1, 12:] = 0
+    for extra in ({}, {"attention_mask": padded}, {"position_ids": torch.arange(15, -1, -1).expand(4, 16)}):
+        expected = plain(input_ids=ids, labels=labels, output_hidden_states=True, **extra)
+        got = fast(input_ids=ids, labels=labels, output_hidden_states=True, **extra)
+        assert len(got.hidden_states) == CONFIG["num_hidden_layers"] + 1
+        for i, (g, e) in enumerate(zip(got.hidden_states, expected.hidden_states, strict=True)):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6, msg=f"{list(extra)} state {i}")
+        torch.testing.assert_close(got.loss, expected.loss, rtol=1e-5, atol=1e-6)
+        assert fast(input_ids=ids, labels=labels, **extra).hidden_states is None
+
+
 def test_num_items_in_batch_gives_the_token_weighted_loss():
     """Sum over this micro-batch divided by the step's masked-token count (the Trainer's DDP convention)."""
     _, fast = twins()

@@ -1,10 +1,21 @@
-"""The distillation term itself: a real signal for classification and for regression heads."""
+"""The distillation terms themselves: a real signal for classification and for regression heads, and the
+hidden-state term (kd.hidden_weight) on a tiny MLM student and teacher."""
 
 import math
 
+import pytest
 import torch
+from transformers import BertConfig
 
-from sparsebert.trainer.distillation import distillation_loss
+from sparsebert.config.hooks import DistillationConfig
+from sparsebert.errors import SparseBertError
+from sparsebert.models.bert import BertForMaskedLMAtMasked
+from sparsebert.trainer.distillation import (
+    distillation_loss,
+    distilled_loss,
+    hidden_state_loss,
+    student_inputs,
+)
 
 
 def test_classification_term_is_zero_only_when_the_distributions_agree():
@@ -25,3 +36,64 @@ def test_regression_head_is_distilled_by_squared_error():
     assert math.isclose(loss.item(), (1.0 + 0.25) / 2, rel_tol=1e-6)
     loss.backward()
     assert student.grad is not None and student.grad.abs().sum() > 0
+
+
+TINY_MLM = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+
+
+def _mlm(seed: int, **overrides):
+    torch.manual_seed(seed)
+    return BertForMaskedLMAtMasked(BertConfig(**{**TINY_MLM, **overrides}))
+
+
+def _mlm_batch() -> dict:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, 90, (4, 16), generator=g)
+    labels = torch.where(torch.rand(4, 16, generator=g) < 0.3, ids, torch.full_like(ids, -100))
+    return {"input_ids": ids, "labels": labels}
+
+
+def test_hidden_term_is_its_weight_times_the_layer_distance_and_reaches_every_layer():
+    student, teacher = _mlm(1), _mlm(2).eval()
+    inputs = _mlm_batch()
+    config = DistillationConfig(teacher="t", alpha=0.5, hidden_weight=0.25)
+    assert student_inputs(inputs, DistillationConfig(teacher="t")) == inputs  # no hidden states asked for
+    outputs = student(**student_inputs(inputs, config))
+    with_hidden = distilled_loss(outputs.loss, outputs, teacher, inputs, config, step=0, max_steps=10, divisor=None)
+    without = distilled_loss(outputs.loss, outputs, teacher, inputs, DistillationConfig(teacher="t", alpha=0.5),
+                             step=0, max_steps=10, divisor=None)
+    teacher_states = teacher(**inputs, output_hidden_states=True).hidden_states
+    distance = hidden_state_loss(outputs.hidden_states, teacher_states)
+    assert distance.item() > 0
+    torch.testing.assert_close(with_hidden - without, 0.25 * distance)
+    # by hand: mean over the two layers (not the embeddings) of the mean squared difference
+    by_hand = sum(((s - t) ** 2).mean() for s, t in zip(outputs.hidden_states[1:], teacher_states[1:])) / 2
+    torch.testing.assert_close(distance, by_hand)
+    (0.25 * distance).backward()  # the term alone trains the first layer too
+    assert student.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
+
+
+def test_hidden_distance_is_zero_for_the_same_model_and_ignores_padding():
+    model = _mlm(1).eval()
+    inputs = _mlm_batch()
+    states = model(**inputs, output_hidden_states=True).hidden_states
+    assert hidden_state_loss(states, states).item() == 0.0
+    mask = torch.ones(4, 16, dtype=torch.long)
+    mask[0, 10:] = 0
+    moved = tuple(s.clone() for s in states)
+    for s in moved[1:]:
+        s[0, 10:] += 5.0  # only padding positions differ
+    assert hidden_state_loss(moved, states, mask).item() == 0.0
+    assert hidden_state_loss(moved, states).item() > 0
+
+
+def test_hidden_term_needs_a_teacher_of_the_student_s_shape():
+    student, deeper = _mlm(1), _mlm(2, num_hidden_layers=3).eval()
+    inputs = _mlm_batch()
+    config = DistillationConfig(teacher="t", hidden_weight=1.0)
+    outputs = student(**student_inputs(inputs, config))
+    with pytest.raises(SparseBertError, match="kd.hidden_weight needs a teacher of the student's shape"):
+        distilled_loss(outputs.loss, outputs, deeper, inputs, config, step=0, max_steps=10, divisor=None)
+    with pytest.raises(ValueError, match="kd.hidden_weight must be >= 0"):
+        DistillationConfig(teacher="t", hidden_weight=-1.0).validate()

@@ -110,6 +110,8 @@ class ExperimentConfig:
                 raise ConfigError("gmp.rewind_lr restarts the linear schedule when pruning ends: it needs "
                                   f"train.lr_scheduler=linear and no onecycle section (got {self.train.lr_scheduler}"
                                   + (" and onecycle" if self.onecycle is not None else "") + ")")
+        if self.kd is not None and self.kd.hidden_weight > 0 and self.task == "gap":
+            raise ConfigError("kd.hidden_weight needs hidden states from the model: the GAP heads return none")
         if self.train.epochs is None:
             # the run length is known now (with epochs only once the data is loaded): a RigL / GMP schedule that
             # does not fit it fails here, not when the Trainer is built

@@ -16,6 +16,10 @@ class DistillationConfig:
     # start the student from the teacher's weights (the same task's finetuned run): a sparse student is then pruned
     # from the dense model that finished training, not from the pretrained one
     student_from_teacher: bool = False
+    # weight of a second term: the mean squared distance between the student's and the teacher's hidden states,
+    # averaged over the encoder layers (TinyBERT's intermediate-layer loss). It needs a teacher of the student's
+    # shape (layers and hidden size), e.g. a dense student's sparse twin; 0 leaves it out.
+    hidden_weight: float = 0.0
 
     def validate(self) -> None:
         if not self.teacher:
@@ -26,6 +30,8 @@ class DistillationConfig:
                 raise ValueError(f"kd.{name} must be in [0, 1], got {value}")
         if self.temperature <= 0:
             raise ValueError(f"kd.temperature must be > 0, got {self.temperature}")
+        if self.hidden_weight < 0:
+            raise ValueError(f"kd.hidden_weight must be >= 0, got {self.hidden_weight}")
 
     def alpha_at(self, step: int, max_steps: int) -> float:
         if self.alpha_end is None or max_steps <= 0:

@@ -43,26 +43,48 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
 
     static_mlm_probability: float | None = None
 
+    def _uses_bert_model(self, input_ids, attention_mask, kwargs) -> bool:
+        """Whether the inputs need BertModel's own forward (a mask, a decoder, embeddings given)."""
+        return attention_mask is not None or self.config.is_decoder or input_ids is None \
+            or kwargs.get("inputs_embeds") is not None
+
     def encode(self, input_ids, attention_mask=None, token_type_ids=None, **kwargs) -> torch.Tensor:
         """The encoder's last hidden state. Without an attention mask (packed blocks have no padding) the layers
         get no mask at all, so attention runs its unmasked fused kernel. BertModel would build one: under
         torch.compile, transformers 5.17 cannot tell while tracing that no mask means no padding and hands
         attention an all-true 4-D mask, for which sdpa falls back to its unfused math kernels
         (docs/performance.md)."""
-        if attention_mask is not None or self.config.is_decoder or input_ids is None \
-                or kwargs.get("inputs_embeds") is not None:
+        if self._uses_bert_model(input_ids, attention_mask, kwargs):
             return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
                              **kwargs).last_hidden_state
         embedded = self.bert.embeddings(input_ids=input_ids, token_type_ids=token_type_ids,
                                         position_ids=kwargs.get("position_ids"))
         return self.bert.encoder(embedded, attention_mask=None, **kwargs).last_hidden_state
 
+    def encode_layers(self, input_ids, attention_mask=None, token_type_ids=None,
+                      **kwargs) -> tuple[torch.Tensor, ...]:
+        """Like ``encode``, but the embeddings' output and every layer's, as BertModel's ``hidden_states``."""
+        if self._uses_bert_model(input_ids, attention_mask, kwargs):
+            return self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
+                             output_hidden_states=True, **kwargs).hidden_states
+        states = [self.bert.embeddings(input_ids=input_ids, token_type_ids=token_type_ids,
+                                       position_ids=kwargs.get("position_ids"))]
+        for layer in self.bert.encoder.layer:  # BertEncoder's loop, keeping each layer's output
+            states.append(layer(states[-1], None, **kwargs))
+        return tuple(states)
+
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
-                num_items_in_batch=None, **kwargs):
+                num_items_in_batch=None, output_hidden_states=False, **kwargs):
         if labels is None:
             return super().forward(input_ids=input_ids, attention_mask=attention_mask,
-                                   token_type_ids=token_type_ids, **kwargs)
-        hidden = self.encode(input_ids, attention_mask, token_type_ids, **kwargs)
+                                   token_type_ids=token_type_ids, output_hidden_states=output_hidden_states,
+                                   **kwargs)
+        states = None  # the layers' outputs for kd.hidden_weight, else only the last
+        if output_hidden_states:
+            states = self.encode_layers(input_ids, attention_mask, token_type_ids, **kwargs)
+            hidden = states[-1]
+        else:
+            hidden = self.encode(input_ids, attention_mask, token_type_ids, **kwargs)
         if self.training and self.static_mlm_probability is not None:
             flat = labels.reshape(-1)
             rows = static_prediction_rows(flat.numel(), self.static_mlm_probability)
@@ -80,7 +102,7 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
             # the Trainer's convention: sum over this micro-batch / masked tokens of the whole optimizer step
             # (all micro-batches and processes), so accumulation and DDP weight every token equally
             loss = F.cross_entropy(logits.float(), targets, reduction="sum") / num_items_in_batch
-        return MaskedLMOutput(loss=loss, logits=logits)
+        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=states)
 
 
 def scatter_masked_predictions(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -30,7 +30,7 @@ from sparsebert.errors import SparseBertError
 from sparsebert.trainer.clipping import ClipInOptimizer
 from sparsebert.trainer.compile_options import apply_compile_plugin_options
 from sparsebert.trainer.ddp import FlatAllReduceCallback, GradientSync, apply_ddp_settings
-from sparsebert.trainer.distillation import prepare_teacher
+from sparsebert.trainer.distillation import prepare_teacher, student_inputs
 from sparsebert.trainer.onecycle import onecycle_scheduler
 from sparsebert.trainer.sparse_training import SparsityCallback, rewound_lr_scheduler
 from sparsebert.trainer.step import StepCallback, TrainingStep
@@ -170,8 +170,8 @@ class SparseBertTrainer(UpstreamTrainer):
         if self.teacher is None or not model.training:  # distillation is off during evaluation
             return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                         num_items_in_batch=num_items_in_batch)
-        task_loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
-                                                  num_items_in_batch=num_items_in_batch)
+        task_loss, outputs = super().compute_loss(model, student_inputs(inputs, self.step.kd_config),
+                                                  return_outputs=True, num_items_in_batch=num_items_in_batch)
         divisor = None
         if self.model_accepts_loss_kwargs and num_items_in_batch is not None:
             divisor = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
