@@ -5,7 +5,9 @@ import math
 
 import pytest
 import torch
-from transformers import BertConfig
+from torch import nn
+from transformers import BertConfig, BertForSequenceClassification
+from transformers.modeling_outputs import SequenceClassifierOutput
 
 from sparsebert.config.hooks import DistillationConfig
 from sparsebert.errors import SparseBertError
@@ -97,3 +99,40 @@ def test_hidden_term_needs_a_teacher_of_the_student_s_shape():
         distilled_loss(outputs.loss, outputs, deeper, inputs, config, step=0, max_steps=10, divisor=None)
     with pytest.raises(ValueError, match="kd.hidden_weight must be >= 0"):
         DistillationConfig(teacher="t", hidden_weight=-1.0).validate()
+
+
+def test_hidden_term_with_accumulation_and_padding_on_a_classifier():
+    """Finetuning shape of the call: a padded batch (the mask comes from the inputs) and an accumulation divisor,
+    which divides both teacher terms, not the task loss."""
+    config = BertConfig(**TINY_MLM, num_labels=3)
+    torch.manual_seed(1)
+    student = BertForSequenceClassification(config)
+    torch.manual_seed(2)
+    teacher = BertForSequenceClassification(config).eval()
+    mask = torch.ones(4, 16, dtype=torch.long)
+    mask[2, 9:] = 0
+    inputs = {"input_ids": _mlm_batch()["input_ids"], "attention_mask": mask, "labels": torch.tensor([0, 1, 2, 1])}
+    kd = DistillationConfig(teacher="t", alpha=0.3, hidden_weight=2.0)
+    outputs = student(**student_inputs(inputs, kd))
+    got = distilled_loss(outputs.loss, outputs, teacher, inputs, kd, step=0, max_steps=10, divisor=4)
+    with torch.no_grad():
+        t_out = teacher(**inputs, output_hidden_states=True)
+    soft = distillation_loss(outputs.logits, t_out.logits, kd.temperature)
+    hidden = hidden_state_loss(outputs.hidden_states, t_out.hidden_states, mask)
+    assert hidden != hidden_state_loss(outputs.hidden_states, t_out.hidden_states)  # the mask counts
+    torch.testing.assert_close(got, (0.3 * soft + 2.0 * hidden) / 4 + 0.7 * outputs.loss)
+
+
+class _FixedArguments(nn.Module):
+    """A teacher whose forward names its arguments, as the GAP heads' does: no output_hidden_states."""
+
+    def forward(self, input_ids, labels=None):
+        return SequenceClassifierOutput(logits=torch.ones(input_ids.shape[0], 2))
+
+
+def test_without_the_hidden_term_the_teacher_call_is_unchanged():
+    inputs = {"input_ids": torch.zeros(3, 4, dtype=torch.long)}
+    student = SequenceClassifierOutput(logits=torch.zeros(3, 2))
+    loss = distilled_loss(torch.tensor(1.0), student, _FixedArguments(), inputs,
+                          DistillationConfig(teacher="t", alpha=0.5), step=0, max_steps=10, divisor=None)
+    torch.testing.assert_close(loss, torch.tensor(0.5))  # equal logits: KL 0, half the task loss

@@ -42,3 +42,14 @@ def test_a_teacher_of_another_shape_is_one_error(cfg):
     with pytest.raises(SparseBertError, match="kd.student_from_teacher"):
         build_hooks(cfg, _model(2), total_steps=10, seed=0, teacher_source="teacher",
                     load_teacher=lambda _: _model(1, wider))
+
+
+def test_hidden_state_distillation_checks_the_teacher_s_shape_before_training():
+    from pathlib import Path
+
+    registry = Registry.from_directory(Path(__file__).resolve().parents[2] / "experiments")
+    cfg = registry.build("tiny_glue_sparse80", ["kd.hidden_weight=1.0"])
+    deeper = BertConfig(**{**TINY.to_dict(), "num_hidden_layers": 3})
+    with pytest.raises(SparseBertError, match=r"kd.hidden_weight needs a teacher of the student's shape .*\(2, 32\)"):
+        build_hooks(cfg, _model(2), total_steps=10, seed=0, teacher_source="teacher",
+                    load_teacher=lambda _: _model(1, deeper))

@@ -74,11 +74,12 @@ class BertForMaskedLMAtMasked(BertForMaskedLM):
         return tuple(states)
 
     def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, labels=None,
-                num_items_in_batch=None, output_hidden_states=False, **kwargs):
+                num_items_in_batch=None, output_hidden_states=None, **kwargs):
         if labels is None:
+            if output_hidden_states is not None:
+                kwargs["output_hidden_states"] = output_hidden_states
             return super().forward(input_ids=input_ids, attention_mask=attention_mask,
-                                   token_type_ids=token_type_ids, output_hidden_states=output_hidden_states,
-                                   **kwargs)
+                                   token_type_ids=token_type_ids, **kwargs)
         states = None  # the layers' outputs for kd.hidden_weight, else only the last
         if output_hidden_states:
             states = self.encode_layers(input_ids, attention_mask, token_type_ids, **kwargs)

@@ -106,8 +106,8 @@ def distilled_loss(task_loss: torch.Tensor, outputs, teacher: nn.Module, inputs:
     None otherwise.
     """
     wants_hidden = config.hidden_weight > 0
-    with torch.no_grad():
-        teacher_outputs = teacher(**inputs, output_hidden_states=wants_hidden)
+    with torch.no_grad():  # (some teachers, the GAP heads, take no output_hidden_states argument)
+        teacher_outputs = teacher(**inputs, output_hidden_states=True) if wants_hidden else teacher(**inputs)
     teacher_logits = output_logits(teacher_outputs)
     alpha = config.alpha_at(step, max_steps)
     student = [match_teacher_rows(s, t) for s, t in zip(output_logits(outputs), teacher_logits)]

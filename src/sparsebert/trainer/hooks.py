@@ -58,6 +58,12 @@ def _teacher(cfg: ExperimentConfig, student: nn.Module, source: str | None,
     if t_vocab != getattr(student.config, "vocab_size", None):
         raise SparseBertError(f"kd.teacher {cfg.kd.teacher} has a vocabulary of {t_vocab}, the student "
                               f"{student.config.vocab_size}: they must share the tokenizer")
+    if cfg.kd.hidden_weight > 0:
+        shapes = [(getattr(m.config, "num_hidden_layers", None), getattr(m.config, "hidden_size", None))
+                  for m in (student, teacher)]
+        if shapes[0] != shapes[1]:
+            raise SparseBertError(f"kd.hidden_weight needs a teacher of the student's shape (layers, hidden size): "
+                                  f"the student is {shapes[0]}, kd.teacher {cfg.kd.teacher} {shapes[1]}")
     if cfg.kd.student_from_teacher:
         try:
             student.load_state_dict(teacher.state_dict())
