@@ -103,6 +103,22 @@ def test_compiled_model_gives_the_eager_loss(seed):
                                fast(input_ids=ids, labels=labels).loss, rtol=1e-5, atol=1e-6)
 
 
+def test_hidden_states_compile_to_one_graph_on_the_static_rows_path():
+    """What a compiled KD step with kd.hidden_weight runs: the training path with fixed decoder rows, the layers'
+    outputs returned, in one graph (CUDA graphs replay only whole graphs) and equal to eager."""
+    _, fast = twins()
+    fast.static_mlm_probability = 0.15
+    ids, labels = batch(3)
+    eager = fast(input_ids=ids, labels=labels, output_hidden_states=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(fast, backend="aot_eager", fullgraph=True)(input_ids=ids, labels=labels,
+                                                                          output_hidden_states=True)
+    torch._dynamo.reset()
+    torch.testing.assert_close(compiled.loss, eager.loss, rtol=1e-5, atol=1e-6)
+    for c, e in zip(compiled.hidden_states, eager.hidden_states, strict=True):
+        torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-6)
+
+
 def test_static_rows_give_the_same_loss_and_gradients():
     """data.static_mask_count: the decoder runs on a fixed number of rows (masked ones, then ignored fillers)."""
     plain, fast = twins()
