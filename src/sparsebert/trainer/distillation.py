@@ -61,14 +61,11 @@ def hidden_state_loss(student: tuple[torch.Tensor, ...], teacher: tuple[torch.Te
         raise SparseBertError(
             f"kd.hidden_weight needs a teacher of the student's shape: the student has {len(student) - 1} layers "
             f"of {tuple(student[-1].shape)}, the teacher {len(teacher) - 1} of {tuple(teacher[-1].shape)}")
+    weights = None if attention_mask is None else attention_mask.float() / attention_mask.sum().clamp_min(1)
     total = student[-1].new_zeros((), dtype=torch.float32)
     for s, t in zip(student[1:], teacher[1:]):
         per_token = (s.float() - t.float()).square().mean(dim=-1)  # (batch, seq)
-        if attention_mask is None:
-            total = total + per_token.mean()
-        else:
-            weights = attention_mask.to(per_token.dtype)
-            total = total + (per_token * weights).sum() / weights.sum().clamp_min(1.0)
+        total = total + (per_token.mean() if weights is None else (per_token * weights).sum())
     return total / (len(student) - 1)
 
 
