@@ -104,6 +104,17 @@ EXPERIMENTS = {
         "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl with ERK layer densities",
         "sparsity": {"distribution": "erk"},
     },
+    # the KD pair with TinyBERT's layer-by-layer hidden-state distance added (the best 80 % recipe measured)
+    "small_wiki_dense_kd_hidden_onecycle_lr": {
+        "parent": "small_wiki_dense_kd_onecycle_lr",
+        "description": "small_wiki_dense_kd_onecycle_lr + the teacher's hidden states: the hidden-state KD baseline",
+        "kd": {"hidden_weight": 1.0},
+    },
+    "small_wiki_sparse_80_kd_hidden_onecycle_lr_rigl_erk": {
+        "parent": "small_wiki_sparse_80_kd_onecycle_lr_rigl_erk",
+        "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl_erk + the teacher's hidden states",
+        "kd": {"hidden_weight": 1.0},
+    },
     "small_wiki_sparse_90_kd_onecycle_lr_rigl": {
         "parent": "small_wiki_sparse_80_kd_onecycle_lr_rigl",
         "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl at 90% sparse",
