@@ -35,7 +35,7 @@ common="$common --set train.save_steps=4000 --set train.report_to=[] ${STUDY_SET
 # the numerics pair (bert_small_wiki with and without the bf16 residual stream and hash dropout, at two seeds):
 # eval loss only, no GLUE; then the learning-rate pairs: dense and 80 % RigL ERK at lr 1e-3 (full schedules, eval
 # loss only), dense + KD and 80 % RigL ERK + KD with the one-cycle peak at 2e-3 (with GLUE); the same two KD runs
-# with the hidden-state term (kd.hidden_weight) and at a second seed, and the hidden-state pair at a second seed
+# at a second seed, and with the hidden-state term (kd.hidden_weight) at two seeds
 early="--set train.stop_after_steps=4000"
 
 # NAME|NEEDS|ARGUMENTS: pretraining run NAME (run.py ARGUMENTS), started once run NEEDS (if any) is done
