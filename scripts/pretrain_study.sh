@@ -35,7 +35,7 @@ common="$common --set train.save_steps=4000 --set train.report_to=[] ${STUDY_SET
 # the numerics pair (bert_small_wiki with and without the bf16 residual stream and hash dropout, at two seeds):
 # eval loss only, no GLUE; then the learning-rate pairs: dense and 80 % RigL ERK at lr 1e-3 (full schedules, eval
 # loss only), dense + KD and 80 % RigL ERK + KD with the one-cycle peak at 2e-3 (with GLUE); the same two KD runs
-# at a second seed, and with the hidden-state term (kd.hidden_weight) at two seeds
+# at a second seed, and with the hidden-state term (kd.hidden_weight) at three seeds
 early="--set train.stop_after_steps=4000"
 
 # NAME|NEEDS|ARGUMENTS: pretraining run NAME (run.py ARGUMENTS), started once run NEEDS (if any) is done
@@ -68,6 +68,8 @@ kd_hidden_dense|small_wiki_teacher|small_wiki_dense_kd_hidden_onecycle_lr
 kd_hidden_rigl_erk|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_rigl_erk
 kd_hidden_dense_seed43|small_wiki_teacher|small_wiki_dense_kd_hidden_onecycle_lr --set seed=43
 kd_hidden_rigl_erk_seed43|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_rigl_erk --set seed=43
+kd_hidden_dense_seed44|small_wiki_teacher|small_wiki_dense_kd_hidden_onecycle_lr --set seed=44
+kd_hidden_rigl_erk_seed44|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_rigl_erk --set seed=44
 kd_dense_seed43|small_wiki_teacher|small_wiki_dense_kd_onecycle_lr --set seed=43
 kd_rigl_erk_seed43|small_wiki_teacher|small_wiki_sparse_80_kd_onecycle_lr_rigl_erk --set seed=43
 numerics_fast_seed43||bert_small_wiki --set seed=43
