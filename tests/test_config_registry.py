@@ -315,6 +315,8 @@ def test_set_without_equals_is_an_error(registry):
     (["task=glue", "model.init_from=minilm", 'finetune.glue_tasks=["rte", "sst"]'], ["finetune.glue_tasks", "'sst'"]),
     (["train.max_steps=0"], ["train.max_steps"]),
     (["model.hidden_dropout=1.0"], ["model.hidden_dropout"]),
+    (["model.num_layers=2"], ["model.num_layers", "model.init_from"]),  # bert_tiny_quick builds from a size
+    (["model.init_from=minilm", "model.num_layers=0"], ["model.num_layers"]),
     (["task=clm"], ["task"]),
     (["train.lr_scheduler=foo"], ["train.lr_scheduler", "'foo'", "cosine"]),
     (["train.optim=foo"], ["train.optim", "'foo'", "adamw_torch"]),

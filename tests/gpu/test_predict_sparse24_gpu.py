@@ -43,7 +43,8 @@ def test_predict_through_the_2to4_kernel_matches_the_masked_dense_model(data_dir
     path = minilm_dir
     registry = Registry.from_directory(REPO / "experiments")
     cfg = registry.build("tiny_glue_2to4", [
-        f"model.init_from={path}", f"model.tokenizer={path}", f"finetune.max_train_samples={ROWS}",
+        f"model.init_from={path}", "model.num_layers=null", f"model.tokenizer={path}",  # all 6 layers
+        f"finetune.max_train_samples={ROWS}",
         "train.epochs=8", "train.learning_rate=1e-4"])
     run_experiment(cfg, RunOptions(output_root=tmp_path / "runs", data_dir=data_dir))
     run = tmp_path / "runs" / "tiny_glue_2to4" / "glue_rte" / "run0"

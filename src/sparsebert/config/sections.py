@@ -40,6 +40,9 @@ class ModelConfig:
     # None: the checkpoint's own value with init_from, else BERT's 0.1
     hidden_dropout: float | None = None
     attention_dropout: float | None = None
+    # with init_from: keep only the checkpoint's first N encoder layers (a shallower student, or a fast CPU smoke
+    # run); None keeps them all
+    num_layers: int | None = None
 
     def validate(self) -> None:
         if self.init_from is None and self.size not in MODEL_SIZES:
@@ -50,6 +53,12 @@ class ModelConfig:
         for name in ("hidden_dropout", "attention_dropout"):
             if getattr(self, name) is not None and not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.num_layers is not None:
+            if self.init_from is None:
+                raise ValueError("model.num_layers keeps the first layers of a pretrained model: set model.init_from, "
+                                 "or pick a model.size")
+            if self.num_layers < 1:
+                raise ValueError(f"model.num_layers must be at least 1, got {self.num_layers}")
 
 
 @dataclass

@@ -12,7 +12,7 @@ from transformers.modeling_outputs import MaskedLMOutput
 
 from sparsebert.config.sections import MODEL_SIZES, DataConfig, ModelConfig
 from sparsebert.errors import SparseBertError
-from sparsebert.models.pretrained import dropout_overrides
+from sparsebert.models.pretrained import config_overrides
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.upstream.libraries import set_attn_implementation
 
@@ -149,7 +149,7 @@ def build_mlm_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, data: 
     data's sequence length and the tokenizer, with the static decoder rows of ``data.static_mask_count``."""
     if cfg.init_from:
         model = load_mlm_model(resolve_pretrained(cfg.init_from, output_root, "model.init_from"), cfg.attn_implementation,
-                               **dropout_overrides(cfg))
+                               **config_overrides(cfg))
     else:
         model = BertForMaskedLMAtMasked(bert_config(cfg, len(tokenizer), tokenizer.pad_token_id))
         set_attn_implementation(model.config, cfg.attn_implementation)

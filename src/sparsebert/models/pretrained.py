@@ -18,6 +18,15 @@ def dropout_overrides(cfg: ModelConfig) -> dict[str, Any]:
     return out
 
 
+def config_overrides(cfg: ModelConfig) -> dict[str, Any]:
+    """The checkpoint config values an experiment overrides: its dropouts and its layer count (unset: the
+    checkpoint's own). ``num_hidden_layers`` below the checkpoint's keeps its first layers' weights."""
+    out = dropout_overrides(cfg)
+    if cfg.num_layers is not None:
+        out["num_hidden_layers"] = cfg.num_layers
+    return out
+
+
 def pretrained_kwargs(cfg: ModelConfig) -> dict[str, Any]:
     """What every ``from_pretrained`` of a model to be trained gets from the experiment's model section."""
-    return {"attn_implementation": cfg.attn_implementation, **dropout_overrides(cfg)}
+    return {"attn_implementation": cfg.attn_implementation, **config_overrides(cfg)}

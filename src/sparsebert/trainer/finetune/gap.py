@@ -75,18 +75,13 @@ def run_gap(ctx: FinetuneContext, inputs: GapInputs, seed: int, run_dir: Path) -
 
 def load_gap_teacher(encoder_source: str, head: str, teacher_dir: str) -> GapClassifier:
     """A finetuned GAP model: the same architecture, with the weights its run saved (model.safetensors)."""
-    from safetensors.torch import load_file
-
-    teacher = GapClassifier.from_pretrained_encoder(encoder_source, head)
-    state = load_file(str(Path(teacher_dir) / "model.safetensors"))
-    # runs saved before the unused pooler was dropped still carry its weights
-    teacher.load_state_dict({k: v for k, v in state.items() if not k.startswith("encoder.pooler.")})
-    return teacher
+    return load_gap_model(teacher_dir, head, encoder_source)
 
 
 def load_gap_model(model_dir: str | Path, head: str, encoder_source: str) -> GapClassifier:
     """A finished run's GAP model: the encoder built from the config of ``encoder_source`` (the model the run
-    started from; ``model/`` holds only the state dict), then every weight from ``model/model.safetensors``."""
+    started from; ``model/`` holds only the state dict) with as many layers as the saved weights have (a run with
+    ``model.num_layers`` kept fewer), then every weight from ``model/model.safetensors``."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModel
 
@@ -95,10 +90,14 @@ def load_gap_model(model_dir: str | Path, head: str, encoder_source: str) -> Gap
     except (OSError, ValueError) as e:
         raise SparseBertError(f"cannot load the config of {encoder_source}, the encoder the GAP run started "
                               f"from: {str(e).splitlines()[0]}") from None
-    model = GapClassifier(AutoModel.from_config(config), head)  # random weights, all replaced below
     state = load_file(str(Path(model_dir) / "model.safetensors"))
     # runs saved before the unused pooler was dropped still carry its weights
-    model.load_state_dict({k: v for k, v in state.items() if not k.startswith("encoder.pooler.")})
+    state = {k: v for k, v in state.items() if not k.startswith("encoder.pooler.")}
+    layers = {k.split(".")[3] for k in state if k.startswith("encoder.encoder.layer.")}
+    if layers:  # (BERT-style names; other encoders keep their config's count)
+        config.num_hidden_layers = len(layers)
+    model = GapClassifier(AutoModel.from_config(config), head)  # random weights, all replaced below
+    model.load_state_dict(state)
     return model
 
 
