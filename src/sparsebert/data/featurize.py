@@ -56,6 +56,7 @@ load it without hashing it again.
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import hashlib
 import inspect
@@ -191,13 +192,9 @@ def tokenizer_digest(tokenizer) -> str:
     import tokenizers
     import transformers
 
-    backend = json.loads(tokenizer.backend_tokenizer.to_str())
-    # truncation / padding in the Rust object are per-call state left by the last call, not identity
-    backend.pop("truncation", None)
-    backend.pop("padding", None)
     identity = {
         "class": type(tokenizer).__qualname__,
-        "backend": backend,
+        "backend": _backend_digest(tokenizer.backend_tokenizer.to_str()),
         "special_tokens": tokenizer.special_tokens_map,
         "special_ids": tokenizer.all_special_ids,
         "padding_side": tokenizer.padding_side,
@@ -206,6 +203,16 @@ def tokenizer_digest(tokenizer) -> str:
         "versions": [tokenizers.__version__, transformers.__version__],
     }
     return hashlib.sha256(_canonical(identity).encode()).hexdigest()
+
+
+@functools.lru_cache(maxsize=16)
+def _backend_digest(serialized: str) -> str:
+    """sha256 of a Rust tokenizer's JSON without its truncation / padding, which are per-call state left by the
+    last call, not identity. Cached: every featurization asks, and the JSON holds the whole vocabulary."""
+    backend = json.loads(serialized)
+    backend.pop("truncation", None)
+    backend.pop("padding", None)
+    return cache_key(backend)
 
 
 def source_digest(fn: Callable) -> str | None:
