@@ -18,6 +18,22 @@ REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "tests" / "assets" / "data"
 
 
+def pytest_sessionstart(session) -> None:
+    """Move what the heavy libraries create at import into the collector's permanent generation.
+
+    Every ``Trainer.train`` starts with a full ``gc.collect()`` (accelerate's ``free_memory``); in one pytest
+    process that runs a hundred trainings, each of those walked every object of torch and transformers again."""
+    import gc
+
+    import torch  # noqa: F401
+    import transformers
+    from transformers import BertForMaskedLM, Trainer  # noqa: F401
+
+    transformers.AutoModel  # noqa: B018  (resolves the lazy module's auto classes)
+    gc.collect()
+    gc.freeze()
+
+
 def _data_dir() -> Path:
     env = os.environ.get("SPARSEBERT_DATA")
     path = Path(env) if env else REPO.parent / "shared" / "data"
