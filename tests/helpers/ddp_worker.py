@@ -12,6 +12,7 @@ checks a combined launch against separate ones, weights bit for bit).
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -26,6 +27,11 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from sparsebert.config import Registry  # noqa: E402
 from sparsebert.runner import RunOptions, run_experiment  # noqa: E402
+
+# every Trainer.train starts with a full gc.collect (accelerate's free_memory): keep what the imports made out of
+# it, for the several runs of one launch
+gc.collect()
+gc.freeze()
 
 
 class KillRank(TrainerCallback):
