@@ -26,10 +26,8 @@ def pytest_sessionstart(session) -> None:
     import gc
 
     import torch  # noqa: F401
-    import transformers
-    from transformers import BertForMaskedLM, Trainer  # noqa: F401
+    from transformers import AutoModel, BertForMaskedLM, Trainer  # noqa: F401
 
-    transformers.AutoModel  # noqa: B018  (resolves the lazy module's auto classes)
     gc.collect()
     gc.freeze()
 

@@ -8,20 +8,14 @@ from typing import Any
 from sparsebert.config.sections import ModelConfig
 
 
-def dropout_overrides(cfg: ModelConfig) -> dict[str, Any]:
-    """The dropouts an experiment sets, as ``from_pretrained`` config overrides (unset: the checkpoint's own)."""
+def config_overrides(cfg: ModelConfig) -> dict[str, Any]:
+    """The checkpoint config values an experiment overrides: its dropouts and its layer count (unset: the
+    checkpoint's own). ``num_hidden_layers`` below the checkpoint's keeps its first layers' weights."""
     out: dict[str, Any] = {}
     if cfg.hidden_dropout is not None:
         out["hidden_dropout_prob"] = cfg.hidden_dropout
     if cfg.attention_dropout is not None:
         out["attention_probs_dropout_prob"] = cfg.attention_dropout
-    return out
-
-
-def config_overrides(cfg: ModelConfig) -> dict[str, Any]:
-    """The checkpoint config values an experiment overrides: its dropouts and its layer count (unset: the
-    checkpoint's own). ``num_hidden_layers`` below the checkpoint's keeps its first layers' weights."""
-    out = dropout_overrides(cfg)
     if cfg.num_layers is not None:
         out["num_hidden_layers"] = cfg.num_layers
     return out

@@ -58,7 +58,7 @@ def run_gap(ctx: FinetuneContext, inputs: GapInputs, seed: int, run_dir: Path) -
     trainer = make_trainer(ctx, model, run_dir, seed, inputs.train_features, inputs.eval_features,
                            default_data_collator, ["labels"], compute_metrics=_accuracy,
                            teacher_source=inputs.teacher,
-                           load_teacher=lambda source: load_gap_teacher(ctx.model_source, fcfg.gap_head, source))
+                           load_teacher=lambda source: load_gap_model(source, fcfg.gap_head, ctx.model_source))
     trainer.train()
     out = trainer.predict(inputs.eval_features)
     probs = softmax(out.predictions)
@@ -73,15 +73,11 @@ def run_gap(ctx: FinetuneContext, inputs: GapInputs, seed: int, run_dir: Path) -
     return finish_run(ctx, trainer, run_dir, "gap", seed, metrics, started, outputs)
 
 
-def load_gap_teacher(encoder_source: str, head: str, teacher_dir: str) -> GapClassifier:
-    """A finetuned GAP model: the same architecture, with the weights its run saved (model.safetensors)."""
-    return load_gap_model(teacher_dir, head, encoder_source)
-
-
 def load_gap_model(model_dir: str | Path, head: str, encoder_source: str) -> GapClassifier:
-    """A finished run's GAP model: the encoder built from the config of ``encoder_source`` (the model the run
-    started from; ``model/`` holds only the state dict) with as many layers as the saved weights have (a run with
-    ``model.num_layers`` kept fewer), then every weight from ``model/model.safetensors``."""
+    """A finished run's GAP model (also a distillation teacher): the encoder built from the config of
+    ``encoder_source`` (the model the run started from; ``model/`` holds only the state dict) with as many layers
+    as the saved weights have (a run with ``model.num_layers`` kept fewer), then every weight from
+    ``model/model.safetensors``."""
     from safetensors.torch import load_file
     from transformers import AutoConfig, AutoModel
 
