@@ -40,6 +40,7 @@ baseline's FLOPs (the full decoder) for every row, so it is proportional to samp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import sys
@@ -67,6 +68,7 @@ GRAPHS = "train.torch_compile_mode=reduce-overhead"  # CUDA graphs
 AUTOTUNE = "train.torch_compile_mode=max-autotune-no-cudagraphs"
 TUNED = "train.torch_compile_tune_kernels=true"
 FAST_DROPOUT = "model.fast_dropout=true"  # (every row starts from exact numerics: sparse_overhead.timing_overrides)
+FUSED_QKV = "model.fused_qkv=true"
 CLIP_OUTSIDE = "train.clip_in_optimizer=false"  # the Trainer's own clipping pass (the default before 982af3f)
 # key, experiment, train.torch_compile, further overrides, label
 OURS = [
@@ -117,6 +119,16 @@ OURS = [
     ("ours-sparse-static-half-residual-fast-dropout-tuned", "sparse_80_rigl", True,
      (*HALF, GRAPHS, FAST_DROPOUT, TUNED),
      " + static mask count + CUDA graphs + bf16 residual stream + fast dropout + Inductor kernel tuning"),
+    # Q, K and V as one matrix product of the concatenated weights (model.fused_qkv)
+    ("ours-static-half-residual-fast-dropout-fused-qkv", "bert_100k", True, (*HALF, FAST_DROPOUT, FUSED_QKV),
+     " + static mask count + bf16 residual stream + fast dropout + fused QKV"),
+    ("ours-sparse-static-half-residual-fast-dropout-fused-qkv", "sparse_80_rigl", True,
+     (*HALF, GRAPHS, FAST_DROPOUT, FUSED_QKV),
+     " + static mask count + CUDA graphs + bf16 residual stream + fast dropout + fused QKV"),
+    # the attention kernel: sdpa picks cuDNN's fused attention on Hopper; this row allows FlashAttention only
+    # (SDPA_BACKENDS)
+    ("ours-static-half-residual-fast-dropout-flash", "bert_100k", True, (*HALF, FAST_DROPOUT),
+     " + static mask count + bf16 residual stream + fast dropout, FlashAttention instead of cuDNN"),
 ]
 # the two fast-dropout rows with the Trainer's own clipping pass (a norm, then a multiplication of every gradient)
 # instead of the clip factor inside the fused AdamW step (train.clip_in_optimizer, the default since these rows
@@ -134,6 +146,8 @@ SLOWER_WARNING = 0.02  # warn when the baseline is this much slower than the pla
 
 INDUCTOR_PATCHES = {"ours-static-half-residual-combo": {"combo_kernels": True},
                     "ours-static-half-residual-autotune-gemm": {"max_autotune_gemm": True}}
+# the sdpa backends a row allows (torch.nn.attention.sdpa_kernel around the whole row, compilation included)
+SDPA_BACKENDS = {"ours-static-half-residual-fast-dropout-flash": ("FLASH_ATTENTION",)}
 
 
 FLOPS_FORMULA = "3 * (batch * (2*S*L*(4*H^2 + 2*H*I) + 4*L*S^2*H) + decoder_rows * 2*(H^2 + H*V))"
@@ -285,8 +299,10 @@ def timing_result(variant: str, batch: int, seq: int, timed_steps: int, start: f
 
 
 def ours(callbacks: list, experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: int,
-         compiled: bool, extra: tuple[str, ...] = (), label: str = "", inductor: dict | None = None) -> dict:
+         compiled: bool, extra: tuple[str, ...] = (), label: str = "", inductor: dict | None = None,
+         sdpa_backends: tuple[str, ...] = ()) -> dict:
     from sparse_overhead import random_blocks, time_variant, timing_overrides
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from sparsebert.config import Registry
     from sparsebert.data.tokenizer import load_tokenizer
@@ -298,7 +314,9 @@ def ours(callbacks: list, experiment: str, tokenizer_path: str, batch: int, step
     registry = Registry.from_directory(ROOT / "experiments")
     import torch._inductor.config
 
-    with torch._inductor.config.patch(inductor or {}):
+    backends = (sdpa_kernel([getattr(SDPBackend, name) for name in sdpa_backends]) if sdpa_backends
+                else contextlib.nullcontext())  # sdpa's own choice
+    with torch._inductor.config.patch(inductor or {}), backends:
         r = time_variant(registry, experiment, overrides, tokenizer, data, warmup, callbacks)
     r["variant"] = f"sparsebert {experiment}" + (" + torch.compile" if compiled else "") + label
     cfg = registry.build(experiment, [*overrides, f"rigl.end_step={steps + 1}"]
@@ -381,7 +399,8 @@ def main() -> None:
         BertConfig(vocab_size=vocab, attn_implementation=attn), *steps, compiled=compiled, mask=mask)
         for key, attn, compiled, mask in BASELINES}
     plan |= {key: lambda cb, key=key, v=v: ours(cb, v[0], args.tokenizer, args.batch, args.ours_steps, args.warmup,
-                                                 *v[1:], inductor=INDUCTOR_PATCHES.get(key, {}))
+                                                 *v[1:], inductor=INDUCTOR_PATCHES.get(key, {}),
+                                                 sdpa_backends=SDPA_BACKENDS.get(key, ()))
              for key, *v in OURS}
     timed = select_rows(args.only, args.skip, list(plan))
     profile = {key.strip() for key in args.profile.split(",")} - {""}

@@ -37,6 +37,9 @@ class ModelConfig:
     # under train.torch_compile: dropout whose random bits come from a counter hash instead of Philox (the same
     # keep probability, another random stream; models/fast_dropout.py)
     fast_dropout: bool = False
+    # Q, K and V of each attention layer as one matrix product of the concatenated weights (the parameters stay
+    # three; models/fused_qkv.py)
+    fused_qkv: bool = False
     # None: the checkpoint's own value with init_from, else BERT's 0.1
     hidden_dropout: float | None = None
     attention_dropout: float | None = None

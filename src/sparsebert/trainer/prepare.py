@@ -3,6 +3,7 @@ distillation teacher's), so they belong to the model, not to the Trainer's step.
 
 - ``model.fast_dropout``: dropout with counter-hash random bits under torch.compile (trainer/fast_dropout.py);
 - ``model.half_precision_residual``: LayerNorm outputs in bf16 under bf16 training (trainer/residual_precision.py);
+- ``model.fused_qkv``: each attention layer's Q, K and V as one matrix product (models/fused_qkv.py);
 - ``train.torch_compile_tune_kernels``: Inductor's kernel tuning, a process-wide setting (compile_options.py).
 
 The compile plugin's scope and dynamic shapes live on Accelerate's plugin, which exists only once the Trainer
@@ -14,14 +15,19 @@ inputs are process-wide ``ACCELERATE_DYNAMO_*`` environment variables.
 
 from __future__ import annotations
 
+import logging
+
 from torch import nn
 
 from sparsebert.config import ExperimentConfig
 from sparsebert.errors import SparseBertError
+from sparsebert.models.fused_qkv import use_fused_qkv
 from sparsebert.trainer.arguments import resolve_precision
 from sparsebert.trainer.compile_options import apply_kernel_tuning
 from sparsebert.trainer.fast_dropout import apply_fast_dropout
 from sparsebert.trainer.residual_precision import apply_half_precision_residual
+
+log = logging.getLogger(__name__)
 
 
 def prepare_model(model: nn.Module, cfg: ExperimentConfig) -> nn.Module:
@@ -33,6 +39,11 @@ def prepare_model(model: nn.Module, cfg: ExperimentConfig) -> nn.Module:
         apply_half_precision_residual(model, _precision(cfg.train.precision))
     if cfg.model.fast_dropout:
         apply_fast_dropout(model, compiled)
+    if cfg.model.fused_qkv:
+        swapped = use_fused_qkv(model)
+        log.info("model.fused_qkv: %d attention layers compute Q, K and V in one matrix product", swapped)
+        if swapped == 0:
+            log.warning("model.fused_qkv: this model has no BERT self-attention with biases; nothing changes")
     return model
 
 

@@ -101,7 +101,8 @@ class ProfilerCallback(TrainerCallback):
     """Profiles optimizer steps warmup+1 .. warmup+steps and writes ``trace.json`` (Chrome / Perfetto) and
     ``top_ops.txt`` (the most expensive operators) into ``out_dir`` (default: ``profile/`` in the run directory);
     on a GPU also ``gpu_time.json`` (:func:`gpu_time`: how much of the window the GPU computed, communicated,
-    both at once, or idled) and ``host_syncs.json`` (:class:`HostSyncCounter` over as many steps just before the
+    both at once, or idled), ``kernels.json`` (:func:`kernel_breakdown`: GPU time per kind of kernel) and
+    ``host_syncs.json`` (:class:`HostSyncCounter` over as many steps just before the
     profiled ones, so that its warnings stay out of the trace)."""
 
     def __init__(self, warmup: int = 5, steps: int = 3, out_dir: Path | None = None):
@@ -145,8 +146,11 @@ class ProfilerCallback(TrainerCallback):
         sort = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
         atomic_write_text(out / "top_ops.txt", profiler.key_averages().table(sort_by=sort, row_limit=30) + "\n")
         if torch.cuda.is_available():
-            summary = gpu_time(json.loads((out / "trace.json").read_text()))
+            trace = json.loads((out / "trace.json").read_text())
+            summary = gpu_time(trace)
             atomic_write_text(out / "gpu_time.json", json.dumps(summary, indent=2) + "\n")
+            kernels = kernel_breakdown(trace)
+            atomic_write_text(out / "kernels.json", json.dumps(kernels, indent=2) + "\n")
             log.info("GPU time in the profiled steps: %s", summary)
         if self.syncs is not None and self.syncs.result is not None:
             atomic_write_text(out / "host_syncs.json", json.dumps(self.syncs.result, indent=2) + "\n")
@@ -199,3 +203,51 @@ def gpu_time(trace: dict) -> dict:
     return {"window_ms": round(end - start, 3), "compute_ms": round(compute_ms, 3), "comm_ms": round(comm_ms, 3),
             "comm_overlapped_ms": round(both, 3), "comm_exposed_ms": round(comm_ms - both, 3),
             "idle_ms": round(end - start - busy, 3)}
+
+
+# kernel-name patterns (lower case) of each kind of GPU work, tried in this order: a cuDNN attention kernel's name
+# also holds "gemm"-like words, Adam's fused kernel runs through multi_tensor_apply
+KERNEL_KINDS = (
+    ("communication", ("nccl",)),
+    ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
+    ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "sm90_", "sm100_")),
+    ("optimizer", ("adam",)),
+    ("foreach (mask multiply, gradient norms)", ("multi_tensor", "foreach")),
+    ("generated reduction (LayerNorm, softmax, loss)", ("triton_per", "triton_red")),
+    ("generated pointwise (GELU, dropout, casts, adds)", ("triton_poi", "triton_")),
+)
+
+
+def kernel_kind(name: str) -> str:
+    """The kind of GPU work a kernel (or copy) name stands for (:data:`KERNEL_KINDS`; else "other")."""
+    lowered = name.lower()
+    if lowered.startswith("memcpy") or lowered.startswith("memset"):
+        return "copy / memset"
+    for kind, patterns in KERNEL_KINDS:
+        if any(p in lowered for p in patterns):
+            return kind
+    return "other"
+
+
+def kernel_breakdown(trace: dict, top: int = 30) -> dict:
+    """Where the GPU's time goes in a profiled window, from a Chrome trace: per kind of kernel
+    (:func:`kernel_kind`) its summed duration (ms), kernel count and share of all kernel time, and the ``top``
+    kernels by summed duration. Kernels on different streams that overlap are both counted, so the sum can
+    exceed the window; this says which work costs what, :func:`gpu_time` how busy the GPU was."""
+    kinds: dict[str, dict] = {}
+    kernels: dict[str, dict] = {}
+    for event in trace.get("traceEvents", []):
+        if event.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset") or "dur" not in event:
+            continue
+        name, ms = event.get("name", ""), event["dur"] / 1000
+        for table, key in ((kinds, kernel_kind(name)), (kernels, name)):
+            entry = table.setdefault(key, {"ms": 0.0, "count": 0})
+            entry["ms"] += ms
+            entry["count"] += 1
+    total = sum(entry["ms"] for entry in kinds.values())
+    by_kind = {kind: {"ms": round(e["ms"], 3), "count": e["count"], "share": round(e["ms"] / total, 4)}
+               for kind, e in sorted(kinds.items(), key=lambda item: -item[1]["ms"])}
+    ranked = sorted(kernels.items(), key=lambda item: -item[1]["ms"])[:top]
+    return {"kernel_ms": round(total, 3), "by_kind": by_kind,
+            "top_kernels": [{"name": name[:200], "kind": kernel_kind(name), "ms": round(e["ms"], 3),
+                             "count": e["count"]} for name, e in ranked]}

@@ -31,6 +31,11 @@ def set_attn_implementation(config, attn_implementation: str) -> None:
     config._attn_implementation = attn_implementation
 
 
+def attn_implementation(config) -> str:
+    """Which attention a model built from ``config`` runs (what ``set_attn_implementation`` sets)."""
+    return config._attn_implementation
+
+
 def tokenizer_object(implementation) -> Any:
     """The ``tokenizers.Tokenizer`` a tokenizers implementation (BertWordPieceTokenizer, ...) wraps and trains."""
     return implementation._tokenizer
