@@ -6,8 +6,10 @@ EXPERIMENTS = {
         "task": "mlm",
         # a bf16 residual stream and hash dropout: faster on a GPU, the same eval loss within seed noise in an
         # 8 000-step pair at two seeds (docs/performance.md); nothing changes in fp32 runs, hash dropout needs
-        # compile, and fp16 runs keep an fp32 residual stream
-        "model": {"size": "base", "tokenizer": "minilm", "half_precision_residual": True, "fast_dropout": True},
+        # compile, and fp16 runs keep an fp32 residual stream. fused_qkv: Q, K and V in one matrix product, the
+        # same arithmetic in another order (docs/performance.md)
+        "model": {"size": "base", "tokenizer": "minilm", "half_precision_residual": True, "fast_dropout": True,
+                  "fused_qkv": True},
         # static_mask_count: a fixed number of MLM decoder rows per batch, so the compiled step is one CUDA graph
         "data": {"corpus": "wikipedia-enwiki-2015-wikiextractor", "format": "wikiextractor",
                  "max_seq_length": 128, "eval_documents": 130, "static_mask_count": True},

@@ -32,8 +32,8 @@ def test_rows_are_unique_and_the_headline_exists(bench):
     assert len(known) == len(set(known))
     assert set(bench.HEADLINE) <= set(known)
     assert bench.HEADLINE[:2] == ("plain", "compiled-mask")  # the references run first, in the fresh process
-    assert "ours-static-half-residual-fast-dropout" in bench.HEADLINE
-    assert "ours-sparse-static-half-residual-fast-dropout" in bench.HEADLINE
+    assert "ours-static-half-residual-fast-dropout-fused-qkv" in bench.HEADLINE
+    assert "ours-sparse-static-half-residual-fast-dropout-fused-qkv" in bench.HEADLINE
     # a row's patches name a row and what they set exists (else the row fails only on the GPU)
     assert set(bench.INDUCTOR_PATCHES) | set(bench.SDPA_BACKENDS) <= set(known)
     from torch.nn.attention import SDPBackend
