@@ -18,6 +18,13 @@ REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "tests" / "assets" / "data"
 
 
+# under pytest-xdist, the cores shared out between the workers (and the processes tests start), set before the first
+# torch import: two workers with a full thread pool each would fight over every core
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS",
+                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
+
 def pytest_sessionstart(session) -> None:
     """Move what the heavy libraries create at import into the collector's permanent generation.
 
