@@ -73,7 +73,7 @@ def random_blocks(n: int, seq: int, vocab: int, tokenizer, seed: int):
 
 
 # the benches' variants start with the pretraining defaults that came after their first rows off, and name what
-# they turn on: the numerics pair's two (defaults since it, 2860a3e) and fused QKV (4aa95d4)
+# they turn on: the numerics pair's two (defaults since it, 2860a3e) and fused QKV (5334a9a)
 NAMED_SETTINGS_OFF = ("model.half_precision_residual=false", "model.fast_dropout=false", "model.fused_qkv=false")
 
 

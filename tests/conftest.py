@@ -22,7 +22,7 @@ ASSETS = REPO / "tests" / "assets" / "data"
 # torch import: two workers with a full thread pool each would fight over every core
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
     os.environ.setdefault("OMP_NUM_THREADS",
-                          str(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+                          str(max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 
 def pytest_sessionstart(session) -> None:

@@ -145,10 +145,12 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
                 raise ConfigError("--run-name names the run of one experiment")
             configs = [dataclasses.replace(configs[0], name=args.run_name)]
         from sparsebert.data.paths import resolve_data_dir
+
+        data_dir = resolve_data_dir(args.data_dir)  # before the runner's imports (seconds): a wrong path fails at once
         from sparsebert.runner import RunOptions, run_experiment
 
-        opts = RunOptions(output_root=output_root(args.output_dir), data_dir=resolve_data_dir(args.data_dir),
-                          resume=args.resume, overwrite=args.overwrite)
+        opts = RunOptions(output_root=output_root(args.output_dir), data_dir=data_dir, resume=args.resume,
+                          overwrite=args.overwrite)
         for cfg in configs:
             log.info("running %s -> %s", cfg.name, opts.output_root / cfg.name)
             callbacks = []

@@ -21,9 +21,9 @@ CONFIG = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_
               max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
-def _pair(model_class=BertForMaskedLM, **config):
+def _pair(model_class=BertForMaskedLM, attn="sdpa", **config):
     torch.manual_seed(0)
-    plain = model_class(BertConfig(**CONFIG, **config, attn_implementation="sdpa"))
+    plain = model_class(BertConfig(**{**CONFIG, **config}, attn_implementation=attn))
     fused = copy.deepcopy(plain)
     assert use_fused_qkv(fused) == CONFIG["num_hidden_layers"]
     return plain, fused
@@ -39,13 +39,18 @@ def _batch(padded: bool):
     return ids, mask, labels
 
 
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
 @pytest.mark.parametrize("padded", [False, True])
-def test_fused_attention_gives_the_same_outputs_and_gradients(padded):
-    plain, fused = _pair()
+def test_fused_attention_gives_the_same_outputs_and_gradients(padded, attn):
+    plain, fused = _pair(attn=attn)
     assert list(fused.state_dict()) == list(plain.state_dict())
     ids, mask, labels = _batch(padded)
-    out = [m(input_ids=ids, attention_mask=mask, labels=labels) for m in (plain, fused)]
+    kwargs = {"output_attentions": True} if attn == "eager" else {}  # eager attention returns its probabilities
+    out = [m(input_ids=ids, attention_mask=mask, labels=labels, **kwargs) for m in (plain, fused)]
     torch.testing.assert_close(out[1].logits, out[0].logits, rtol=1e-5, atol=1e-5)
+    if attn == "eager":
+        for a, b in zip(out[0].attentions, out[1].attentions, strict=True):
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
     for o in out:
         o.loss.backward()
     for (name, p), f in zip(plain.named_parameters(), fused.parameters(), strict=True):
@@ -53,14 +58,46 @@ def test_fused_attention_gives_the_same_outputs_and_gradients(padded):
         torch.testing.assert_close(f.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
-def test_masked_position_model_without_a_mask_and_a_decoder_with_a_cache():
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_attention_dropout_only_in_training(attn):
+    """Eval: no dropout, the same output. Training: the same dropout draws from the same seed (sdpa and eager
+    attention both draw theirs inside the attention function, which the fused path calls as transformers does)."""
+    plain, fused = _pair(attn=attn, attention_probs_dropout_prob=0.3)
+    ids, mask, _ = _batch(True)
+    for training in (False, True):
+        out = []
+        for model in (plain, fused):
+            model.train(training)
+            torch.manual_seed(3)
+            out.append(model(input_ids=ids, attention_mask=mask).logits)
+        torch.testing.assert_close(out[1], out[0], rtol=1e-5, atol=1e-5)
+    plain.eval()
+    torch.manual_seed(3)
+    assert not torch.allclose(plain(input_ids=ids, attention_mask=mask).logits, out[0])  # dropout was on
+
+
+def test_masked_position_model_without_a_mask():
     plain, fused = _pair(BertForMaskedLMAtMasked)  # sparsebert's pretraining path: the encoder gets no mask
     ids, _, labels = _batch(False)
     torch.testing.assert_close(fused(input_ids=ids, labels=labels).loss, plain(input_ids=ids, labels=labels).loss)
-    # a decoder with a key/value cache runs transformers' own forward, with the same result
-    plain, fused = _pair(is_decoder=True)
-    out = [m(input_ids=ids, use_cache=True) for m in (plain, fused)]
-    torch.testing.assert_close(out[1].logits, out[0].logits, rtol=1e-5, atol=1e-5)
+
+
+class ScaledLinear(torch.nn.Linear):
+    """A projection with its own forward (as a 2:4 kernel export's), which the fused product would skip."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+def test_decoders_and_replaced_projections_keep_transformers_attention():
+    torch.manual_seed(0)
+    decoder = BertForMaskedLM(BertConfig(**CONFIG, is_decoder=True))
+    assert use_fused_qkv(decoder) == 0  # a key/value cache: transformers' own forward
+    model = BertForMaskedLM(BertConfig(**CONFIG))
+    attention = model.bert.encoder.layer[0].attention.self
+    attention.value.__class__ = ScaledLinear
+    assert use_fused_qkv(model) == 1
+    assert type(attention) is BertSelfAttention
 
 
 def test_compiles_without_a_graph_break():

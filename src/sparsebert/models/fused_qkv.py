@@ -4,8 +4,8 @@ Transformers computes Q, K and V with three products of the same input (hidden x
 three weights per step makes that one product of three times the width, which a GPU runs closer to its peak,
 and in the backward one input-gradient product instead of three plus two sums. The parameters stay the three
 ``nn.Linear`` weights (checkpoints, state_dict keys, sparsity masks and optimizer state unchanged); the
-concatenation is a copy of 3 x hidden x hidden values per layer and step, which under autocast replaces the
-three casts to bf16. The sum order inside the product may differ from three separate products, so results agree
+concatenation is a copy of 3 x hidden x hidden values per layer and step, which Inductor fuses with the casts to
+bf16 that autocast makes of the three weights anyway. The sum order inside the product may differ from three separate products, so results agree
 to rounding, not bit for bit.
 
 Inductor's own ``batch_linear_lhs`` pre-grad fusion does the same for products of 2-D inputs only; BERT's
@@ -24,14 +24,12 @@ from sparsebert.upstream.libraries import attn_implementation
 
 
 class FusedQKVSelfAttention(BertSelfAttention):
-    """BertSelfAttention whose Q, K and V come from one product; with a key/value cache (a decoder) it runs
-    transformers' own forward."""
+    """BertSelfAttention whose Q, K and V come from one product. Only for encoders (``use_fused_qkv`` leaves
+    decoders, which keep a key/value cache, as they are)."""
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, *args, **kwargs):
-        cached = args or kwargs.get("cache") is not None or kwargs.get("past_key_values") is not None
-        if cached or self.is_decoder:
-            return super().forward(hidden_states, attention_mask, *args, **kwargs)
-        kwargs.pop("cache", None)  # the cache argument's name differs between transformers versions
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        # an encoder's cache is always None; the argument's name differs between transformers versions
+        kwargs.pop("cache", None)
         kwargs.pop("past_key_values", None)
         projections = (self.query, self.key, self.value)
         weight = torch.cat([p.weight for p in projections])
@@ -47,12 +45,15 @@ class FusedQKVSelfAttention(BertSelfAttention):
 
 
 def use_fused_qkv(model: nn.Module) -> int:
-    """Make every BertSelfAttention of ``model`` a :class:`FusedQKVSelfAttention` in place; returns how many.
-    Attention modules whose projections lack a bias keep transformers' forward."""
+    """Make every encoder BertSelfAttention of ``model`` a :class:`FusedQKVSelfAttention` in place; returns how
+    many. Left as they are: decoders (a key/value cache), projections without a bias, and projections that are
+    not plain ``nn.Linear`` (a 2:4 kernel export), whose forward the fused product would bypass. Forward hooks
+    on the three projections are bypassed too: register them before fusing only on purpose."""
     swapped = 0
     for module in model.modules():
-        if type(module) is BertSelfAttention and all(
-                p.bias is not None for p in (module.query, module.key, module.value)):
+        projections = (getattr(module, "query", None), getattr(module, "key", None), getattr(module, "value", None))
+        if type(module) is BertSelfAttention and not module.is_decoder and all(
+                type(p) is nn.Linear and p.bias is not None for p in projections):
             module.__class__ = FusedQKVSelfAttention
             swapped += 1
     return swapped

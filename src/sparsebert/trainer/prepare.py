@@ -43,7 +43,8 @@ def prepare_model(model: nn.Module, cfg: ExperimentConfig) -> nn.Module:
         swapped = use_fused_qkv(model)
         log.info("model.fused_qkv: %d attention layers compute Q, K and V in one matrix product", swapped)
         if swapped == 0:
-            log.warning("model.fused_qkv: this model has no BERT self-attention with biases; nothing changes")
+            log.warning("model.fused_qkv: no encoder self-attention of this model can be fused (not BERT's, a "
+                        "decoder, no biases or hooked projections); nothing changes")
     return model
 
 

@@ -206,13 +206,15 @@ def gpu_time(trace: dict) -> dict:
 
 
 # kernel-name patterns (lower case) of each kind of GPU work, tried in this order: a cuDNN attention kernel's name
-# also holds "gemm"-like words, Adam's fused kernel runs through multi_tensor_apply
+# also holds "gemm"-like words (and cuDNN's attention backward runs helper kernels, "cudnn::fusion::..."), Adam's
+# fused kernel runs through multi_tensor_apply. Elementwise ATen kernels (a mask multiply, fills) are "other":
+# their names do not say what they are for
 KERNEL_KINDS = (
     ("communication", ("nccl",)),
-    ("attention", ("flash", "fmha", "sdpa", "attention", "attn")),
+    ("attention", ("flash", "fmha", "sdpa", "attention", "attn", "cudnn")),
     ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "sm90_", "sm100_")),
     ("optimizer", ("adam",)),
-    ("foreach (mask multiply, gradient norms)", ("multi_tensor", "foreach")),
+    ("foreach (gradient norms and scaling)", ("multi_tensor", "foreach")),
     ("generated reduction (LayerNorm, softmax, loss)", ("triton_per", "triton_red")),
     ("generated pointwise (GELU, dropout, casts, adds)", ("triton_poi", "triton_")),
 )
