@@ -5,8 +5,8 @@ three weights per step makes that one product of three times the width, which a 
 and in the backward one input-gradient product instead of three plus two sums. The parameters stay the three
 ``nn.Linear`` weights (checkpoints, state_dict keys, sparsity masks and optimizer state unchanged); the
 concatenation is a copy of 3 x hidden x hidden values per layer and step, which Inductor fuses with the casts to
-bf16 that autocast makes of the three weights anyway. The sum order inside the product may differ from three separate products, so results agree
-to rounding, not bit for bit.
+bf16 that autocast makes of the three weights anyway. The sum order inside the product may differ from three
+separate products, so results agree to rounding, not bit for bit.
 
 Inductor's own ``batch_linear_lhs`` pre-grad fusion does the same for products of 2-D inputs only; BERT's
 hidden states are 3-D, so it does not apply (docs/performance.md).

@@ -44,7 +44,7 @@ def prepare_model(model: nn.Module, cfg: ExperimentConfig) -> nn.Module:
         log.info("model.fused_qkv: %d attention layers compute Q, K and V in one matrix product", swapped)
         if swapped == 0:
             log.warning("model.fused_qkv: no encoder self-attention of this model can be fused (not BERT's, a "
-                        "decoder, no biases or hooked projections); nothing changes")
+                        "decoder, no biases or projections other than nn.Linear); nothing changes")
     return model
 
 

@@ -187,9 +187,7 @@ def gpu_time(trace: dict) -> dict:
     included), collective communication kernels (NCCL), both at once, and nothing. Exposed communication (NCCL
     running while no compute kernel does) and idle time are what multi-GPU scaling loses."""
     compute, comm = [], []
-    for event in trace.get("traceEvents", []):
-        if event.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset") or "dur" not in event:
-            continue
+    for event in _gpu_events(trace):
         span = (event["ts"] / 1000, (event["ts"] + event["dur"]) / 1000)  # trace times are microseconds
         (comm if "nccl" in event.get("name", "").lower() else compute).append(span)
     if not compute and not comm:
@@ -205,11 +203,18 @@ def gpu_time(trace: dict) -> dict:
             "idle_ms": round(end - start - busy, 3)}
 
 
+def _gpu_events(trace: dict):
+    """The trace's GPU work: kernels, copies and memsets (host events left out)."""
+    return (event for event in trace.get("traceEvents", [])
+            if event.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in event)
+
+
 # kernel-name patterns (lower case) of each kind of GPU work, tried in this order: a cuDNN attention kernel's name
 # also holds "gemm"-like words (and cuDNN's attention backward runs helper kernels, "cudnn::fusion::..."), Adam's
 # fused kernel runs through multi_tensor_apply. Elementwise ATen kernels (a mask multiply, fills) are "other":
 # their names do not say what they are for
 KERNEL_KINDS = (
+    ("copy / memset", ("memcpy", "memset")),
     ("communication", ("nccl",)),
     ("attention", ("flash", "fmha", "sdpa", "attention", "attn", "cudnn")),
     ("matmul", ("gemm", "nvjet", "cutlass", "xmma", "cublas", "matmul", "sm90_", "sm100_")),
@@ -223,8 +228,6 @@ KERNEL_KINDS = (
 def kernel_kind(name: str) -> str:
     """The kind of GPU work a kernel (or copy) name stands for (:data:`KERNEL_KINDS`; else "other")."""
     lowered = name.lower()
-    if lowered.startswith("memcpy") or lowered.startswith("memset"):
-        return "copy / memset"
     for kind, patterns in KERNEL_KINDS:
         if any(p in lowered for p in patterns):
             return kind
@@ -236,20 +239,21 @@ def kernel_breakdown(trace: dict, top: int = 30) -> dict:
     (:func:`kernel_kind`) its summed duration (ms), kernel count and share of all kernel time, and the ``top``
     kernels by summed duration. Kernels on different streams that overlap are both counted, so the sum can
     exceed the window; this says which work costs what, :func:`gpu_time` how busy the GPU was."""
+    kernels: dict[str, dict] = {}  # per kernel name: its kind, summed ms, count
+    for event in _gpu_events(trace):
+        name = event.get("name", "")
+        entry = kernels.setdefault(name, {"kind": kernel_kind(name), "ms": 0.0, "count": 0})
+        entry["ms"] += event["dur"] / 1000
+        entry["count"] += 1
     kinds: dict[str, dict] = {}
-    kernels: dict[str, dict] = {}
-    for event in trace.get("traceEvents", []):
-        if event.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset") or "dur" not in event:
-            continue
-        name, ms = event.get("name", ""), event["dur"] / 1000
-        for table, key in ((kinds, kernel_kind(name)), (kernels, name)):
-            entry = table.setdefault(key, {"ms": 0.0, "count": 0})
-            entry["ms"] += ms
-            entry["count"] += 1
-    total = sum(entry["ms"] for entry in kinds.values())
+    for entry in kernels.values():
+        summed = kinds.setdefault(entry["kind"], {"ms": 0.0, "count": 0})
+        summed["ms"] += entry["ms"]
+        summed["count"] += entry["count"]
+    total = sum(e["ms"] for e in kinds.values())
     by_kind = {kind: {"ms": round(e["ms"], 3), "count": e["count"], "share": round(e["ms"] / total, 4)}
                for kind, e in sorted(kinds.items(), key=lambda item: -item[1]["ms"])}
     ranked = sorted(kernels.items(), key=lambda item: -item[1]["ms"])[:top]
     return {"kernel_ms": round(total, 3), "by_kind": by_kind,
-            "top_kernels": [{"name": name[:200], "kind": kernel_kind(name), "ms": round(e["ms"], 3),
-                             "count": e["count"]} for name, e in ranked]}
+            "top_kernels": [{"name": name[:200], "kind": e["kind"], "ms": round(e["ms"], 3), "count": e["count"]}
+                            for name, e in ranked]}
