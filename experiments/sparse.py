@@ -115,6 +115,24 @@ EXPERIMENTS = {
         "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl_erk + the teacher's hidden states",
         "kd": {"hidden_weight": 1.0},
     },
+    # gradual pruning from dense with the same teacher terms: ERK targets per layer, or one global magnitude ranking
+    "small_wiki_sparse_80_gmp_erk": {
+        "parent": "small_wiki_sparse_80_gmp",
+        "description": "small_wiki_sparse_80_gmp with ERK layer targets",
+        "sparsity": {"distribution": "erk"},
+    },
+    "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_erk": {
+        "parent": "small_wiki_sparse_80_kd_onecycle_lr_gmp",
+        "description": "small_wiki_sparse_80_kd_onecycle_lr_gmp with ERK layer targets + the teacher's hidden states",
+        "sparsity": {"distribution": "erk"},
+        "kd": {"hidden_weight": 1.0},
+    },
+    "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global": {
+        "parent": "small_wiki_sparse_80_kd_onecycle_lr_gmp",
+        "description": "small_wiki_sparse_80_kd_onecycle_lr_gmp ranking all layers together + the teacher's hidden states",
+        "gmp": {"global_ranking": True},
+        "kd": {"hidden_weight": 1.0},
+    },
     "small_wiki_sparse_90_kd_onecycle_lr_rigl": {
         "parent": "small_wiki_sparse_80_kd_onecycle_lr_rigl",
         "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl at 90% sparse",
