@@ -8,6 +8,18 @@ from pathlib import Path
 from sparsebert.io import atomic_path
 
 
+def run_colors(n: int) -> list:
+    """``n`` distinct colours: matplotlib's default cycle up to 10 runs, then tab20, then evenly spaced on a
+    continuous map (the default cycle repeats after 10, which would give two runs of a study one colour)."""
+    import matplotlib
+
+    if n <= 10:
+        return [f"C{i}" for i in range(n)]
+    if n <= 20:
+        return [matplotlib.colormaps["tab20"](i) for i in range(n)]
+    return [matplotlib.colormaps["turbo"](i / (n - 1)) for i in range(n)]
+
+
 def plot_loss_curves(histories: dict[str, list[dict]], path: str | os.PathLike, title: str = "MLM loss") -> None:
     """Training loss (thin) and eval loss (markers) against optimizer steps, one colour per run."""
     import matplotlib
@@ -16,8 +28,7 @@ def plot_loss_curves(histories: dict[str, list[dict]], path: str | os.PathLike, 
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for i, (name, history) in enumerate(histories.items()):
-        color = f"C{i}"
+    for color, (name, history) in zip(run_colors(len(histories)), histories.items()):
         train = [(h["step"], h["loss"]) for h in history if "loss" in h and "step" in h]
         evals = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h and "step" in h]
         if train:
@@ -46,9 +57,9 @@ def plot_density_per_layer(reports: dict[str, dict], path: str | os.PathLike,
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
-    for i, (name, report) in enumerate(reports.items()):
+    for color, (name, report) in zip(run_colors(len(reports)), reports.items()):
         ax.plot(range(len(report["layers"])), [1.0 - layer["sparsity"] for layer in report["layers"]],
-                color=f"C{i}", marker=".", linewidth=1.2, label=name)
+                color=color, marker=".", linewidth=1.2, label=name)
     # layer boundaries and tick labels from the deepest model's tensor names ("...layer.3.attention...")
     layers = max((report["layers"] for report in reports.values()), key=len)
     index = [re.search(r"layer\.(\d+)\.", layer["name"]) for layer in layers]
