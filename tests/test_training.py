@@ -52,9 +52,10 @@ def registry() -> Registry:
     return Registry.from_directory(REPO / "experiments")
 
 
-def run(registry, name, out: Path, data_dir: Path, extra=(), resume=False, callbacks=None):
+def run(registry, name, out: Path, data_dir: Path, extra=(), resume=False, callbacks=None, overwrite=False):
     cfg = registry.build(name, FAST + list(extra))
-    return run_experiment(cfg, RunOptions(output_root=out, data_dir=data_dir, resume=resume), callbacks=callbacks)
+    return run_experiment(cfg, RunOptions(output_root=out, data_dir=data_dir, resume=resume, overwrite=overwrite),
+                          callbacks=callbacks)
 
 
 def model_weights(run_dir: Path) -> dict[str, torch.Tensor]:
@@ -98,6 +99,12 @@ def test_finished_run_is_skipped_and_unfinished_needs_resume(registry, data_dir,
     assert not (tmp_path / "bert_tiny_quick" / "DONE").exists()
     with pytest.raises(SparseBertError, match="unfinished run"):
         run(registry, "bert_tiny_quick", tmp_path, data_dir)
+    # --overwrite starts over in an emptied directory and trains to the end (the benches' re-runs rely on it)
+    stale = tmp_path / "bert_tiny_quick" / "stale.txt"
+    stale.write_text("from the interrupted run")
+    metrics = run(registry, "bert_tiny_quick", tmp_path, data_dir, overwrite=True)
+    assert metrics["global_step"] == 20 and (tmp_path / "bert_tiny_quick" / "DONE").is_file()
+    assert not stale.exists()
 
 
 def test_resume_continues_to_the_same_result(registry, data_dir, dense_run, tmp_path):

@@ -23,8 +23,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from transformers import set_seed
-
 from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.distributed import process_state, world_size
 from sparsebert.env_info import environment
@@ -33,7 +31,7 @@ from sparsebert.io import atomic_write_json, atomic_write_text
 from sparsebert.locks import FileLock, LockHeld
 from sparsebert.results import Registry
 from sparsebert.results.recording import finished, recorded_run, run_record
-from sparsebert.trainer.arguments import batch_layout, resolve_precision
+from sparsebert.results.runs import resolve_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +113,10 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
     if run_dir.exists() and opts.resume:
         _check_same_config(run_dir, cfg, f"--resume of {run_dir}: the experiment changed since it started")
 
+    if cfg.model.init_from:  # a mistyped model fails now, not after the Trainer's imports and the data
+        resolve_pretrained(cfg.model.init_from, opts.output_root, "model.init_from")
     check_train_settings(cfg)
+    from transformers import set_seed
 
     # seeded before anything random happens (model init, masks): the same seed gives the same run on CPU
     set_seed(cfg.seed)
@@ -151,6 +152,10 @@ def check_train_settings(cfg: ExperimentConfig) -> None:
     """Refuse what TrainingArguments would refuse on this machine (precision, the batch layout at this world size)
     now: they are built only when training starts, and a run refused after config.json was written would leave a
     directory the next run takes for an unfinished one."""
+    # imported here, not at the top: the Trainer's imports take seconds, and a run that is refused (its directory
+    # in use, finished, unfinished without --resume) should fail fast
+    from sparsebert.trainer.arguments import batch_layout, resolve_precision
+
     resolve_precision(cfg.train.precision)
     batch_layout(cfg.train, world_size())
 

@@ -38,19 +38,16 @@ def study(root: Path, data_dir: Path, tokenizer: str, seconds: int, **env: str) 
 def test_kd_after_its_teacher_and_glue_after_each_model(data_dir, minilm_path, tmp_path):
     root = tmp_path / "out"
     study(root, data_dir, minilm_path, 500, STUDY_GPUS="cpu", GLUE_GPUS="g0 g1",
-          STUDY_RUNS="small_wiki_teacher small_wiki_sparse_80_kd_onecycle_lr_rigl numerics_fast_seed43",
+          STUDY_RUNS="small_wiki_teacher small_wiki_sparse_80_kd_onecycle_lr_rigl",
           GLUE_TASKS="rte",
           GLUE_LRS="1e-4", GLUE_LR_TASKS="rte", GLUE_LR_RUNS="small_wiki_sparse_80_kd_onecycle_lr_rigl")
     logs = root / "logs"
     kd = "small_wiki_sparse_80_kd_onecycle_lr_rigl"
     exits = {p.stem: p.read_text().strip() for p in logs.glob("*.exit")}
-    assert exits == {"small_wiki_teacher": "0", kd: "0", "numerics_fast_seed43": "0",
-                     f"glue_from={kd}~rte": "0", f"glue_from={kd}~rte~lr1e-4": "0"}  # no GLUE from a numerics run
-    assert json.loads((root / "numerics_fast_seed43" / "config.json").read_text())["seed"] == 43
+    assert exits == {"small_wiki_teacher": "0", kd: "0", f"glue_from={kd}~rte": "0", f"glue_from={kd}~rte~lr1e-4": "0"}
     # the KD run started once its teacher was done (one worker, but the queue lists it second either way)
     assert (root / "small_wiki_teacher" / "DONE").stat().st_mtime <= (logs / f"{kd}.started").stat().st_mtime
-    # GLUE from the KD model only (the teacher and the numerics runs are no models of the study), at the default
-    # rate and at the grid's
+    # GLUE from the KD model only (the teacher is no model of the study), at the default rate and at the grid's
     configs = {p.parents[2].name: json.loads(p.read_text())["train"]["learning_rate"]
                for p in root.glob("glue_from=*/glue_rte/run*/config.json")}
     assert configs == {f"glue_from={kd}~rte": 5e-5, f"glue_from={kd}~rte~lr1e-4": 1e-4}
@@ -82,6 +79,9 @@ def test_study_runs_over_several_lines_and_an_unknown_name(tmp_path):
     (root / "hold").mkdir(parents=True)
     (root / "hold" / "cpu").touch()  # the one worker waits, so the queue stays as the script wrote it
     subprocess.run(["bash", str(SCRIPT), str(root), "DATA", "TOK", "3"], capture_output=True, timeout=60,
-                   env={**env, "STUDY_RUNS": "small_wiki_teacher\n  small_wiki_sparse_80_gmp\n"})
-    queued = [line.split("|")[0] for line in (root / "queue").read_text().splitlines()]
-    assert queued == ["small_wiki_teacher", "small_wiki_sparse_80_gmp"]
+                   env={**env, "STUDY_RUNS": "small_wiki_teacher\n  small_wiki_sparse_80_gmp\nnumerics_fast_seed43\n"})
+    queue = [line.split("|") for line in (root / "queue").read_text().splitlines()]
+    assert [name for name, _, _ in queue] == ["small_wiki_teacher", "small_wiki_sparse_80_gmp", "numerics_fast_seed43"]
+    assert queue[2][2].split() == ["bert_small_wiki", "--set", "seed=43"]  # a seed variant is its parent + --set
+    # GLUE jobs for the study's models only: none for the teacher or a numerics run
+    assert sorted(p.name for p in (root / "glue_jobs").iterdir()) == ["small_wiki_sparse_80_gmp"]
