@@ -6,11 +6,15 @@ import argparse
 import dataclasses
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sparsebert.config import ConfigError, Registry
-from sparsebert.errors import SparseBertError
+from sparsebert.errors import SparseBertError, Terminated
 
 OUTPUT_ENV = "SPARSEBERT_OUTPUT"
 log = logging.getLogger("sparsebert")
@@ -151,20 +155,41 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
 
         opts = RunOptions(output_root=output_root(args.output_dir), data_dir=data_dir, resume=args.resume,
                           overwrite=args.overwrite)
-        for cfg in configs:
-            log.info("running %s -> %s", cfg.name, opts.output_root / cfg.name)
-            callbacks = []
-            if args.profile:
-                from sparsebert.trainer.profiling import ProfilerCallback
+        with terminate_on_sigterm():
+            for cfg in configs:
+                log.info("running %s -> %s", cfg.name, opts.output_root / cfg.name)
+                callbacks = []
+                if args.profile:
+                    from sparsebert.trainer.profiling import ProfilerCallback
 
-                callbacks.append(ProfilerCallback())
-            metrics = run_experiment(cfg, opts, callbacks=callbacks)
-            if metrics is not None and _is_main_process():  # one line per job, not one per rank
-                log.info("%s finished: %s", cfg.name, _headline(metrics))
+                    callbacks.append(ProfilerCallback())
+                metrics = run_experiment(cfg, opts, callbacks=callbacks)
+                if metrics is not None and _is_main_process():  # one line per job, not one per rank
+                    log.info("%s finished: %s", cfg.name, _headline(metrics))
         return 0
     except (ConfigError, SparseBertError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Terminated as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 128 + signal.SIGTERM
+
+
+@contextmanager
+def terminate_on_sigterm() -> Iterator[None]:
+    """While the runs train, SIGTERM raises ``Terminated`` in the main thread (so the registry records the run as
+    failed); the previous handler comes back afterwards. SIGKILL cannot be caught: such a run stays "running"."""
+    def raise_terminated(signum: int, frame: object) -> None:
+        raise Terminated(f"terminated by {signal.Signals(signum).name}")
+
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _is_main_process() -> bool:

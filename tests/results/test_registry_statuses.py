@@ -1,5 +1,6 @@
-"""Every run in the registry: running from its start, done or failed (with the error), a killed run left running;
-``--runs`` lists them, ``--table`` ignores the unfinished ones; registries of schema version 1 still read."""
+"""Every run in the registry: running from its start, done or failed (with the error; a terminated run too), a
+killed run left running; ``--runs`` lists them, ``--table`` ignores the unfinished ones; registries of schema
+version 1 still read."""
 
 from __future__ import annotations
 
@@ -103,11 +104,10 @@ def test_each_finetuning_run_is_recorded_and_a_failure_names_its_error(experimen
     assert rows["run1"].pretrain_metrics == {"eval_loss": 1.5} and rows["run1"].seed == cfg.seed + 1
 
 
-KILLED_RUN = """
+TERMINATED_RUN = """
 import sys, time
 from pathlib import Path
-from sparsebert import runner
-from sparsebert.config import Registry
+from sparsebert import cli, runner
 
 class Job:
     def prepare(self):
@@ -117,33 +117,45 @@ class Job:
         time.sleep(600)
 
 runner.make_job = lambda cfg, opts, callbacks=None: Job()
-cfg = Registry.from_directory(Path(sys.argv[3])).build("bert_tiny_quick")
-runner.run_experiment(cfg, runner.RunOptions(output_root=Path(sys.argv[1]), data_dir=None))
+sys.exit(cli.main(["bert_tiny_quick", "--output-dir", sys.argv[1]], experiments_dir=Path(sys.argv[3])))
 """
 
 
-def test_a_run_killed_mid_way_stays_running(tmp_path: Path, capsys) -> None:
+def test_a_run_terminated_mid_way_is_recorded_as_failed(tmp_path: Path, capsys) -> None:
+    """SIGTERM (a scheduler's, ``timeout``'s) while the run trains: run.py exits 143 with one line, and the
+    registry row says failed, terminated, instead of staying running for ever."""
     script, started = tmp_path / "run.py", tmp_path / "started"
-    script.write_text(KILLED_RUN)
+    script.write_text(TERMINATED_RUN)
     root = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen([sys.executable, str(script), str(root), str(started), str(REPO / "experiments")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not started.exists():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
             assert time.monotonic() < deadline, "the run did not start training"
             time.sleep(0.2)
-        proc.send_signal(signal.SIGKILL)  # nothing runs after this: no except, no finally, no atexit
-        proc.wait(timeout=30)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    assert proc.stderr.read().strip().splitlines()[-1] == "error: terminated by SIGTERM"
+    (rec,) = Registry.in_output_root(root).runs(status=None)
+    assert (rec.status, rec.task, rec.error) == ("failed", "mlm", "terminated by SIGTERM")
+    assert not (root / "bert_tiny_quick" / "DONE").exists()
+
+
+def test_a_killed_run_stays_running_and_is_listed_so(tmp_path: Path, capsys) -> None:
+    """SIGKILL leaves no chance to record anything: the row written at the start stays "running", and --runs
+    lists it so (what a row looks like from its start)."""
+    root = tmp_path / "runs"
+    Registry.in_output_root(root).record(runner.run_record(root / "bert_tiny_quick", "bert_tiny_quick", "mlm", 42,
+                                                           "tiny"))
     (rec,) = Registry.in_output_root(root).runs(status=None)
     assert (rec.status, rec.task, rec.error) == ("running", "mlm", None)
-    assert not (root / "bert_tiny_quick" / "DONE").exists()
     assert cli_main(["--runs", "--output-dir", str(root), "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0].startswith("run,experiment,task,seed,status,metric,value,wall_time")

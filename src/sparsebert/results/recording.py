@@ -22,12 +22,12 @@ log = logging.getLogger(__name__)
 def one_line_error(e: BaseException) -> str:
     """The error as one line: our own errors are already one sentence; others get their type in front."""
     from sparsebert.config import ConfigError
-    from sparsebert.errors import SparseBertError
+    from sparsebert.errors import SparseBertError, Terminated
 
     text = " ".join(str(e).split()) or "(no message)"
     if isinstance(e, KeyboardInterrupt):
         return "interrupted"
-    return text if isinstance(e, SparseBertError | ConfigError) else f"{type(e).__name__}: {text}"
+    return text if isinstance(e, SparseBertError | ConfigError | Terminated) else f"{type(e).__name__}: {text}"
 
 
 @contextmanager
