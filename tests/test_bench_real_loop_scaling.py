@@ -35,8 +35,8 @@ def test_the_window_is_samples_over_seconds_of_the_intervals_after_warm_up(bench
 
 
 def test_a_launch_in_a_used_work_directory_trains_anew(bench, tmp_path):
-    """Each launch passes --overwrite (tests/test_training.py: it empties the run directory and trains to the end),
-    so a second bench call in the same --work-dir measures a new run instead of reporting the finished one."""
+    """Each launch passes --overwrite (tests/test_runner.py: a finished run is then trained again, in an emptied
+    directory), so a second bench call in the same --work-dir measures a new run instead of reporting the old."""
     args = bench.build_parser().parse_args(["--data-dir", str(tmp_path), "--experiment", "sparse_tiny_rigl"])
     cmd = bench.run_command(args, 2, tmp_path / "runs", 29500)
     assert "--overwrite" in cmd and cmd[cmd.index("--run-name") + 1] == "sparse_tiny_rigl_2gpu"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from sparsebert import runner
 from sparsebert.config import Registry, to_dict
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json
@@ -37,6 +38,29 @@ def test_a_finished_run_is_skipped_only_with_the_same_settings(tmp_path):
     with pytest.raises(SparseBertError, match=r"holds a finished run of bert_tiny_quick with other settings "
                                               r"\(train.max_steps\); use --overwrite"):
         run_experiment(changed, opts)
+
+
+def test_overwrite_trains_a_finished_run_again_in_an_emptied_directory(tmp_path, monkeypatch):
+    """A finished run with --overwrite is not skipped: its directory is emptied and the job trains again (the
+    benches' re-runs in one work directory rely on it)."""
+    cfg = finished_run(tmp_path, ["train.max_steps=20"])
+    stale = tmp_path / cfg.name / "stale.txt"
+    stale.write_text("from the finished run")
+    trained = []
+
+    class Job:  # what make_job returns, without the model and data (training itself is tested elsewhere)
+        def prepare(self) -> None:
+            pass
+
+        def train(self, run_dir: Path, resume: bool) -> dict:
+            trained.append((run_dir, stale.exists()))
+            return {"eval_loss": 1.0}
+
+    monkeypatch.setattr(runner, "make_job", lambda cfg, opts, callbacks=None: Job())
+    monkeypatch.setattr(runner, "check_train_settings", lambda cfg: None)
+    metrics = run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=tmp_path, overwrite=True))
+    assert trained == [(tmp_path / cfg.name, False)]  # trained once, in the emptied directory
+    assert metrics["eval_loss"] == 1.0 and (tmp_path / cfg.name / "DONE").read_text() != "2026-11-26\n"
 
 
 @pytest.mark.parametrize("experiment, section, key", [("bert_tiny_quick", "train", "stop_after_steps"),

@@ -99,7 +99,8 @@ def test_finished_run_is_skipped_and_unfinished_needs_resume(registry, data_dir,
     assert not (tmp_path / "bert_tiny_quick" / "DONE").exists()
     with pytest.raises(SparseBertError, match="unfinished run"):
         run(registry, "bert_tiny_quick", tmp_path, data_dir)
-    # --overwrite starts over in an emptied directory and trains to the end (the benches' re-runs rely on it)
+    # --overwrite starts an unfinished run over in an emptied directory and trains to the end (a finished one:
+    # tests/test_runner.py)
     stale = tmp_path / "bert_tiny_quick" / "stale.txt"
     stale.write_text("from the interrupted run")
     metrics = run(registry, "bert_tiny_quick", tmp_path, data_dir, overwrite=True)

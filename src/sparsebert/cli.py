@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
         registry_dir = args.experiments_dir or experiments_dir or Path("experiments")
         registry = Registry.from_directory(registry_dir)
         if args.search:
-            return search(args, registry, registry_dir)
+            with terminate_on_sigterm():  # its finally stops the trials, which then record themselves as failed
+                return search(args, registry, registry_dir)
         _refuse_search_flags(args)
         if args.predict or args.input or args.output or args.sparse24_kernel:
             return predict(args)
@@ -177,19 +178,39 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
 
 @contextmanager
 def terminate_on_sigterm() -> Iterator[None]:
-    """While the runs train, SIGTERM raises ``Terminated`` in the main thread (so the registry records the run as
-    failed); the previous handler comes back afterwards. SIGKILL cannot be caught: such a run stays "running"."""
-    def raise_terminated(signum: int, frame: object) -> None:
-        raise Terminated(f"terminated by {signal.Signals(signum).name}")
+    """While runs train (or a search waits on its trials), SIGTERM raises ``Terminated`` in this process's main
+    thread, so the registry records the run as failed. SIGKILL cannot be caught: such a run stays "running".
 
+    The handler fires once: a scheduler or ``timeout`` signals the whole process group, and a second SIGTERM, or
+    torch's SIGCHLD error for a DataLoader worker the same signal ended, must not cut the unwinding short. Forked
+    children (DataLoader, featurize workers) inherit the handler; in them it restores the default and re-sends
+    the signal, so they end as before instead of raising."""
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
         yield
         return
-    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    owner = os.getpid()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGCHLD)}
+    fired = False
+
+    def raise_terminated(signum: int, frame: object) -> None:
+        nonlocal fired
+        if os.getpid() != owner:  # a forked child: die of the signal, as without this handler
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        fired = True
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        raise Terminated(f"terminated by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, raise_terminated)
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        # SIGCHLD only if the handler replaced it: a DataLoader installs its own while runs train, for later runs
+        restored = previous if fired else {signal.SIGTERM: previous[signal.SIGTERM]}
+        for sig, handler in restored.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _is_main_process() -> bool:

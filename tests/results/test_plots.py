@@ -19,13 +19,13 @@ def test_up_to_ten_runs_keep_the_default_cycle():
     assert [to_rgba(c) for c in run_colors(10)] == [to_rgba(f"C{i}") for i in range(10)]
 
 
-def test_a_twelve_run_loss_plot_has_twelve_eval_colours(tmp_path):
+def test_a_twelve_run_loss_plot_draws_twelve_colours(tmp_path):
     histories = {f"run{i}": [{"step": 1, "loss": 9.0 - i * 0.1}, {"step": 2, "eval_loss": 8.0 - i * 0.1}]
                  for i in range(12)}
     out = tmp_path / "loss.svg"
     plot_loss_curves(histories, out)
     svg = out.read_text()
-    # matplotlib writes each line's colour as a stroke; twelve runs, twelve eval colours (train lines share them)
+    # matplotlib writes each line's colour as a stroke: twelve runs, twelve colours (a run's two lines share one)
     strokes = {part.split(";")[0] for part in svg.split("stroke: ")[1:] if part.startswith("#")}
     assert len(strokes & {to_hex(c) for c in run_colors(12)}) == 12
 

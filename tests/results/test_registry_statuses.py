@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import psutil
 import pytest
 
 from sparsebert import runner
@@ -105,7 +106,7 @@ def test_each_finetuning_run_is_recorded_and_a_failure_names_its_error(experimen
 
 
 TERMINATED_RUN = """
-import sys, time
+import os, sys, time
 from pathlib import Path
 from sparsebert import cli, runner
 
@@ -113,7 +114,14 @@ class Job:
     def prepare(self):
         pass
     def train(self, run_dir, resume):
-        Path(sys.argv[2]).write_text("training")
+        child = os.fork()  # a forked helper (a loader or featurize worker), in the same process group
+        if child == 0:
+            try:
+                time.sleep(600)
+            finally:  # runs only if the signal unwinds the helper's copy of the run instead of ending it
+                Path(sys.argv[2] + ".unwound").write_text("the helper ran the run's cleanup")
+            os._exit(0)
+        Path(sys.argv[2]).write_text(str(child))
         time.sleep(600)
 
 runner.make_job = lambda cfg, opts, callbacks=None: Job()
@@ -122,36 +130,42 @@ sys.exit(cli.main(["bert_tiny_quick", "--output-dir", sys.argv[1]], experiments_
 """
 
 
-def test_a_run_terminated_mid_way_is_recorded_as_failed(tmp_path: Path, capsys) -> None:
-    """SIGTERM (a scheduler's, ``timeout``'s) while the run trains: run.py exits 143 with one line, and the
-    registry row says failed, terminated, instead of staying running for ever."""
+def test_a_run_terminated_mid_way_is_recorded_as_failed(tmp_path: Path) -> None:
+    """SIGTERM to the whole process group (what a scheduler or ``timeout`` sends) while the run trains: run.py
+    exits 143 with one line, the registry row says failed, terminated, instead of staying running for ever, and
+    a forked helper process dies of the signal as it would without the handler (no traceback of its own)."""
     script, started = tmp_path / "run.py", tmp_path / "started"
     script.write_text(TERMINATED_RUN)
     root = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen([sys.executable, str(script), str(root), str(started), str(REPO / "experiments")],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not started.exists():
+        while not started.exists() or not started.read_text():
             assert proc.poll() is None, proc.stderr.read()[-2000:]
             assert time.monotonic() < deadline, "the run did not start training"
             time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
+        child = psutil.Process(int(started.read_text()))
+        os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+        child.wait(timeout=30)  # it died of the signal (the script never reaps it: init does)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.stderr.read().strip().splitlines()[-1] == "error: terminated by SIGTERM"
+    stderr = proc.stderr.read()
+    assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "error: terminated by SIGTERM", stderr
+    assert stderr.count("error:") == 1 and not Path(f"{started}.unwound").exists()  # the helper just died
     (rec,) = Registry.in_output_root(root).runs(status=None)
     assert (rec.status, rec.task, rec.error) == ("failed", "mlm", "terminated by SIGTERM")
     assert not (root / "bert_tiny_quick" / "DONE").exists()
 
 
-def test_a_killed_run_stays_running_and_is_listed_so(tmp_path: Path, capsys) -> None:
-    """SIGKILL leaves no chance to record anything: the row written at the start stays "running", and --runs
-    lists it so (what a row looks like from its start)."""
+def test_a_running_row_is_listed_as_running(tmp_path: Path, capsys) -> None:
+    """The row a run writes as it starts, as ``--runs`` lists it (a run killed by SIGKILL stays so: nothing can
+    run after that signal)."""
     root = tmp_path / "runs"
     Registry.in_output_root(root).record(runner.run_record(root / "bert_tiny_quick", "bert_tiny_quick", "mlm", 42,
                                                            "tiny"))
