@@ -133,6 +133,13 @@ EXPERIMENTS = {
         "gmp": {"global_ranking": True},
         "kd": {"hidden_weight": 1.0},
     },
+    # pruning that ends at half of training (step 4 000, one-cycle LR still at 0.6 of its peak) instead of 75 %
+    # (0.2 of the peak): the last prunes land while the learning rate can still repair them
+    "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global_end50": {
+        "parent": "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global",
+        "description": "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global with pruning ending at 50% of training",
+        "gmp": {"end_fraction": 0.5},
+    },
     "small_wiki_sparse_90_kd_onecycle_lr_rigl": {
         "parent": "small_wiki_sparse_80_kd_onecycle_lr_rigl",
         "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl at 90% sparse",
