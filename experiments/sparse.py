@@ -140,6 +140,13 @@ EXPERIMENTS = {
         "description": "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global with pruning ending at 50% of training",
         "gmp": {"end_fraction": 0.5},
     },
+    # gradual pruning with regrowth (GraNet, Liu et al. 2021): between prunes RigL moves a share of the kept weights
+    # to where the dense gradient is largest, so a weight pruned early can come back
+    "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_rigl": {
+        "parent": "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global",
+        "description": "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global + RigL moves between the prunes",
+        "rigl": {**RIGL, "begin_step": 800},
+    },
     "small_wiki_sparse_90_kd_onecycle_lr_rigl": {
         "parent": "small_wiki_sparse_80_kd_onecycle_lr_rigl",
         "description": "small_wiki_sparse_80_kd_onecycle_lr_rigl at 90% sparse",

@@ -358,6 +358,12 @@ def test_sparsity_schedules_must_fit_the_run_length(registry, items, keys):
     assert_refused_naming(registry, "sparse_tiny_rigl", items, keys)
 
 
+def test_rigl_and_gmp_together_build_but_not_with_movement_scores(registry):
+    cfg = registry.build("sparse_tiny_rigl", ["gmp.end_fraction=0.5"])
+    assert cfg.rigl.update_freq == 10 and cfg.gmp.end_fraction == 0.5
+    assert_refused_naming(registry, "sparse_tiny_rigl", ["gmp.score=movement"], ['gmp.score "movement"'])
+
+
 def test_sparse_all_reduce_needs_masks(registry):
     assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.comm_hook=sparse"],
                           ["train.ddp.comm_hook=sparse", "sparsity section"])

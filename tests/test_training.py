@@ -160,6 +160,20 @@ def sparse_layers(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             and "LayerNorm" not in k}
 
 
+def test_gmp_with_rigl_prunes_on_its_schedule_and_moves_weights_between_prunes(registry, data_dir, tmp_path):
+    # GMP prunes 0 -> 80 % at steps 4, 8, 12; RigL moves weights every 2 steps until 0.75 x 20 = 15
+    extra = ["rigl.update_freq=2", "gmp.begin_step=4", "gmp.end_step=12", "gmp.frequency=4"]
+    metrics = run(registry, "sparse_tiny_rigl", tmp_path, data_dir, extra=extra)
+    history = json.loads((tmp_path / "sparse_tiny_rigl" / "checkpoint-20" / "trainer_state.json").read_text())
+    logged = {h["step"]: h for h in history["log_history"] if "rigl/moved_total" in h or "gmp/sparsity" in h}
+    assert [t for t, h in logged.items() if "gmp/sparsity" in h] == [4, 8, 12]
+    assert [t for t, h in logged.items() if "rigl/moved_total" in h] == list(range(2, 15, 2))
+    assert logged[2]["rigl/moved_total"] == 0  # still dense: nothing to grow into
+    assert logged[8]["gmp/sparsity"] == pytest.approx(0.8 * (1 - 0.5**3), abs=1e-3)
+    assert all(logged[t]["rigl/moved_total"] > 0 for t in range(8, 15, 2))
+    assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
+
+
 def test_rigl_with_gradient_accumulation_updates_once_per_optimizer_step(registry, data_dir, tmp_path):
     extra = ["train.per_device_batch_size=2", "rigl.update_freq=2", "rigl.end_fraction=1.0"]  # accumulation 4
     metrics = run(registry, "sparse_tiny_rigl", tmp_path, data_dir, extra=extra)

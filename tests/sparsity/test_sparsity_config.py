@@ -91,12 +91,8 @@ def test_end_step_resolves_from_total_steps():
         GMPConfig(begin_step=10).resolved_end_step(7)
 
 
-def test_controller_validates_and_rejects_rigl_with_gmp(mlp):
+def test_controller_validates_its_sections(mlp):
     with pytest.raises(ValueError, match=r"^sparsity\.sparsity"):
         SparsityController(mlp, SparsityConfig(sparsity=2.0, include=["weight$"]))
-    with pytest.raises(ValueError, match=r"^rigl and gmp cannot both be set"):
-        SparsityController(
-            mlp, SparsityConfig(include=["weight$"]), rigl=RigLConfig(), gmp=GMPConfig(), total_steps=10
-        )
     with pytest.raises(ValueError, match=r"^rigl\.end_step is None"):
         SparsityController(mlp, SparsityConfig(include=["weight$"]), rigl=RigLConfig())

@@ -197,9 +197,12 @@ class GMPConfig:
 
 
 def check_mask_evolution(sparsity: SparsityConfig | None, rigl: RigLConfig | None, gmp: GMPConfig | None) -> None:
-    """At most one way for the masks to evolve (RigL or GMP), and none for 2:4 masks, which stay fixed."""
-    if rigl is not None and gmp is not None:
-        raise ValueError("rigl and gmp cannot both be set: choose one way for the masks to evolve")
+    """How the masks may evolve: by RigL, by GMP, or by both (gradual pruning whose kept weights RigL moves between
+    prunes, the "neuroregeneration" of GraNet, Liu et al. 2021); not at all for 2:4 masks, which stay fixed."""
+    if rigl is not None and gmp is not None and gmp.score == "movement":
+        # a pruned weight's movement score freezes (its weight is 0), so a regrown one would restart from it
+        raise ValueError('rigl with gmp.score "movement" is not supported: a regrown weight would keep the score it '
+                         'had when it was pruned; use gmp.score "magnitude"')
     if sparsity is not None and sparsity.pattern == "2:4" and (rigl is not None or gmp is not None):
         raise ValueError('rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number of weights '
                          "per group; 2:4 masks stay fixed")

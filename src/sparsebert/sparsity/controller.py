@@ -2,7 +2,7 @@
 
 It owns the masks of the selected weights and keeps the invariant "a masked weight is exactly 0 after every
 optimizer step" (by re-applying the masks, or, for Adam / AdamW after masked gradients, by the step itself), and
-updates the masks on the RigL or GMP schedule. The Trainer calls ``on_optimizer_step()``
+updates the masks on the RigL and/or GMP schedule. The Trainer calls ``on_optimizer_step()``
 once after every ``optimizer.step()``, with the (unscaled, all-reduced) gradients still in ``p.grad``.
 """
 
@@ -27,7 +27,8 @@ from .selection import select_parameters
 
 
 class SparsityController:
-    """Masks for the selected weights of ``model``, static or evolving with RigL or GMP (not both).
+    """Masks for the selected weights of ``model``: static, or evolving with RigL, GMP, or both (GMP prunes, then
+    RigL moves a share of what is left).
 
     Build it after the model is on its device and before wrapping it (DDP adds a ``module.`` prefix that
     would end up in the mask names). ``masks`` may be given instead of built (see ``from_zeros``).
@@ -167,14 +168,15 @@ class SparsityController:
         else:
             self.apply_masks()
             self._masked_state_clean = False  # unmasked gradients may have reached the moments
+        stats: dict[str, float] = {}
+        # with both schedules: prune first, then move, so that a weight regrown at this step is not pruned at it
+        if self.gmp is not None and gmp_update_due(self.step, self.gmp, self.gmp_end_step):
+            stats |= self._gmp_update()
         if self.rigl is not None and rigl_update_due(self.step, self.rigl, self.rigl_end_step):
-            stats = self._rigl_update()
-        elif self.gmp is not None and gmp_update_due(self.step, self.gmp, self.gmp_end_step):
-            stats = self._gmp_update()
-        else:
-            self._growth_grads = None
-            return None
+            stats |= self._rigl_update()
         self._growth_grads = None
+        if not stats:
+            return None
         self.apply_masks()
         return stats
 
@@ -242,10 +244,11 @@ class SparsityController:
         self.load_state_dict(load_sparsity_state(directory))
 
     def report(self) -> dict[str, Any]:
-        """The sparsity report (``sparsity.json``); with RigL also, per layer, the share of its initially active
-        weights that have moved away since the start (the console shows only the total)."""
+        """The sparsity report (``sparsity.json``); with RigL (without GMP, whose pruning would count as moves) also,
+        per layer, the share of its initially active weights that have moved away since the start (the console
+        shows only the total)."""
         report = sparsity_report(self.model, self.masks, pattern=self.sparsity.pattern)
-        if self.rigl is not None:
+        if self.rigl is not None and self.gmp is None:
             names = list(self.masks)
             gone = _counts([self.initial_masks[n] & ~self.masks[n] for n in names])
             initial = _counts([self.initial_masks[n] for n in names])
@@ -390,9 +393,10 @@ class SparsityController:
         stats = {"rigl/drop_fraction": drop_fraction,
                  **{f"rigl/moved/{name}": float(n) for name, n in zip(names, moved)}}
         stats["rigl/moved_total"] = float(sum(moved))
-        initially_active = sum(_counts(list(self.initial_masks.values())))
-        gone = sum(_counts([self.initial_masks[n] & ~self.masks[n] for n in self.masks]))
-        stats["rigl/mask_changed_since_start"] = gone / initially_active if initially_active else 0.0
+        if self.gmp is None:  # with GMP the pruned weights are gone since the start too
+            initially_active = sum(_counts(list(self.initial_masks.values())))
+            gone = sum(_counts([self.initial_masks[n] & ~self.masks[n] for n in self.masks]))
+            stats["rigl/mask_changed_since_start"] = gone / initially_active if initially_active else 0.0
         return stats
 
     def _draw_grown_weights(self, changes: Mapping[str, MaskChange], generator: torch.Generator) -> None:
