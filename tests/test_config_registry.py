@@ -362,6 +362,11 @@ def test_rigl_and_gmp_together_build_but_not_with_movement_scores(registry):
     cfg = registry.build("sparse_tiny_rigl", ["gmp.end_fraction=0.5"])
     assert cfg.rigl.update_freq == 10 and cfg.gmp.end_fraction == 0.5
     assert_refused_naming(registry, "sparse_tiny_rigl", ["gmp.score=movement"], ['gmp.score "movement"'])
+    assert_refused_naming(registry, "sparse_tiny_rigl", ["gmp.end_step=140", "rigl.global_ranking=true"],
+                          ["rigl.global_ranking=true", "gmp.global_ranking=false"])
+    # RigL ends at 0.75 x 150 = 112, before pruning begins
+    assert_refused_naming(registry, "sparse_tiny_rigl", ["gmp.begin_step=120", "gmp.end_step=140"],
+                          ["rigl.end_step (resolved to 112)", "gmp.begin_step (120)"])
 
 
 def test_sparse_all_reduce_needs_masks(registry):

@@ -25,6 +25,7 @@ from sparsebert.sparsity.config import (
     SparsityConfig,
     check_gmp_fits,
     check_mask_evolution,
+    check_rigl_meets_gmp,
 )
 
 GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
@@ -118,6 +119,7 @@ class ExperimentConfig:
             for schedule in (self.rigl, self.gmp):
                 if schedule is not None:
                     schedule.check_run_length(self.train.max_steps)
+            check_rigl_meets_gmp(self.rigl, self.gmp, self.train.max_steps)
         if self.data.static_mask_count and self.is_finetuning:
             raise ConfigError("data.static_mask_count is for MLM pretraining; finetuning has no masked tokens")
         if self.is_finetuning and self.train.stop_after_steps is not None:

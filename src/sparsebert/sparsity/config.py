@@ -203,9 +203,25 @@ def check_mask_evolution(sparsity: SparsityConfig | None, rigl: RigLConfig | Non
         # a pruned weight's movement score freezes (its weight is 0), so a regrown one would restart from it
         raise ValueError('rigl with gmp.score "movement" is not supported: a regrown weight would keep the score it '
                          'had when it was pruned; use gmp.score "magnitude"')
+    if rigl is not None and gmp is not None and rigl.global_ranking and not gmp.global_ranking:
+        # RigL would leave some layers sparser than their GMP target, and a per-layer prune only removes weights
+        raise ValueError("rigl.global_ranking=true with gmp.global_ranking=false would overshoot the sparsity "
+                         "target (RigL moves weights between layers, the per-layer prunes cannot refill one): set "
+                         "gmp.global_ranking=true or rigl.global_ranking=false")
     if sparsity is not None and sparsity.pattern == "2:4" and (rigl is not None or gmp is not None):
         raise ValueError('rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number of weights '
                          "per group; 2:4 masks stay fixed")
+
+
+def check_rigl_meets_gmp(rigl: RigLConfig | None, gmp: GMPConfig | None, total_steps: int) -> None:
+    """With both schedules and GMP starting dense, RigL must still update once pruning has begun: until then every
+    layer is dense and each RigL update would copy the dense gradients for nothing."""
+    if rigl is None or gmp is None or gmp.initial_sparsity > 0:
+        return
+    end = rigl.resolved_end_step(total_steps)
+    if end <= gmp.begin_step:
+        raise ValueError(f"rigl.end_step (resolved to {end}) must be > gmp.begin_step ({gmp.begin_step}): RigL "
+                         "would only update while every layer is still dense")
 
 
 def check_gmp_fits(gmp: GMPConfig, sparsity: SparsityConfig) -> None:

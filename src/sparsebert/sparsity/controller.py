@@ -15,7 +15,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from .config import GMPConfig, RigLConfig, SparsityConfig, check_gmp_fits, check_mask_evolution
+from .config import (
+    GMPConfig,
+    RigLConfig,
+    SparsityConfig,
+    check_gmp_fits,
+    check_mask_evolution,
+    check_rigl_meets_gmp,
+)
 from .distribution import kept_count, layer_densities
 from .gmp import accumulate_movement, gmp_prune, gmp_prune_global, gmp_sparsity, gmp_update_due
 from .masks import apply_masks_, magnitude_mask, make_generator, nm_mask, nm_violations, random_mask
@@ -60,6 +67,7 @@ class SparsityController:
             for schedule in (rigl, gmp):
                 if schedule is not None:
                     schedule.check_run_length(total_steps)
+            check_rigl_meets_gmp(rigl, gmp, total_steps)
         self.rigl_end_step = rigl.resolved_end_step(total_steps) if rigl is not None else None
         self.gmp_end_step = gmp.resolved_end_step(total_steps) if gmp is not None else None
         self.step = 0
@@ -170,6 +178,8 @@ class SparsityController:
             self._masked_state_clean = False  # unmasked gradients may have reached the moments
         stats: dict[str, float] = {}
         # with both schedules: prune first, then move, so that a weight regrown at this step is not pruned at it
+        # (RigL may regrow a weight GMP has just pruned, by its gradient: it restarts at zero; both draw their
+        # tie-breaks from the step's stream, so equal |w| are ordered alike, which is harmless)
         if self.gmp is not None and gmp_update_due(self.step, self.gmp, self.gmp_end_step):
             stats |= self._gmp_update()
         if self.rigl is not None and rigl_update_due(self.step, self.rigl, self.rigl_end_step):

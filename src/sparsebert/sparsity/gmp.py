@@ -1,7 +1,8 @@
 """Gradual pruning (Zhu & Gupta 2017, "To prune, or not to prune"), by magnitude or by movement.
 
 Sparsity follows a cubic ramp: it rises fast while the network has redundant weights and slowly near the end,
-giving the remaining weights time to recover. Pruning is permanent: a pruned weight never comes back. The methods
+giving the remaining weights time to recover. A pruned weight never comes back (unless RigL runs too and regrows
+it, GraNet-style: see ``SparsityController``). The methods
 differ only in their score (the largest scores stay): |w| for magnitude pruning; for movement pruning (Sanh et
 al. 2020, "Movement Pruning") ``S = -sum_t grad_t * w_t``, the first-order estimate of how much the loss would
 rise without the weight, summed over training, so weights that move towards zero go even while still large.
@@ -67,7 +68,7 @@ def rewound_linear_factor(step: int, warmup_steps: int, rewind_step: int, total_
     """Learning-rate factor of a linear schedule that is rewound when pruning ends.
 
     Up to ``rewind_step`` the usual warm-up then linear decay towards 0 at ``total_steps``; from ``rewind_step``
-    the factor jumps back to 1 and decays linearly to 0 at ``total_steps``, so the recovery steps at fixed masks
+    the factor jumps back to 1 and decays linearly to 0 at ``total_steps``, so the recovery steps after pruning
     train at the learning rates the dense model saw (Renda et al. 2020, "Comparing Rewinding and Fine-tuning").
     """
     if step < rewind_step:
