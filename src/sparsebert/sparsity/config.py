@@ -199,15 +199,16 @@ class GMPConfig:
 def check_mask_evolution(sparsity: SparsityConfig | None, rigl: RigLConfig | None, gmp: GMPConfig | None) -> None:
     """How the masks may evolve: by RigL, by GMP, or by both (gradual pruning whose kept weights RigL moves between
     prunes, the "neuroregeneration" of GraNet, Liu et al. 2021); not at all for 2:4 masks, which stay fixed."""
-    if rigl is not None and gmp is not None and gmp.score == "movement":
-        # a pruned weight's movement score freezes (its weight is 0), so a regrown one would restart from it
-        raise ValueError('rigl with gmp.score "movement" is not supported: a regrown weight would keep the score it '
-                         'had when it was pruned; use gmp.score "magnitude"')
-    if rigl is not None and gmp is not None and rigl.global_ranking and not gmp.global_ranking:
-        # RigL would leave some layers sparser than their GMP target, and a per-layer prune only removes weights
-        raise ValueError("rigl.global_ranking=true with gmp.global_ranking=false would overshoot the sparsity "
-                         "target (RigL moves weights between layers, the per-layer prunes cannot refill one): set "
-                         "gmp.global_ranking=true or rigl.global_ranking=false")
+    if rigl is not None and gmp is not None:
+        if gmp.score == "movement":
+            # a pruned weight's movement score freezes (its weight is 0), so a regrown one would restart from it
+            raise ValueError('rigl with gmp.score "movement" is not supported: a regrown weight would keep the score '
+                             'it had when it was pruned; use gmp.score "magnitude"')
+        if rigl.global_ranking and not gmp.global_ranking:
+            # RigL would leave some layers sparser than their GMP target, and a per-layer prune only removes weights
+            raise ValueError("rigl.global_ranking=true with gmp.global_ranking=false would overshoot the sparsity "
+                             "target (RigL moves weights between layers, the per-layer prunes cannot refill one): "
+                             "set gmp.global_ranking=true or rigl.global_ranking=false")
     if sparsity is not None and sparsity.pattern == "2:4" and (rigl is not None or gmp is not None):
         raise ValueError('rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number of weights '
                          "per group; 2:4 masks stay fixed")
