@@ -9,7 +9,8 @@
 # DATA_DIR holds the Wikipedia mirror and glue/. SECONDS (default 1380): every process is stopped then; finished
 # runs stay (DONE), unfinished ones do not count. Then: python scripts/pretrain_study_table.py OUT_ROOT.
 # Environment (all optional):
-#   STUDY_GPUS     GPUs for pretraining, e.g. "0 1 2 3" (default: every GPU nvidia-smi lists)
+#   STUDY_GPUS     GPUs for pretraining, e.g. "0 1 2 3" (default: every GPU nvidia-smi lists); a GPU named twice
+#                  ("0 1 0 1") runs two at a time, each at about half speed (the KD runs of a 2-GPU lease)
 #   GLUE_GPUS      GPUs the GLUE processes share (default: STUDY_GPUS); GLUE_PARALLEL: how many at a time
 #                  (default: half the CPUs)
 #   GLUE_TASKS     the GLUE tasks of every model (default "sst2 cola stsb mrpc rte wnli")
