@@ -25,7 +25,7 @@ from sparsebert.sparsity.config import (
     SparsityConfig,
     check_gmp_fits,
     check_mask_evolution,
-    check_rigl_meets_gmp,
+    check_schedules_fit,
 )
 
 GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
@@ -116,10 +116,7 @@ class ExperimentConfig:
         if self.train.epochs is None:
             # the run length is known now (with epochs only once the data is loaded): a RigL / GMP schedule that
             # does not fit it fails here, not when the Trainer is built
-            for schedule in (self.rigl, self.gmp):
-                if schedule is not None:
-                    schedule.check_run_length(self.train.max_steps)
-            check_rigl_meets_gmp(self.rigl, self.gmp, self.train.max_steps)
+            check_schedules_fit(self.rigl, self.gmp, self.train.max_steps)
         if self.data.static_mask_count and self.is_finetuning:
             raise ConfigError("data.static_mask_count is for MLM pretraining; finetuning has no masked tokens")
         if self.is_finetuning and self.train.stop_after_steps is not None:

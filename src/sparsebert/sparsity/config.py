@@ -214,9 +214,13 @@ def check_mask_evolution(sparsity: SparsityConfig | None, rigl: RigLConfig | Non
                          "per group; 2:4 masks stay fixed")
 
 
-def check_rigl_meets_gmp(rigl: RigLConfig | None, gmp: GMPConfig | None, total_steps: int) -> None:
-    """With both schedules and GMP starting dense, RigL must still update once pruning has begun: until then every
-    layer is dense and each RigL update would copy the dense gradients for nothing."""
+def check_schedules_fit(rigl: RigLConfig | None, gmp: GMPConfig | None, total_steps: int) -> None:
+    """Each schedule fits a run of ``total_steps``; with both and GMP starting dense, RigL must still update once
+    pruning has begun: until then every layer is dense and each RigL update would copy the dense gradients for
+    nothing."""
+    for schedule in (rigl, gmp):
+        if schedule is not None:
+            schedule.check_run_length(total_steps)
     if rigl is None or gmp is None or gmp.initial_sparsity > 0:
         return
     end = rigl.resolved_end_step(total_steps)

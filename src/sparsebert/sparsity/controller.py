@@ -21,7 +21,7 @@ from .config import (
     SparsityConfig,
     check_gmp_fits,
     check_mask_evolution,
-    check_rigl_meets_gmp,
+    check_schedules_fit,
 )
 from .distribution import kept_count, layer_densities
 from .gmp import accumulate_movement, gmp_prune, gmp_prune_global, gmp_sparsity, gmp_update_due
@@ -64,10 +64,7 @@ class SparsityController:
         self.gmp = gmp
         self.seed = seed
         if total_steps > 0:  # known (an epoch-counted run learns it only here): a schedule must fit it
-            for schedule in (rigl, gmp):
-                if schedule is not None:
-                    schedule.check_run_length(total_steps)
-            check_rigl_meets_gmp(rigl, gmp, total_steps)
+            check_schedules_fit(rigl, gmp, total_steps)
         self.rigl_end_step = rigl.resolved_end_step(total_steps) if rigl is not None else None
         self.gmp_end_step = gmp.resolved_end_step(total_steps) if gmp is not None else None
         self.step = 0
