@@ -199,3 +199,18 @@ def test_max_never_picks_a_nan_seed() -> None:
     for order in (runs, runs[::-1]):
         row = list(csv.DictReader(io.StringIO(glue_table(order, agg="max", fmt="csv"))))[0]
         assert (row["stsb_pearson"], row["stsb_spearman"], row["average_bert"]) == ("88.0", "87.0", "87.5")
+
+
+def test_mean_with_a_nan_seed_is_nan_and_says_why() -> None:
+    # a study lease's dense model collapsed on one STS-B seed at lr 2e-4; agg=mean raised AttributeError from
+    # statistics.stdev, which ended scripts/pretrain_study_table.py with a traceback
+    group = {"experiment": "e"}
+    nan = float("nan")
+    runs = [_glue(group, "stsb", seed=1, pearson=0.81, spearman=0.80, score=0.805),
+            _glue(group, "stsb", seed=2, pearson=nan, spearman=nan, score=nan),
+            _glue(group, "rte", seed=1, accuracy=0.6, score=0.6), _glue(group, "rte", seed=2, accuracy=0.5, score=0.5)]
+    row = list(csv.DictReader(io.StringIO(glue_table(runs, agg="mean", fmt="csv"))))[0]
+    assert (row["stsb_pearson"], row["stsb_spearman"], row["average_bert"], row["rte"]) == ("nan", "nan", "nan", "55.0")
+    md = glue_table(runs, agg="mean")
+    assert "55.0±7.1" in md and "nan: a run scored NaN" in md
+    assert "nan:" not in glue_table(runs[:1] + runs[2:], agg="mean")

@@ -17,7 +17,8 @@ Cells
 Several runs (seeds) of one task in a group
     ``agg="max"``: the run with the best score is shown whole (its pair values stay together, rather than
         mixing the best f1 of one seed with the best accuracy of another).
-    ``agg="mean"``: every shown value and the score are averaged over the runs.  Single-metric cells with two
+    ``agg="mean"``: every shown value and the score are averaged over the runs (a run that scored NaN, a
+        collapsed one, makes the cell ``nan``; ``max`` never picks such a run).  Single-metric cells with two
         or more runs show ``mean±std`` (sample std of the score); pair cells show only the means, because
         ``88.1±0.3/84.0±0.5`` is no longer readable.
 
@@ -161,7 +162,8 @@ def _aggregate(runs: list[tuple[tuple[float | None, ...], float]], agg: str) -> 
     for i in range(len(runs[0][0])):
         present = [values[i] for values, _ in runs if values[i] is not None]
         means.append(statistics.fmean(present) if present else None)
-    std = statistics.stdev(scores) if len(scores) >= 2 else None
+    # a NaN score (a collapsed run) makes the cell's mean NaN, shown as "nan"; statistics.stdev raises on it
+    std = None if len(scores) < 2 else math.nan if any(map(math.isnan, scores)) else statistics.stdev(scores)
     return _Cell(tuple(means), statistics.fmean(scores), std, len(runs))
 
 
@@ -246,6 +248,9 @@ def _notes(rows: list[_Row], agg: str) -> list[tuple[str | None, str]]:
         else:
             text = "several runs of one task: mean over the runs; ± is the sample std of the score (agg=mean)"
         notes.append((None, text))
+    if any(math.isnan(cell.score) for row in rows for cell in row.cells.values()):
+        notes.append((None, "nan: a run scored NaN (a collapsed run: constant STS-B predictions have no "
+                            "correlation), so its cell and the averages over it are NaN"))
     return notes
 
 

@@ -8,6 +8,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from sparsebert.errors import SparseBertError
+from sparsebert.trainer.finetune import summarize
 from sparsebert.trainer.finetune.glue import (
     glue_leaderboard_filename,
     glue_metrics,
@@ -79,3 +80,18 @@ def test_leaderboard_files(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["CoLA.tsv", "MNLI-m.tsv", "RTE.tsv", "STS-B.tsv"]
     with pytest.raises(ValueError):
         write_glue_test_predictions("rte", [0], [2], tmp_path / "bad.tsv")
+
+
+def test_summary_keeps_a_collapsed_stsb_seed_visible():
+    # constant predictions (a model that collapsed at a high learning rate) have no correlation: scipy gives NaN,
+    # and the task summary of the job used to end in an AttributeError from statistics.stdev
+    y = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0])
+    with pytest.warns(Warning):  # scipy's ConstantInputWarning
+        collapsed = glue_metrics("stsb", np.full(6, 2.5), y)
+    good = glue_metrics("stsb", y ** 2, y)
+    assert np.isnan(collapsed["pearson"]) and np.isnan(collapsed["score"])
+    summary = summarize([good, collapsed])
+    assert summary["runs"] == 2
+    assert np.isnan(summary["pearson"]["mean"]) and np.isnan(summary["pearson"]["std"])
+    assert summary["pearson"]["max"] == good["pearson"]
+    assert summarize([good, good])["score"] == {"mean": good["score"], "std": 0.0, "max": good["score"]}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -178,11 +179,14 @@ class FinetuneJob:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """mean / std / max of every numeric metric over the runs of one task."""
+    """mean / std / max of every numeric metric over the runs of one task. A NaN value (a collapsed run: constant
+    STS-B predictions have no correlation) makes that metric's mean and std NaN; max is over the other runs."""
     keys = [k for k, v in runs[0].items() if isinstance(v, int | float) and not isinstance(v, bool)]
     out: dict[str, Any] = {"runs": len(runs)}
     for k in keys:
         values = [r[k] for r in runs if isinstance(r.get(k), int | float)]
-        out[k] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                  "max": max(values)}
+        numbers = [v for v in values if not math.isnan(v)]
+        # statistics.stdev raises (not returns NaN) on a NaN value
+        std = math.nan if len(numbers) < len(values) else statistics.stdev(values) if len(values) > 1 else 0.0
+        out[k] = {"mean": statistics.fmean(values), "std": std, "max": max(numbers, default=math.nan)}
     return out
