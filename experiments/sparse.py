@@ -156,7 +156,7 @@ EXPERIMENTS = {
     },
     # RigL moves only once GMP is at 75 % (step 4 000), a tenth of the kept weights at first, until 90 % of
     # training: from step 800, 30 % moves set the mostly dense model back 0.3-0.4 nats (docs/results.md), while
-    # small moves late held the gap flat where GMP's alone grew
+    # small moves late held the gap flat where GMP's alone grew (measured: worse than GMP alone, docs/results.md)
     "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_rigl_late": {
         "parent": "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_rigl",
         "description": "small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_rigl with small RigL moves from step 4k to 90%",
