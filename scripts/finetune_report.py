@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from sparsebert.results import Registry, RunRecord, glue_table
+from sparsebert.results.stats import sample_std
 
 VARIANTS = ("", "_kd", "_sparse80", "_sparse90")  # dense, dense + KD, 80 %, 90 % sparse + KD
 LABELS = {"": "dense", "_kd": "dense + KD", "_sparse80": "80 % + KD", "_sparse90": "90 % + KD"}
@@ -53,7 +54,7 @@ def glue_average_by_seed(runs: list[RunRecord], suffix: str) -> list[float]:
 def mean_std(values: list[float]) -> str:
     if not values:
         return "-"
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    std = sample_std(values) if len(values) > 1 else 0.0
     return f"{statistics.fmean(values):.1f} ± {std:.1f}"
 
 

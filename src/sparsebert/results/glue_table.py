@@ -56,6 +56,7 @@ from dataclasses import dataclass
 
 from sparsebert.errors import SparseBertError
 from sparsebert.results.registry import RunRecord
+from sparsebert.results.stats import sample_std
 
 TASKS = ("cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb", "wnli")
 
@@ -162,8 +163,8 @@ def _aggregate(runs: list[tuple[tuple[float | None, ...], float]], agg: str) -> 
     for i in range(len(runs[0][0])):
         present = [values[i] for values, _ in runs if values[i] is not None]
         means.append(statistics.fmean(present) if present else None)
-    # a NaN score (a collapsed run) makes the cell's mean NaN, shown as "nan"; statistics.stdev raises on it
-    std = None if len(scores) < 2 else math.nan if any(map(math.isnan, scores)) else statistics.stdev(scores)
+    # a NaN score (a collapsed run) makes the cell's mean and std NaN, shown as "nan"
+    std = sample_std(scores) if len(scores) >= 2 else None
     return _Cell(tuple(means), statistics.fmean(scores), std, len(runs))
 
 

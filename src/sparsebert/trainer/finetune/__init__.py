@@ -25,6 +25,7 @@ from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
 from sparsebert.results.recording import recorded_run, run_record
 from sparsebert.results.runs import resolve_pretrained
+from sparsebert.results.stats import sample_std
 from sparsebert.sparsity import SparsityConfig
 from sparsebert.trainer.finetune.common import FinetuneContext, read_metrics
 from sparsebert.trainer.finetune.csv_task import load_csv, run_csv
@@ -186,7 +187,6 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for k in keys:
         values = [r[k] for r in runs if isinstance(r.get(k), int | float)]
         numbers = [v for v in values if not math.isnan(v)]
-        # statistics.stdev raises (not returns NaN) on a NaN value
-        std = math.nan if len(numbers) < len(values) else statistics.stdev(values) if len(values) > 1 else 0.0
+        std = sample_std(values) if len(values) > 1 else 0.0
         out[k] = {"mean": statistics.fmean(values), "std": std, "max": max(numbers, default=math.nan)}
     return out
