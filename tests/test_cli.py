@@ -465,3 +465,27 @@ def test_only_the_main_process_logs_the_finished_line(tmp_path, caplog, monkeypa
     assert code == 0
     finished = [r.getMessage() for r in caplog.records if "finished:" in r.getMessage()]
     assert finished == ([f"{EXPERIMENT} finished: eval_loss=2.5"] if main_process else [])
+
+
+def test_a_swallowed_sigterm_stops_the_run_and_the_next_is_not_started(tmp_path, capsys, monkeypatch, asset_data_dir):
+    """The SIGTERM handler's exception can land in a finalizer, which swallows it (as on a lease: after a run's
+    last save). run.py still exits 143 at the run's next step check, and no later experiment starts."""
+    from signal_helpers import sigterm_inside_a_finalizer
+
+    import sparsebert.runner
+
+    started, swallowed = [], []
+
+    def run_experiment(cfg, opts, callbacks):
+        started.append(cfg.name)
+        swallowed.extend(sigterm_inside_a_finalizer())
+        for callback in callbacks:  # what the Trainer does after the next optimizer step
+            callback.on_step_end(None, None, None)
+        return {"eval_loss": 2.5}
+
+    monkeypatch.setattr(sparsebert.runner, "run_experiment", run_experiment)
+    code = main([EXPERIMENT, EXPERIMENT, "--output-dir", str(tmp_path), "--data-dir", str(asset_data_dir)],
+                experiments_dir=EXPERIMENTS)
+    assert [type(e).__name__ for e in swallowed] == ["Terminated"]
+    assert code == 143 and started == [EXPERIMENT]
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: terminated by SIGTERM"

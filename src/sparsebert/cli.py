@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -156,10 +156,12 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
 
         opts = RunOptions(output_root=output_root(args.output_dir), data_dir=data_dir, resume=args.resume,
                           overwrite=args.overwrite)
-        with terminate_on_sigterm():
+        from sparsebert.trainer.termination import StopWhenTerminated
+
+        with terminate_on_sigterm() as raise_if_terminated:
             for cfg in configs:
                 log.info("running %s -> %s", cfg.name, opts.output_root / cfg.name)
-                callbacks = []
+                callbacks = [StopWhenTerminated(raise_if_terminated)]
                 if args.profile:
                     from sparsebert.trainer.profiling import ProfilerCallback
 
@@ -167,6 +169,7 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
                 metrics = run_experiment(cfg, opts, callbacks=callbacks)
                 if metrics is not None and _is_main_process():  # one line per job, not one per rank
                     log.info("%s finished: %s", cfg.name, _headline(metrics))
+                raise_if_terminated()  # a SIGTERM swallowed after the run's last step: no next run, exit 143
         return 0
     except (ConfigError, SparseBertError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -177,16 +180,20 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
 
 
 @contextmanager
-def terminate_on_sigterm() -> Iterator[None]:
+def terminate_on_sigterm() -> Iterator[Callable[[], None]]:
     """While runs train (or a search waits on its trials), SIGTERM raises ``Terminated`` in this process's main
     thread, so the registry records the run as failed. SIGKILL cannot be caught: such a run stays "running".
+
+    Yields ``raise_if_terminated``, which raises ``Terminated`` again once the handler has fired. The handler's own
+    exception is lost where it lands in a ``__del__`` or a weakref callback (Python prints "Exception ignored in"
+    and carries on), so the runs call it after every step (``StopWhenTerminated``) and between runs.
 
     The handler fires once: a scheduler or ``timeout`` signals the whole process group, and a second SIGTERM, or
     torch's SIGCHLD error for a DataLoader worker the same signal ended, must not cut the unwinding short. Forked
     children (DataLoader, featurize workers) inherit the handler; in them it restores the default and re-sends
     the signal, so they end as before instead of raising."""
     if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
-        yield
+        yield lambda: None
         return
     owner = os.getpid()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGCHLD)}
@@ -203,9 +210,13 @@ def terminate_on_sigterm() -> Iterator[None]:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         raise Terminated(f"terminated by {signal.Signals(signum).name}")
 
+    def raise_if_terminated() -> None:
+        if fired:
+            raise Terminated("terminated by SIGTERM")
+
     signal.signal(signal.SIGTERM, raise_terminated)
     try:
-        yield
+        yield raise_if_terminated
     finally:
         # SIGCHLD only if the handler replaced it: a DataLoader installs its own while runs train, for later runs
         restored = previous if fired else {signal.SIGTERM: previous[signal.SIGTERM]}

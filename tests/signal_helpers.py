@@ -1,0 +1,30 @@
+"""A SIGTERM whose handler runs inside a finalizer, where Python prints the handler's exception and carries on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+
+class _SendsSigtermWhenCollected:
+    def __del__(self) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # bytecode boundaries: the Python-level handler runs here, inside __del__
+            pass
+
+
+def sigterm_inside_a_finalizer() -> list[BaseException]:
+    """Send this process SIGTERM from a ``__del__`` and return the exceptions Python swallowed there.
+
+    Returns:
+        the exceptions passed to ``sys.unraisablehook`` meanwhile (the handler's, when one is installed).
+    """
+    swallowed: list[BaseException] = []
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda unraisable: swallowed.append(unraisable.exc_value)
+    try:
+        _SendsSigtermWhenCollected()  # collected at once: no reference is kept
+    finally:
+        sys.unraisablehook = hook
+    return swallowed
