@@ -246,6 +246,32 @@ def test_a_trial_fails_on_a_bad_exit_or_a_missing_metric(tmp_path):
     assert trial_outcome(0, log, metrics, "eval_loss")[1] == f"eval_loss is nan in {metrics}"
 
 
+def test_a_swallowed_sigterm_stops_the_search_and_its_trials(registry, asset_data_dir, tmp_path, monkeypatch):
+    """A SIGTERM whose exception a finalizer swallowed (SQLAlchemy, under optuna, keeps weakref callbacks) still
+    ends the search at its next poll: the running trial is terminated and no second trial starts."""
+    from signal_helpers import sigterm_inside_a_finalizer
+
+    import sparsebert.search.study
+    from sparsebert.cli import terminate_on_sigterm
+    from sparsebert.errors import Terminated
+    from sparsebert.search.trials import TrialProcess
+
+    started, swallowed = [], []
+
+    def start_trial(trial, plan, gpu):  # a trial process that would run for 5 s, then fail (no metrics.json)
+        process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(5)"])
+        started.append(process)
+        swallowed.extend(sigterm_inside_a_finalizer())
+        return TrialProcess(trial, process, gpu, tmp_path / f"trial{trial.number}.log", plan.run_name(trial.number))
+
+    monkeypatch.setattr(sparsebert.search.study, "start_trial", start_trial)
+    t0 = time.monotonic()
+    with terminate_on_sigterm() as raise_if_terminated, pytest.raises(Terminated):
+        run_search(plan(registry, tmp_path, asset_data_dir), raise_if_terminated)
+    assert [type(e) for e in swallowed] == [Terminated]
+    assert len(started) == 1 and started[0].returncode is not None and time.monotonic() - t0 < 4
+
+
 # --- real searches (CPU) -----------------------------------------------------------------------------------------
 
 

@@ -115,8 +115,8 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
         registry_dir = args.experiments_dir or experiments_dir or Path("experiments")
         registry = Registry.from_directory(registry_dir)
         if args.search:
-            with terminate_on_sigterm():  # its finally stops the trials, which then record themselves as failed
-                return search(args, registry, registry_dir)
+            with terminate_on_sigterm() as raise_if_terminated:  # stops the trials: they record themselves failed
+                return search(args, registry, registry_dir, raise_if_terminated)
         _refuse_search_flags(args)
         if args.predict or args.input or args.output or args.sparse24_kernel:
             return predict(args)
@@ -263,7 +263,8 @@ def _refuse_search_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"{', '.join(given)}: only with --search EXPERIMENT")
 
 
-def search(args: argparse.Namespace, registry: Registry, experiments_dir: Path) -> int:
+def search(args: argparse.Namespace, registry: Registry, experiments_dir: Path,
+           raise_if_terminated: Callable[[], None]) -> int:
     """``--search``: check the request in full, then run the study's missing trials (see sparsebert.search)."""
     if args.experiments:
         raise ConfigError(f"--search runs one experiment, named by --search; drop {' '.join(args.experiments)}")
@@ -283,7 +284,7 @@ def search(args: argparse.Namespace, registry: Registry, experiments_dir: Path) 
                        data_dir=resolve_data_dir(args.data_dir), experiments_dir=experiments_dir,
                        overrides=args.overrides, metric=args.metric, direction=args.direction,
                        parallel=args.parallel, study=args.study)
-    summary = run_search(plan)
+    summary = run_search(plan, raise_if_terminated)
     print(f"summary: {plan.study_dir / 'summary.md'}")
     print(f"best: trial {summary['best_trial']}, {summary['metric']} = {summary['best_value']:.4g}: "
           f"{summary['best_command']}")

@@ -6,7 +6,7 @@ import fcntl
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,11 +26,13 @@ STUDY_FILE = "study.sqlite3"
 POLL_S = 0.5  # how often the running trials are checked; small next to a trial's minutes
 
 
-def run_search(plan: SearchPlan) -> dict[str, Any]:
+def run_search(plan: SearchPlan, raise_if_terminated: Callable[[], None] = lambda: None) -> dict[str, Any]:
     """Run trials until the study holds ``plan.trials`` complete ones (or this call's share has run).
 
     Args:
         plan: from :func:`plan_search`.
+        raise_if_terminated: called between polls of the trials; raises when SIGTERM arrived but its handler's
+            exception was swallowed (``cli.terminate_on_sigterm``), so no further trial starts.
 
     Returns:
         The summary (what summary.json holds).
@@ -42,7 +44,7 @@ def run_search(plan: SearchPlan) -> dict[str, Any]:
     plan.study_dir.mkdir(parents=True, exist_ok=True)
     with _exclusive(plan.study_dir / "search.lock", plan.study):
         study = open_study(plan)
-        failures = run_trials(study, plan)
+        failures = run_trials(study, plan, raise_if_terminated)
         summary = write_summary(study, plan)
     if summary["trials_complete"] < plan.trials:  # every trial of this call ran: some failed
         number, error = failures[0]
@@ -84,7 +86,8 @@ def open_study(plan: SearchPlan) -> optuna.Study:
     return study
 
 
-def run_trials(study: optuna.Study, plan: SearchPlan) -> list[tuple[int, str]]:
+def run_trials(study: optuna.Study, plan: SearchPlan,
+               raise_if_terminated: Callable[[], None] = lambda: None) -> list[tuple[int, str]]:
     """Keep up to ``plan.parallel`` trial processes running until this call's share of trials has run.
 
     Returns:
@@ -104,6 +107,7 @@ def run_trials(study: optuna.Study, plan: SearchPlan) -> list[tuple[int, str]]:
                 running.append(start_trial(trial, plan, slots.pop(0)))
                 to_start -= 1
             time.sleep(POLL_S)
+            raise_if_terminated()
             for done in [t for t in running if t.process.poll() is not None]:
                 running.remove(done)
                 slots.append(done.gpu)
