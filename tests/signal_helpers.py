@@ -18,8 +18,10 @@ def sigterm_inside_a_finalizer() -> list[BaseException]:
     """Send this process SIGTERM from a ``__del__`` and return the exceptions Python swallowed there.
 
     Returns:
-        the exceptions passed to ``sys.unraisablehook`` meanwhile (the handler's, when one is installed).
+        the exceptions passed to ``sys.unraisablehook`` meanwhile (the handler's).
     """
+    # without a handler (outside terminate_on_sigterm, or off the main thread) SIGTERM would end the test process
+    assert callable(signal.getsignal(signal.SIGTERM)), "call this inside cli.terminate_on_sigterm"
     swallowed: list[BaseException] = []
     hook = sys.unraisablehook
     sys.unraisablehook = lambda unraisable: swallowed.append(unraisable.exc_value)
