@@ -2,8 +2,9 @@
 
     python scripts/pretrain_study_table.py OUT_ROOT [--out FILE.md]
 
-Prints the MLM table (every pretraining run: eval loss, perplexity, masked-token accuracy, steps, samples/s,
-recompiles after warm-up, the first evaluation below the unigram plateau) and the GLUE tables
+Prints the MLM table (every pretraining run: eval loss, how far a sparse run ends above its dense twin,
+perplexity, masked-token accuracy, steps, samples/s, recompiles after warm-up, the first evaluation below the
+unigram plateau) and the GLUE tables
 (``run.py --table glue --agg mean`` over the study's runs). The study finetunes each model on each task in a process
 of its own, named ``glue_from=RUN~TASK`` (``~lrLR`` added for the learning-rate grid); here those rows are labelled
 ``glue_from=RUN`` again, so each pretrained model is one row: at the default finetuning learning rate, then per
@@ -26,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from sparsebert.results import Registry, glue_table  # noqa: E402
 from sparsebert.results.glue_table import TASK_METRICS  # noqa: E402
 
+SPARSITY_SECTIONS = ("sparsity", "rigl", "gmp")  # what a sparse run may differ in from its dense twin
 PLATEAU = 5.5  # MLM eval loss: a model above it still predicts little beyond token frequencies (unigram loss ~6)
 DEFAULT_LR = "5e-5"  # glue_from's finetuning learning rate: the rate of the runs without ``~lr``
 
@@ -40,17 +42,35 @@ def left_plateau_at(run_dir: Path) -> str:
     return next((str(int(h["step"])) for h in evals if h["eval_loss"] < PLATEAU), "never")
 
 
+def dense_twin_key(run_dir: Path) -> str | None:
+    """The run's config.json without its name, description and sparsity sections: a sparse run and a dense run
+    with the same key differ in sparsity alone (seed, steps, data, teacher, schedule). None without a config."""
+    path = run_dir / "config.json"
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text())
+    drop = {"name", "description", *SPARSITY_SECTIONS}
+    return json.dumps({k: v for k, v in config.items() if k not in drop}, sort_keys=True)
+
+
 def mlm_table(records, root: Path) -> str:
     """One row per pretraining run; its run directory is looked up under ``root`` (the study's output root, where
-    it may have been copied from the machine that ran it)."""
-    lines = ["| run | steps | MLM eval loss | perplexity | masked-token acc. | sparsity | samples/s | recompiles "
-             f"after warm-up | eval loss < {PLATEAU} from step |", "|---|---|---|---|---|---|---|---|---|"]
+    it may have been copied from the machine that ran it). A sparse run's gap is to the dense run of the study
+    whose config differs in sparsity alone ("no twin" when the study has none)."""
+    keys = {rec.run_dir: dense_twin_key(root / Path(rec.run_dir).name) for rec in records}
+    dense_loss = {keys[rec.run_dir]: rec.metrics["eval_loss"] for rec in records
+                  if rec.sparsity is None and keys[rec.run_dir] is not None}
+    lines = ["| run | steps | MLM eval loss | above the dense twin | perplexity | masked-token acc. | sparsity | "
+             f"samples/s | recompiles after warm-up | eval loss < {PLATEAU} from step |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for rec in sorted(records, key=lambda r: r.experiment):
         m = rec.metrics
+        twin = dense_loss.get(keys[rec.run_dir])
+        gap = "–" if rec.sparsity is None else "no twin" if twin is None else f"{m['eval_loss'] - twin:+.3f}"
         sparsity = "dense" if rec.sparsity is None else f"{rec.sparsity:.3f}"
         accuracy = m.get("masked_accuracy")
         recompiles = m.get("recompiles_after_warmup")  # the registry keeps numbers as floats
-        lines.append(f"| `{rec.experiment}` | {m.get('global_step', 0):.0f} | {m['eval_loss']:.3f} | "
+        lines.append(f"| `{rec.experiment}` | {m.get('global_step', 0):.0f} | {m['eval_loss']:.3f} | {gap} | "
                      f"{math.exp(m['eval_loss']):.1f} | {'-' if accuracy is None else f'{100 * accuracy:.1f} %'} | "
                      f"{sparsity} | {m.get('train_samples_per_second', 0):.0f} | "
                      f"{'-' if recompiles is None else int(recompiles)} | {left_plateau_at(root / Path(rec.run_dir).name)} |")

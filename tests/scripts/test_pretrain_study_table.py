@@ -49,7 +49,7 @@ def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):
     script = _script()
     reader = Registry.in_output_root(tmp_path, read_only=True)
     mlm = script.mlm_table(reader.runs(task_prefix="mlm"), tmp_path)  # the run copied here from elsewhere
-    assert "| `dense` | 8000 | 3.000 | 20.1 | 50.0 % | dense | 9000 | 0 | 1000 |" in mlm
+    assert "| `dense` | 8000 | 3.000 | – | 20.1 | 50.0 % | dense | 9000 | 0 | 1000 |" in mlm
     glue = script.study_glue_records(reader)
     assert {r.label for r in glue} == {"glue_from=dense"} and len(glue) == 5
     table = script.glue_table(glue, agg="mean")
@@ -62,3 +62,23 @@ def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):
     assert chosen == {("glue:rte", "glue_from=dense~rte~lr1e-4"), ("glue:cola", "glue_from=dense~cola"),
                       ("glue:sst2", "glue_from=dense~sst2")}  # SST-2, at one rate, is in the best row, not the grid
     assert len(best) == 4 and {r.label for r in best} == {"glue_from=dense best lr"}
+
+
+def test_a_sparse_run_is_compared_with_the_dense_run_that_differs_in_sparsity_alone(tmp_path):
+    """The gap column pairs runs by config.json: name, description and the sparsity sections may differ, nothing
+    else (another seed has no twin, even with every other setting equal)."""
+    base = {"seed": 42, "train": {"max_steps": 8000}, "kd": {"teacher": "t", "hidden_weight": 1.0},
+            "sparsity": None, "gmp": None, "rigl": None}
+    sparse = {"sparsity": {"sparsity": 0.8}, "gmp": {"end_fraction": 0.9}}
+    runs = {"dense": (base, None, 2.661), "dense_nokd": ({**base, "kd": None}, None, 3.0),
+            "gmp": ({**base, **sparse}, 0.8, 2.758), "gmp_seed43": ({**base, **sparse, "seed": 43}, 0.8, 2.624)}
+    registry = Registry.in_output_root(tmp_path)
+    for name, (config, sparsity, loss) in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps({"name": name, "description": name, **config}))
+        registry.record(RunRecord(run_dir=str(tmp_path / name), experiment=name, task="mlm", model="medium",
+                                  seed=config["seed"], status="done", sparsity=sparsity,
+                                  metrics={"eval_loss": loss, "global_step": 8000}))
+    mlm = _script().mlm_table(Registry.in_output_root(tmp_path, read_only=True).runs(task_prefix="mlm"), tmp_path)
+    gap = {line.split(" | ")[0].strip("| `"): line.split(" | ")[3] for line in mlm.splitlines()[2:]}
+    assert gap == {"dense": "–", "dense_nokd": "–", "gmp": "+0.097", "gmp_seed43": "no twin"}
