@@ -57,7 +57,8 @@ def mlm_table(records, root: Path) -> str:
     """One row per pretraining run; its run directory is looked up under ``root`` (the study's output root, where
     it may have been copied from the machine that ran it). A sparse run's gap is to the dense run of the study
     whose config differs in sparsity alone ("no twin" when the study has none)."""
-    keys = {rec.run_dir: dense_twin_key(root / Path(rec.run_dir).name) for rec in records}
+    local = {rec.run_dir: root / Path(rec.run_dir).name for rec in records}
+    keys = {run_dir: dense_twin_key(path) for run_dir, path in local.items()}
     dense_loss = {keys[rec.run_dir]: rec.metrics["eval_loss"] for rec in records
                   if rec.sparsity is None and keys[rec.run_dir] is not None}
     lines = ["| run | steps | MLM eval loss | above the dense twin | perplexity | masked-token acc. | sparsity | "
@@ -73,7 +74,7 @@ def mlm_table(records, root: Path) -> str:
         lines.append(f"| `{rec.experiment}` | {m.get('global_step', 0):.0f} | {m['eval_loss']:.3f} | {gap} | "
                      f"{math.exp(m['eval_loss']):.1f} | {'-' if accuracy is None else f'{100 * accuracy:.1f} %'} | "
                      f"{sparsity} | {m.get('train_samples_per_second', 0):.0f} | "
-                     f"{'-' if recompiles is None else int(recompiles)} | {left_plateau_at(root / Path(rec.run_dir).name)} |")
+                     f"{'-' if recompiles is None else int(recompiles)} | {left_plateau_at(local[rec.run_dir])} |")
     return "\n".join(lines)
 
 

@@ -198,6 +198,7 @@ def terminate_on_sigterm() -> Iterator[Callable[[], None]]:
     owner = os.getpid()
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGCHLD)}
     fired = False
+    message = "terminated by SIGTERM"  # the one signal the handler is installed for
 
     def raise_terminated(signum: int, frame: object) -> None:
         nonlocal fired
@@ -208,11 +209,11 @@ def terminate_on_sigterm() -> Iterator[Callable[[], None]]:
         fired = True
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        raise Terminated(f"terminated by {signal.Signals(signum).name}")
+        raise Terminated(message)
 
     def raise_if_terminated() -> None:
         if fired:
-            raise Terminated("terminated by SIGTERM")
+            raise Terminated(message)
 
     signal.signal(signal.SIGTERM, raise_terminated)
     try:

@@ -87,7 +87,7 @@ def open_study(plan: SearchPlan) -> optuna.Study:
 
 
 def run_trials(study: optuna.Study, plan: SearchPlan,
-               raise_if_terminated: Callable[[], None] = lambda: None) -> list[tuple[int, str]]:
+               raise_if_terminated: Callable[[], None]) -> list[tuple[int, str]]:
     """Keep up to ``plan.parallel`` trial processes running until this call's share of trials has run.
 
     Returns:
