@@ -116,7 +116,9 @@ def test_training_loop_keeps_density_zeros_and_clean_optimizer_state():
             moved_total += int(grown.sum())
             state = optimizer.state[param]
             assert torch.all(state["exp_avg"][grown | dropped] == 0)
-            assert torch.all(state["exp_avg_sq"][grown | dropped] == 0)
+            assert torch.all(state["exp_avg_sq"][dropped] == 0)
+            kept_mean = state["exp_avg_sq"][mask & ~grown].mean()
+            assert torch.allclose(state["exp_avg_sq"][grown], kept_mean.expand(int(grown.sum())))
             assert torch.all(param.detach()[grown] == 0)  # grown weights start at 0
             previous[name] = mask.clone()
         assert stats["rigl/moved_total"] == moved_total > 0
@@ -277,6 +279,47 @@ def test_grow_init_normal_draws_regrown_weights_at_the_kept_weights_scale():
     assert_masked_weights_zero(controller)
 
 
+def _regrown_and_kept_steps(grow_second_moment: str, lr: float = 1e-3) -> tuple[float, float]:
+    """Train a 50 %-sparse MLP 200 steps, move 30 % of its weights once (step 200), then take 20 more steps.
+
+    Returns:
+        the largest step of a regrown weight, and the largest step of a weight active throughout, in units of lr.
+    """
+    model = make_mlp()
+    rigl = RigLConfig(update_freq=200, end_step=201, drop_fraction=0.3, drop_schedule="constant",
+                      grow_second_moment=grow_second_moment)
+    controller = SparsityController(model, SparsityConfig(include=[r"^[02]\.weight$"], sparsity=0.5), rigl=rigl)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    controller.attach_optimizer(optimizer)
+    masks = []
+    train(model, controller, optimizer, 200, mlp_loss, lambda stats: stats and masks.append(dict(controller.masks)))
+    assert len(masks) == 1
+    before = {name: param.detach().clone() for name, param in controller.params.items()}
+    grown_steps, kept_steps = [], []
+    for data_seed in range(20):
+        train(model, controller, optimizer, 1, mlp_loss, data_seed=data_seed)
+        for name, param in controller.params.items():
+            grown = masks[0][name] & ~controller.initial_masks[name]
+            kept = masks[0][name] & controller.initial_masks[name]
+            step = (param.detach() - before[name]).abs() / lr
+            grown_steps.append(float(step[grown].max()))
+            kept_steps.append(float(step[kept].max()))
+            before[name] = param.detach().clone()
+    return max(grown_steps), max(kept_steps)
+
+
+def test_regrown_weights_take_ordinary_adam_steps():
+    """Adam's step count is one per tensor, so a regrown weight with an empty second moment is not bias-corrected
+    for its own age: its first steps would be several lr where a weight active throughout takes at most ~lr. Starting
+    its second moment at the layer's mean keeps its steps ordinary."""
+    grown, kept = _regrown_and_kept_steps("layer_mean")
+    assert grown <= kept < 1.5, (grown, kept)
+    grown_empty, kept_empty = _regrown_and_kept_steps("zeros")
+    assert grown_empty > 2 * kept_empty  # the behaviour before rigl.grow_second_moment
+
+
 def test_grow_init_must_be_known():
     with pytest.raises(ValueError, match="rigl.grow_init"):
         RigLConfig(grow_init="uniform").validate()
+    with pytest.raises(ValueError, match="rigl.grow_second_moment"):
+        RigLConfig(grow_second_moment="ones").validate()

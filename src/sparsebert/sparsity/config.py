@@ -24,6 +24,7 @@ DISTRIBUTIONS = ("uniform", "erk", "explicit")
 MASK_INITS = ("random", "magnitude", "zeros")
 DROP_SCHEDULES = ("cosine", "constant")
 GROW_INITS = ("zeros", "normal")
+GROW_SECOND_MOMENTS = ("layer_mean", "zeros")
 PRUNING_SCORES = ("magnitude", "movement")
 PATTERNS = ("unstructured", "2:4")
 TWO_FOUR_INITS = ("magnitude", "zeros")
@@ -130,11 +131,16 @@ class RigLConfig:
     grow_init: str = "zeros"
     """Value of a regrown weight: "zeros" (RigL's choice: the new connection starts without effect on the output)
     or "normal" (drawn from N(0, s^2), s the standard deviation of the layer's weights that stay active, so a new
-    connection starts at the scale of the ones around it). Its optimizer state starts empty either way."""
+    connection starts at the scale of the ones around it). Its first moment starts at 0 either way."""
+    grow_second_moment: str = "layer_mean"
+    """Adam's second moment of a regrown weight: "layer_mean" (the mean over the layer's weights that stay active,
+    so its first steps are ordinary Adam steps) or "zeros" (empty; with the optimizer's step count shared by the
+    whole tensor its first hundred steps are then 3-6x an ordinary step: ``seed_second_moment``)."""
 
     def validate(self) -> None:
         _check_positive_int("rigl.update_freq", self.update_freq)
         _check_choice("rigl.grow_init", self.grow_init, GROW_INITS)
+        _check_choice("rigl.grow_second_moment", self.grow_second_moment, GROW_SECOND_MOMENTS)
         _check_step_range("rigl", self.begin_step, self.end_step, self.end_fraction)
         if not 0.0 < self.drop_fraction < 1.0:
             raise ValueError(f"rigl.drop_fraction must be in (0, 1), got {self.drop_fraction}")

@@ -26,7 +26,7 @@ from .config import (
 from .distribution import kept_count, layer_densities
 from .gmp import accumulate_movement, gmp_prune, gmp_prune_global, gmp_sparsity, gmp_update_due
 from .masks import apply_masks_, magnitude_mask, make_generator, nm_mask, nm_violations, random_mask
-from .optimizer_state import reset_optimizer_state
+from .optimizer_state import reset_optimizer_state, seed_second_moment
 from .persistence import load_sparsity_state, save_sparsity_state
 from .report import sparsity_report
 from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
@@ -393,6 +393,8 @@ class SparsityController:
             }
         for name, change in changes.items():
             self._commit(name, change)
+            if self.rigl.grow_second_moment == "layer_mean":
+                seed_second_moment(self.optimizer, self.params[name], change.grown, self.masks[name] & ~change.grown)
         if self.rigl.grow_init == "normal":
             self._draw_grown_weights(changes, generator)
         names = list(changes)
