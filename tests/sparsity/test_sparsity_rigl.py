@@ -116,9 +116,7 @@ def test_training_loop_keeps_density_zeros_and_clean_optimizer_state():
             moved_total += int(grown.sum())
             state = optimizer.state[param]
             assert torch.all(state["exp_avg"][grown | dropped] == 0)
-            assert torch.all(state["exp_avg_sq"][dropped] == 0)
-            kept_mean = state["exp_avg_sq"][mask & ~grown].mean()
-            assert torch.allclose(state["exp_avg_sq"][grown], kept_mean.expand(int(grown.sum())))
+            assert torch.all(state["exp_avg_sq"][grown | dropped] == 0)
             assert torch.all(param.detach()[grown] == 0)  # grown weights start at 0
             previous[name] = mask.clone()
         assert stats["rigl/moved_total"] == moved_total > 0
@@ -308,14 +306,34 @@ def _regrown_and_kept_steps(grow_second_moment: str, lr: float = 1e-3) -> tuple[
     return max(grown_steps), max(kept_steps)
 
 
-def test_regrown_weights_take_ordinary_adam_steps():
-    """Adam's step count is one per tensor, so a regrown weight with an empty second moment is not bias-corrected
-    for its own age: its first steps would be several lr where a weight active throughout takes at most ~lr. Starting
-    its second moment at the layer's mean keeps its steps ordinary."""
+def test_grow_second_moment_sets_the_size_of_a_regrown_weights_first_steps():
+    """Adam's step count is one per tensor, so a regrown weight with an empty second moment (the default) is not
+    bias-corrected for its own age: its first steps are several lr where a weight active throughout takes at most
+    ~lr. "layer_mean" starts its second moment at the layer's mean over the kept weights: ordinary steps."""
+    grown_empty, kept_empty = _regrown_and_kept_steps("zeros")
+    assert grown_empty > 2 * kept_empty
     grown, kept = _regrown_and_kept_steps("layer_mean")
     assert grown <= kept < 1.5, (grown, kept)
-    grown_empty, kept_empty = _regrown_and_kept_steps("zeros")
-    assert grown_empty > 2 * kept_empty  # the behaviour before rigl.grow_second_moment
+
+
+def test_layer_mean_seeds_the_second_moment_of_grown_weights_only():
+    model, controller, optimizer = _bert_rigl(grow_second_moment="layer_mean")
+    previous = {n: m.clone() for n, m in controller.masks.items()}
+    checked = []
+
+    def check(stats):
+        if stats is None:
+            return
+        for name, mask in controller.masks.items():
+            grown, dropped = mask & ~previous[name], previous[name] & ~mask
+            second = optimizer.state[controller.params[name]]["exp_avg_sq"]
+            assert torch.all(second[dropped] == 0) and torch.all(optimizer.state[controller.params[name]]["exp_avg"][grown] == 0)
+            assert torch.allclose(second[grown], second[mask & ~grown].mean().expand(int(grown.sum())))
+            previous[name] = mask.clone()
+        checked.append(controller.step)
+
+    train(model, controller, optimizer, 12, bert_loss, check)
+    assert checked == [5, 10]
 
 
 def test_grow_init_must_be_known():

@@ -24,7 +24,7 @@ DISTRIBUTIONS = ("uniform", "erk", "explicit")
 MASK_INITS = ("random", "magnitude", "zeros")
 DROP_SCHEDULES = ("cosine", "constant")
 GROW_INITS = ("zeros", "normal")
-GROW_SECOND_MOMENTS = ("layer_mean", "zeros")
+GROW_SECOND_MOMENTS = ("zeros", "layer_mean")
 PRUNING_SCORES = ("magnitude", "movement")
 PATTERNS = ("unstructured", "2:4")
 TWO_FOUR_INITS = ("magnitude", "zeros")
@@ -132,10 +132,11 @@ class RigLConfig:
     """Value of a regrown weight: "zeros" (RigL's choice: the new connection starts without effect on the output)
     or "normal" (drawn from N(0, s^2), s the standard deviation of the layer's weights that stay active, so a new
     connection starts at the scale of the ones around it). Its first moment starts at 0 either way."""
-    grow_second_moment: str = "layer_mean"
-    """Adam's second moment of a regrown weight: "layer_mean" (the mean over the layer's weights that stay active,
-    so its first steps are ordinary Adam steps) or "zeros" (empty; with the optimizer's step count shared by the
-    whole tensor its first hundred steps are then 3-6x an ordinary step: ``seed_second_moment``)."""
+    grow_second_moment: str = "zeros"
+    """Adam's second moment of a regrown weight: "zeros" (empty: Adam's step count is shared by the whole tensor,
+    so its first hundred steps are 3-6x an ordinary Adam step, see ``seed_second_moment``) or "layer_mean" (the mean
+    over the layer's weights that stay active: ordinary steps from the start). The larger steps pretrain better
+    (docs/results.md, "The RigL plateau")."""
 
     def validate(self) -> None:
         _check_positive_int("rigl.update_freq", self.update_freq)

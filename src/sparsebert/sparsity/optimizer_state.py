@@ -33,8 +33,8 @@ def seed_second_moment(
     training is not corrected for its own age: k steps after regrowth its second moment holds only (1 - beta2^k) of
     its gradient's square, and its steps are (1 - beta1^k) / sqrt(1 - beta2^k) times an ordinary Adam step: 3.2x
     at the first, 6.5x at the tenth, 3.2x at the hundredth (betas 0.9, 0.999). Starting the second moment at the
-    layer's typical value gives a regrown weight ordinary steps from the start. Optimizers without ``exp_avg_sq``
-    (SGD) are left alone.
+    layer's typical value gives a regrown weight ordinary steps from the start (``rigl.grow_second_moment``; not the
+    default: the larger steps pretrain better). Optimizers without ``exp_avg_sq`` (SGD) are left alone.
 
     Args:
         optimizer: holds ``param``'s state (nothing happens before its first step, when there is none).
