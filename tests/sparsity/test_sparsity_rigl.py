@@ -326,8 +326,9 @@ def test_layer_mean_seeds_the_second_moment_of_grown_weights_only():
             return
         for name, mask in controller.masks.items():
             grown, dropped = mask & ~previous[name], previous[name] & ~mask
-            second = optimizer.state[controller.params[name]]["exp_avg_sq"]
-            assert torch.all(second[dropped] == 0) and torch.all(optimizer.state[controller.params[name]]["exp_avg"][grown] == 0)
+            state = optimizer.state[controller.params[name]]
+            first, second = state["exp_avg"], state["exp_avg_sq"]
+            assert torch.all(first[grown | dropped] == 0) and torch.all(second[dropped] == 0)
             assert torch.allclose(second[grown], second[mask & ~grown].mean().expand(int(grown.sum())))
             previous[name] = mask.clone()
         checked.append(controller.step)
