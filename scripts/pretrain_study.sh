@@ -37,7 +37,8 @@ common="$common --set train.save_steps=4000 --set train.report_to=[] ${STUDY_SET
 # eval loss only, no GLUE; then the learning-rate pairs: dense and 80 % RigL ERK at lr 1e-3 (full schedules, eval
 # loss only), dense + KD and 80 % RigL ERK + KD with the one-cycle peak at 2e-3 (with GLUE); the same two KD runs
 # at a second seed, and with the hidden-state term (kd.hidden_weight) at three seeds; 80 % RigL ERK with the
-# regrown weights' Adam second moment seeded (rigl.grow_second_moment=layer_mean), plain and with KD + hidden
+# regrown weights' Adam second moment seeded (rigl.grow_second_moment=layer_mean), plain and with KD + hidden; the
+# gradual-pruning recipe (GMP global ending at 90 %) at a third seed
 early="--set train.stop_after_steps=4000"
 
 # NAME|NEEDS|ARGUMENTS: pretraining run NAME (run.py ARGUMENTS), started once run NEEDS (if any) is done
@@ -85,6 +86,7 @@ kd_hidden_gmp_global_end50_seed43|small_wiki_teacher|small_wiki_sparse_80_kd_hid
 kd_hidden_gmp_rigl_seed43|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_rigl --set seed=43
 kd_hidden_gmp_global_end90_seed43|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global_end90 --set seed=43
 kd_hidden_gmp_rigl_late_seed43|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_rigl_late --set seed=43
+kd_hidden_gmp_global_end90_seed44|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global_end90 --set seed=44
 kd_dense_seed43|small_wiki_teacher|small_wiki_dense_kd_onecycle_lr --set seed=43
 kd_rigl_erk_seed43|small_wiki_teacher|small_wiki_sparse_80_kd_onecycle_lr_rigl_erk --set seed=43
 ablation_rigl_erk_grow_layer_mean||small_wiki_sparse_80_rigl_erk --set rigl.grow_second_moment=layer_mean
