@@ -166,6 +166,11 @@ export root data deadline GLUE_SET
 gpus=${STUDY_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ')}
 [ -n "${gpus// /}" ] || { echo "pretrain_study.sh: no GPU found (nvidia-smi); set STUDY_GPUS" >&2; exit 2; }
 read -ra glue_gpus <<<"${GLUE_GPUS:-$gpus}"
+# half the CPUs: nproc counts only OMP_NUM_THREADS of them, and this script sets that to 1 for its processes
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+parallel=${GLUE_PARALLEL:-$(( cpus / 2 ))}
+parallel=$(( parallel > 0 ? parallel : 1 ))
+echo "pretrain_study.sh: pretraining on GPUs $(echo $gpus); GLUE $parallel processes at a time on GPUs ${glue_gpus[*]}"
 lr_runs=${GLUE_LR_RUNS:-bert_small_wiki small_wiki_dense_kd_onecycle_lr small_wiki_sparse_80_rigl
   small_wiki_sparse_80_kd_onecycle_lr_rigl small_wiki_sparse_90_kd_onecycle_lr_rigl}
 # each model's GLUE jobs (TASK [LR] per line), handed to the pool once the model is done
@@ -200,6 +205,5 @@ dispatch() {  # "GPU RUN TASK [LR]" lines, each model's as soon as it is done, G
 }
 
 for gpu in $gpus; do worker "$gpu" & done
-parallel=${GLUE_PARALLEL:-$(( $(nproc) / 2 ))}
-dispatch | xargs -r -P "$(( parallel > 0 ? parallel : 1 ))" -L 1 bash -c 'glue_job "$@"' _ &
+dispatch | xargs -r -P "$parallel" -L 1 bash -c 'glue_job "$@"' _ &
 wait

@@ -85,3 +85,23 @@ def test_study_runs_over_several_lines_and_an_unknown_name(tmp_path):
     assert queue[2][2].split() == ["bert_small_wiki", "--set", "seed=43"]  # a seed variant is its parent + --set
     # GLUE jobs for the study's models only: none for the teacher or a numerics run
     assert sorted(p.name for p in (root / "glue_jobs").iterdir()) == ["small_wiki_sparse_80_gmp"]
+
+
+def test_glue_runs_on_half_the_cpus_although_the_script_sets_omp_num_threads(tmp_path):
+    """GNU nproc counts only OMP_NUM_THREADS CPUs, and the script exports OMP_NUM_THREADS=1 for its processes: the
+    default GLUE pool must count the machine's CPUs, not that one (a 16-CPU lease ran its GLUE one at a time)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nproc = bin_dir / "nproc"  # a 16-CPU machine's nproc, OMP_NUM_THREADS honoured as coreutils does
+    nproc.write_text('#!/bin/sh\necho "${OMP_THREAD_LIMIT:-${OMP_NUM_THREADS:-16}}"\n')
+    nproc.chmod(0o755)
+    root = tmp_path / "out"
+    (root / "hold").mkdir(parents=True)
+    (root / "hold" / "cpu").touch()  # the worker waits: the pool's size is what counts
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUDY_GPUS": "cpu",
+           "STUDY_RUNS": "small_wiki_teacher", "OMP_NUM_THREADS": "1"}
+    env.pop("GLUE_PARALLEL", None)
+    out = subprocess.run(["bash", str(SCRIPT), str(root), "DATA", "TOK", "2"], capture_output=True, text=True,
+                         env=env, timeout=60)
+    assert "GLUE 8 processes at a time" in out.stdout
+
