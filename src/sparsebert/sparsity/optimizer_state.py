@@ -49,4 +49,4 @@ def seed_second_moment(
             continue
         weights = kept.to(value.dtype)
         mean = (value * weights).sum() / weights.sum().clamp(min=1)  # a tensor: no device-to-host read
-        value.copy_(torch.where(grown, mean, value))
+        value.masked_fill_(grown, mean)
