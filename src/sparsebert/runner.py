@@ -55,6 +55,10 @@ def make_job(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = N
         from sparsebert.trainer.pretrain import PretrainJob
 
         return PretrainJob(cfg, opts.data_dir, opts.output_root, callbacks=list(callbacks or []))
+    if cfg.task == "upstream":
+        from sparsebert.trainer.upstream_pruning import UpstreamPruningJob
+
+        return UpstreamPruningJob(cfg, opts.data_dir, opts.output_root, callbacks=list(callbacks or []))
     from sparsebert.trainer.finetune import FinetuneJob
 
     return FinetuneJob(cfg, opts.data_dir, opts.output_root, callbacks=list(callbacks or []))
@@ -134,7 +138,7 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
     # a pretraining run is one registry row (running, then done or failed); a finetuning job records each of
     # its task runs itself
     row = (run_record(run_dir, cfg.name, cfg.task, cfg.seed, cfg.model.init_from or cfg.model.size)
-           if cfg.task == "mlm" else None)
+           if not cfg.is_finetuning else None)
     with recorded_run(opts.output_root, row, write=state.is_main_process) if row else nullcontext():
         start = time.time()
         metrics = job.train(run_dir, resume=opts.resume)

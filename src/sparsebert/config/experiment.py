@@ -29,7 +29,9 @@ from sparsebert.sparsity.config import (
 )
 
 GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte", "wnli")
-TASKS = ("mlm", "glue", *(f"glue:{t}" for t in GLUE_TASK_NAMES), "squad_v1", "squad_v2", "gap", "csv")
+# tasks that train on the pretraining corpus: MLM, and upstream pruning of a pretrained encoder by distillation
+PRETRAINING_TASKS = ("mlm", "upstream")
+TASKS = (*PRETRAINING_TASKS, "glue", *(f"glue:{t}" for t in GLUE_TASK_NAMES), "squad_v1", "squad_v2", "gap", "csv")
 DEFAULT_SEED = 42
 
 
@@ -57,7 +59,7 @@ class ExperimentConfig:
 
     @property
     def is_finetuning(self) -> bool:
-        return self.task != "mlm"
+        return self.task not in PRETRAINING_TASKS
 
     def _check_task_names(self) -> None:
         """GLUE task names and runs_per_task keys now, not when the data loads (or never: a key that matches no
@@ -132,3 +134,22 @@ class ExperimentConfig:
             raise ConfigError("finetune.doc_stride must be smaller than finetune.max_seq_length")
         if self.task == "csv" and self.csv is None:
             raise ConfigError("task csv needs a csv section (path, text_column, label_column)")
+        self._check_distillation_terms()
+
+    def _check_distillation_terms(self) -> None:
+        """Task upstream trains nothing but the teacher terms; the attention term exists only there."""
+        kd = self.kd
+        if self.task == "upstream":
+            if not self.model.init_from:
+                raise ConfigError("task upstream prunes a pretrained encoder: set model.init_from (minilm, a "
+                                  "finished run, a model directory or a hub name)")
+            if kd is None or kd.hidden_weight + kd.attention_weight <= 0:
+                raise ConfigError("task upstream distils the teacher's layers: set kd.teacher and kd.hidden_weight "
+                                  "and/or kd.attention_weight > 0")
+            if self.data.static_mask_count:
+                raise ConfigError("data.static_mask_count is for MLM pretraining; task upstream masks no tokens")
+        elif kd is not None and kd.attention_weight > 0:
+            raise ConfigError("kd.attention_weight is for task upstream (its student has no output to distil)")
+        if kd is not None and kd.attention_weight > 0 and self.model.attn_implementation != "eager":
+            raise ConfigError("kd.attention_weight needs the attention probabilities, which only "
+                              "model.attn_implementation=eager returns")

@@ -20,6 +20,9 @@ class DistillationConfig:
     # averaged over the encoder layers (TinyBERT's intermediate-layer loss). It needs a teacher of the student's
     # shape (layers and hidden size), e.g. a dense student's sparse twin; 0 leaves it out.
     hidden_weight: float = 0.0
+    # task upstream only: weight of the KL divergence between the two models' attention distributions (MiniLM's
+    # self-attention transfer; needs model.attn_implementation=eager, which returns them)
+    attention_weight: float = 0.0
 
     def validate(self) -> None:
         if not self.teacher:
@@ -30,8 +33,9 @@ class DistillationConfig:
                 raise ValueError(f"kd.{name} must be in [0, 1], got {value}")
         if self.temperature <= 0:
             raise ValueError(f"kd.temperature must be > 0, got {self.temperature}")
-        if self.hidden_weight < 0:
-            raise ValueError(f"kd.hidden_weight must be >= 0, got {self.hidden_weight}")
+        for name in ("hidden_weight", "attention_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"kd.{name} must be >= 0, got {getattr(self, name)}")
 
     def alpha_at(self, step: int, max_steps: int) -> float:
         if self.alpha_end is None or max_steps <= 0:

@@ -211,7 +211,8 @@ def mask_once(blocks, tokenizer: PreTrainedTokenizerBase, mlm_probability: float
 
 
 def build_pretrain_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, data_dir: Path | None,
-                        seed: int, cache_dir: str | Path | None = None) -> PretrainData:
+                        seed: int, cache_dir: str | Path | None = None, mask_eval: bool = True) -> PretrainData:
+    """Packed train and eval blocks; ``mask_eval``: the eval blocks masked once for MLM (else as they are)."""
     files = local_corpus_files(cfg, data_dir)
     docs = load_documents(cfg, data_dir, files)
     if len(docs) <= cfg.eval_documents:
@@ -236,7 +237,8 @@ def build_pretrain_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, dat
         raise SparseBertError(f"the corpus is too small for blocks of {cfg.max_seq_length} tokens")
     if cfg.max_eval_samples and len(eval_blocks) > cfg.max_eval_samples:
         eval_blocks = eval_blocks.select(range(cfg.max_eval_samples))
-    eval_masked = mask_once(eval_blocks, tokenizer, cfg.mlm_probability, seed, num_proc, cache_dir)
+    if mask_eval:
+        eval_blocks = mask_once(eval_blocks, tokenizer, cfg.mlm_probability, seed, num_proc, cache_dir)
     log.info("pretraining data: %d train blocks from %d documents, %d eval blocks from %d held-out documents",
-             len(train), len(split["train"]), len(eval_masked), len(split["test"]))
-    return PretrainData(train, eval_masked, len(split["train"]), len(split["test"]))
+             len(train), len(split["train"]), len(eval_blocks), len(split["test"]))
+    return PretrainData(train, eval_blocks, len(split["train"]), len(split["test"]))

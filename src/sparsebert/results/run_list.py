@@ -7,6 +7,7 @@ import io
 from collections.abc import Sequence
 from pathlib import Path
 
+from sparsebert.config import PRETRAINING_TASKS
 from sparsebert.results.registry import RunRecord
 
 # the headline metric of a run: pretraining's eval loss, else the first of these a finetuning run reports
@@ -16,7 +17,7 @@ COLUMNS = ("run", "experiment", "task", "seed", "status", "metric", "value", "wa
 
 def headline(rec: RunRecord) -> tuple[str, float | None]:
     """(metric name, value) shown for ``rec``; the value is None while the run has not reported it."""
-    keys = ("eval_loss",) if rec.task == "mlm" else FINETUNE_HEADLINES
+    keys = ("eval_loss",) if rec.task in PRETRAINING_TASKS else FINETUNE_HEADLINES
     for key in keys:
         if key in rec.metrics:
             return key, rec.metrics[key]

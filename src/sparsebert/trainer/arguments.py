@@ -112,7 +112,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         dataloader_pin_memory=torch.cuda.is_available(),
         accelerator_config={"non_blocking": cfg.async_batch_copy and torch.cuda.is_available()},
         remove_unused_columns=False,
-        label_names=label_names or ["labels"],
+        label_names=["labels"] if label_names is None else label_names,
         use_cpu=not torch.cuda.is_available(),
         disable_tqdm=not os.isatty(2),
     )

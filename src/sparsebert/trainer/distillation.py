@@ -69,6 +69,33 @@ def hidden_state_loss(student: tuple[torch.Tensor, ...], teacher: tuple[torch.Te
     return total / (len(student) - 1)
 
 
+def attention_loss(student: tuple[torch.Tensor, ...], teacher: tuple[torch.Tensor, ...],
+                   attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean over layers, heads and query tokens of KL(teacher || student) between the attention distributions
+    (MiniLM's self-attention distribution transfer, Wang et al. 2020), in float32.
+
+    Args:
+        student, teacher: the models' ``attentions``: one (batch, heads, query, key) tensor of probabilities per
+            layer (eager attention: sdpa returns none).
+        attention_mask: (batch, seq), 1 on real tokens; padded query rows do not count (padded keys already have
+            probability 0 in both). None: every query row.
+    Returns:
+        a scalar; 0 when the two models attend alike.
+    """
+    if not student or student[0] is None or len(student) != len(teacher):
+        raise SparseBertError("kd.attention_weight needs the attention probabilities of both models "
+                              "(model.attn_implementation=eager) and a teacher with the student's layers")
+    weights = None if attention_mask is None else attention_mask.float() / attention_mask.sum().clamp_min(1)
+    total = student[0].new_zeros((), dtype=torch.float32)
+    for s, t in zip(student, teacher):
+        t_prob = t.float()
+        # KL per query row; clamp: a probability of exactly 0 (a padded key) would give log 0
+        kl = (t_prob * (t_prob.clamp_min(1e-12).log() - s.float().clamp_min(1e-12).log())).sum(-1)
+        per_token = kl.mean(dim=1)  # over heads: (batch, query)
+        total = total + (per_token.mean() if weights is None else (per_token * weights).sum())
+    return total / len(student)
+
+
 def match_teacher_rows(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     """The student rows that have a teacher row. Under ``data.static_mask_count`` the student (training) scores a
     fixed number of MLM rows: one per masked token, in the row-major order the teacher's exact path (eval mode)

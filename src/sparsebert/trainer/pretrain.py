@@ -8,7 +8,7 @@ import math
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from safetensors import SafetensorError
@@ -76,10 +76,26 @@ class PretrainJob:
         self.hooks = build_hooks(cfg, self.model, cfg.train.max_steps, cfg.seed, teacher,
                                  lambda source: load_mlm_model(source, cfg.model.attn_implementation))
 
+    # what a task trained on the corpus by another objective (trainer/upstream_pruning.py) replaces
+    label_names: ClassVar[list[str] | None] = None  # the Trainer's default: "labels"
+
+    def collator(self):
+        return MLMCollator.for_data(self.cfg.data, self.tokenizer, mask_seed=self.cfg.seed)
+
+    def metric_functions(self) -> dict[str, Any]:
+        """The Trainer's evaluation arguments: masked-token accuracy from argmax ids, not vocabulary logits."""
+        return {"compute_metrics": mlm_accuracy, "preprocess_logits_for_metrics": scatter_masked_predictions}
+
+    def ready(self, trainer: SparseBertTrainer) -> None:
+        """Called once the Trainer exists (it knows the device and precision), before training."""
+
+    def export(self, trainer: SparseBertTrainer, directory: Path) -> None:
+        trainer.save_model(str(directory))  # safetensors; sparse weights are exact zeros
+
     def train(self, run_dir: Path, resume: bool) -> dict[str, Any]:
         assert self.data is not None, "prepare() first"
         cfg = self.cfg
-        args = training_arguments(cfg.train, run_dir, cfg.seed, cfg.name)
+        args = training_arguments(cfg.train, run_dir, cfg.seed, cfg.name, label_names=self.label_names)
         compile_watch = CompileWatch() if cfg.train.torch_compile else None
         stop = [StopAfterSteps(cfg.train.stop_after_steps)] if cfg.train.stop_after_steps else []
         trainer = SparseBertTrainer(
@@ -87,14 +103,14 @@ class PretrainJob:
             args=args,
             train_dataset=self.data.train,
             eval_dataset=self.data.eval,
-            data_collator=MLMCollator.for_data(cfg.data, self.tokenizer, mask_seed=cfg.seed),
+            data_collator=self.collator(),
             processing_class=self.tokenizer,
-            compute_metrics=mlm_accuracy,
-            preprocess_logits_for_metrics=scatter_masked_predictions,
             callbacks=[*self.callbacks, *([compile_watch] if compile_watch else []), *stop],
             tokens_per_sample=cfg.data.max_seq_length,
+            **self.metric_functions(),
             **self.hooks,
         )
+        self.ready(trainer)
         checkpoint = None
         if resume and run_dir.is_dir():
             checkpoint = last_complete_checkpoint(run_dir, sparse=trainer.sparsity is not None,
@@ -103,7 +119,7 @@ class PretrainJob:
             load_masks(trainer.sparsity, checkpoint)  # the masks that go with the checkpoint's weights
         result = trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
         final = last_eval(trainer) or trainer.evaluate()
-        trainer.save_model(str(run_dir / "model"))  # safetensors; sparse weights are exact zeros
+        self.export(trainer, run_dir / "model")
         start_step = 0 if checkpoint is None else checkpoint_step(checkpoint)
         trained_samples = (trainer.state.global_step - start_step) * cfg.train.global_batch_size
         metrics = pretrain_metrics(trainer, result.metrics, final, self.data, trained_samples)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 
-from sparsebert.config import ExperimentConfig, to_dict
+from sparsebert.config import PRETRAINING_TASKS, ExperimentConfig, to_dict
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
@@ -71,7 +71,7 @@ class FinetuneContext:
 def _finetuning_experiment(path: Path) -> bool:
     """Whether ``path`` is one of our finetuning experiments (its models are per task and run, not model/)."""
     try:
-        return json.loads((path / "config.json").read_text()).get("task") not in (None, "mlm")
+        return json.loads((path / "config.json").read_text()).get("task") not in (None, *PRETRAINING_TASKS)
     except (OSError, ValueError, AttributeError):
         return False
 

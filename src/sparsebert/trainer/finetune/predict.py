@@ -30,7 +30,7 @@ from transformers import (
     default_data_collator,
 )
 
-from sparsebert.config import from_dict
+from sparsebert.config import PRETRAINING_TASKS, from_dict
 from sparsebert.config.sections import FinetuneConfig
 from sparsebert.data.csv_task import (
     CsvTaskConfig,
@@ -114,7 +114,7 @@ def open_run(run: str | Path, output_root: Path) -> FinishedRun:
         raise SparseBertError(f"--predict: {path} is not a finetuning run (no config.json with a task)")
     task = str(config["task"])
     kind, _, name = task.partition(":")
-    if task == "mlm":
+    if task in PRETRAINING_TASKS:
         raise SparseBertError(f"--predict: {path} is a pretraining run, not a finetuning run")
     if "experiment" not in config:  # finish_run adds it to a run's config; an experiment's own lacks it
         raise SparseBertError(f"--predict: {path} is an experiment directory; name one of its runs "

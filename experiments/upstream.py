@@ -1,0 +1,91 @@
+"""Upstream pruning of the package MiniLM on Wikipedia, then fixed-mask transfer to each task (docs/results.md).
+
+``minilm_upstream_sparse*``: global gradual pruning of the encoder's Linear weights to 80 / 90 % on the Wikipedia
+mirror while the student distils the dense MiniLM's layers (task ``upstream``: it has no MLM head), then recovery
+at fixed masks. ``*_obs``: the same, ranked by the Optimal BERT Surgeon's second-order score (with its weight
+update) instead of |w|.
+
+``minilm_<task>_from_upstream*``: finetune that model with its masks fixed (read from its zeros), distilled from
+the same task's dense finetuned run (``minilm_glue``, ``minilm_squad_v1``, ``minilm_gap_*``), which must have
+finished in the same output root first.
+"""
+
+UPSTREAM = {
+    "task": "upstream",
+    "model": {"init_from": "minilm"},
+    "data": {"corpus": "wikipedia-enwiki-2015-wikiextractor", "format": "wikiextractor", "max_seq_length": 128,
+             "eval_documents": 130, "max_eval_samples": 2048},
+    "train": {"max_steps": 4_000, "global_batch_size": 256, "learning_rate": 1e-4, "warmup_steps": 200,
+              "lr_scheduler": "linear", "weight_decay": 0.01, "eval_steps": 500, "save_steps": 1_000,
+              "logging_steps": 50, "drop_last_batch": True, "dataloader_workers": 2},
+    "kd": {"teacher": "minilm", "hidden_weight": 1.0},
+    "sparsity": {"sparsity": 0.8, "init": "magnitude"},
+    # prune every 100 steps on the cubic ramp until 70 % of training, ranked over all layers; recover at fixed masks
+    "gmp": {"initial_sparsity": 0.0, "begin_step": 0, "end_fraction": 0.7, "frequency": 100,
+            "global_ranking": True},
+}
+OBS = {"score": "obs"}
+# transfer: the masks come with the model; the student does not start from its teacher (the dense finetuned run)
+TRANSFER_KD = {"alpha": 1.0, "temperature": 2.0}
+TRANSFER_TRAIN = {"epochs": 8, "learning_rate": 1e-4}
+UPSTREAM_RUNS = {"80": "minilm_upstream_sparse80", "90": "minilm_upstream_sparse90",
+                 "80_obs": "minilm_upstream_sparse80_obs", "90_obs": "minilm_upstream_sparse90_obs"}
+# task family -> (its dense experiment, which is the teacher, and what the transfer changes besides)
+TRANSFER_TASKS = {
+    "glue": ("minilm_glue", {"finetune": {"epochs_per_task": {"sst2": 1}}}),
+    "squad_v1": ("minilm_squad_v1", {"train": {"epochs": 4}}),
+    "gap_mul": ("minilm_gap_mul", {}),
+    "gap_concat": ("minilm_gap_concat", {}),
+}
+
+EXPERIMENTS = {
+    "minilm_upstream_sparse80": {
+        **UPSTREAM,
+        "description": "package MiniLM pruned to 80% on Wikipedia (global GMP, 4k steps of 256), distilling its "
+                       "dense self's layers",
+    },
+    "minilm_upstream_sparse90": {
+        "parent": "minilm_upstream_sparse80",
+        "description": "minilm_upstream_sparse80 at 90%",
+        "sparsity": {"sparsity": 0.9},
+    },
+    "minilm_upstream_sparse80_obs": {
+        "parent": "minilm_upstream_sparse80",
+        "description": "minilm_upstream_sparse80 ranked by the oBERT score (block Fisher, OBS weight update)",
+        "gmp": OBS,
+    },
+    "minilm_upstream_sparse90_obs": {
+        "parent": "minilm_upstream_sparse90",
+        "description": "minilm_upstream_sparse90 ranked by the oBERT score",
+        "gmp": OBS,
+    },
+    **{
+        f"minilm_{family}_from_upstream{suffix}": {
+            "parent": dense,
+            "description": f"{upstream} finetuned on {family} with its masks fixed, distilled from {dense}",
+            "model": {"init_from": upstream},
+            "train": TRANSFER_TRAIN,
+            "kd": {**TRANSFER_KD, "teacher": dense},
+            **changes,
+        }
+        for family, (dense, changes) in TRANSFER_TASKS.items()
+        for suffix, upstream in UPSTREAM_RUNS.items()
+    },
+    # CPU smoke runs (tests): MiniLM's first 2 layers, 2 Wikipedia files, 40 steps
+    "tiny_upstream": {
+        "parent": "minilm_upstream_sparse80",
+        "description": "minilm_upstream_sparse80 on MiniLM's first 2 layers, 2 Wikipedia files, 40 steps: CPU smoke",
+        "model": {"num_layers": 2},
+        "data": {"max_files": 2, "eval_documents": 8, "max_eval_samples": 64},
+        "train": {"max_steps": 40, "global_batch_size": 16, "warmup_steps": 4, "eval_steps": 20, "save_steps": 20,
+                  "logging_steps": 10, "eval_batch_size": 32, "dataloader_workers": 0},
+        "gmp": {"frequency": 5},
+    },
+    "tiny_glue_from_upstream": {
+        "parent": "tiny_glue",
+        "description": "tiny_upstream finetuned on RTE with its masks fixed, distilled from tiny_glue: CPU smoke",
+        "model": {"init_from": "tiny_upstream"},
+        "finetune": {"glue_tasks": ["rte"], "runs_per_task": {}},
+        "kd": {**TRANSFER_KD, "teacher": "tiny_glue"},
+    },
+}

@@ -1,0 +1,138 @@
+"""Task upstream on CPU: MiniLM's first 2 layers pruned on 2 real Wikipedia files while distilling its dense self,
+then finetuned on RTE with the masks fixed (the transfer keeps the upstream model's zeros, bit for bit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import BertConfig, BertModel
+
+from sparsebert.config import ConfigError, Registry
+from sparsebert.runner import RunOptions, run_experiment
+from sparsebert.sparsity import DEFAULT_INCLUDE
+from sparsebert.trainer.distillation import attention_loss
+from sparsebert.trainer.upstream_pruning import EncoderDistillation
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+# 12 optimizer steps of 8 blocks of 64 tokens; pruning every 2 steps to 80 % by step 8 (end_fraction 0.7)
+SMALL = ["train.max_steps=12", "train.global_batch_size=8", "data.max_seq_length=64", "train.eval_steps=6",
+         "train.save_steps=6", "gmp.frequency=2", "data.max_eval_samples=16"]
+FEW_ROWS = ["finetune.max_train_samples=32", "finetune.max_eval_samples=32"]
+
+
+def encoder_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The exported tensors under their BertModel names (a task model's ``bert.`` prefix dropped)."""
+    weights = load_file(str(model_dir / "model.safetensors"))
+    return {name.removeprefix("bert."): t for name, t in weights.items()}
+
+
+def selected(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    import re
+
+    return {n: t for n, t in weights.items() if any(re.search(p, n) for p in DEFAULT_INCLUDE)}
+
+
+@pytest.fixture(scope="module")
+def registry() -> Registry:
+    return Registry.from_directory(REPO / "experiments")
+
+
+@pytest.fixture(scope="module")
+def root(registry, data_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("upstream")
+    opts = RunOptions(output_root=out, data_dir=data_dir)
+    run_experiment(registry.build("tiny_upstream", SMALL), opts)
+    run_experiment(registry.build("tiny_glue", FEW_ROWS + ["finetune.glue_tasks=rte", "finetune.runs_per_task={}"]),
+                   opts)
+    run_experiment(registry.build("tiny_glue_from_upstream", FEW_ROWS), opts)
+    return out
+
+
+def test_upstream_run_prunes_the_encoder_and_starts_at_distance_zero(root, minilm_path):
+    run = root / "tiny_upstream"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert (run / "DONE").is_file() and metrics["global_step"] == 12
+    assert metrics["initial_eval_loss"] == 0.0  # the student is its teacher before the first step
+    assert 0.0 < metrics["eval_loss"] < 1.0 and "perplexity" not in metrics
+    student = encoder_weights(run / "model")
+    layers = selected(student)
+    assert len(layers) == 12  # 2 layers x Q, K, V, O, FFN in, FFN out
+    zeros = sum(int((t == 0).sum()) for t in layers.values())
+    assert zeros / sum(t.numel() for t in layers.values()) == pytest.approx(0.8, abs=1e-4)
+    # the pooler sees no loss and is exported as it came; the student loads as a plain BertModel
+    original = load_file(str(Path(minilm_path) / "model.safetensors"))
+    assert torch.equal(student["pooler.dense.weight"], original["pooler.dense.weight"])
+    assert BertModel.from_pretrained(str(run / "model")).config.num_hidden_layers == 2
+    config = json.loads((run / "config.json").read_text())
+    assert config["task"] == "upstream" and config["sparsity"]["sparsity"] == 0.8
+
+
+def test_transfer_keeps_the_upstream_zeros_bit_for_bit(root):
+    upstream = selected(encoder_weights(root / "tiny_upstream" / "model"))
+    run = root / "tiny_glue_from_upstream" / "glue_rte" / "run0"
+    assert (run / "DONE").is_file()
+    finetuned = selected(encoder_weights(run / "model"))
+    assert finetuned.keys() == upstream.keys()
+    for name, weight in upstream.items():
+        assert torch.equal(finetuned[name] == 0, weight == 0), name
+        assert not torch.equal(finetuned[name], weight), f"{name} did not train"
+    report = json.loads((run / "sparsity.json").read_text())
+    assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-4)
+
+
+def tiny_bert(seed: int, attn: str = "eager") -> BertModel:
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    config._attn_implementation = attn
+    return BertModel(config).eval()
+
+
+def test_encoder_distillation_keeps_the_teacher_out_of_the_module():
+    teacher = tiny_bert(0)
+    model = EncoderDistillation(tiny_bert(0), teacher, hidden_weight=1.0, attention_weight=1.0)
+    assert all(name.startswith("student.") for name in model.state_dict())
+    assert all(name.startswith("student.") for name, _ in model.named_parameters())
+    ids = torch.randint(0, 50, (3, 10))
+    assert model(input_ids=ids).loss.item() == 0.0  # the same weights: no distance
+    with torch.no_grad():  # other attention and another layer output
+        layer = model.student.encoder.layer[0]
+        layer.attention.self.query.weight.add_(torch.randn_like(layer.attention.self.query.weight) * 5)
+        layer.output.dense.weight.add_(0.5)
+    loss = model(input_ids=ids).loss
+    loss.backward()
+    assert loss.item() > 0 and all(p.grad is None for p in teacher.parameters())
+
+
+def test_attention_loss_is_a_kl_that_ignores_padded_queries():
+    teacher = torch.softmax(torch.randn(2, 2, 4, 4), dim=-1)
+    student = torch.softmax(torch.randn(2, 2, 4, 4), dim=-1)
+    assert attention_loss((teacher,), (teacher,)).item() == pytest.approx(0.0, abs=1e-6)
+    manual = (teacher * (teacher.log() - student.log())).sum(-1).mean()
+    assert attention_loss((student,), (teacher,)).item() == pytest.approx(manual.item(), rel=1e-5)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    changed = student.clone()
+    changed[1, :, 2:] = teacher[1, :, 2:]  # the padded query rows of example 1 only
+    assert attention_loss((changed,), (teacher,), mask).item() == pytest.approx(
+        attention_loss((student,), (teacher,), mask).item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["kd.hidden_weight=0"], "kd.hidden_weight and/or kd.attention_weight"),
+    (["kd.attention_weight=1"], "model.attn_implementation=eager"),
+    (["data.static_mask_count=true"], "task upstream masks no tokens"),
+])
+def test_upstream_settings_are_refused_before_anything_runs(registry, sets, message):
+    with pytest.raises(ConfigError, match=message):
+        registry.build("tiny_upstream", sets)
+
+
+def test_the_attention_term_is_for_upstream_only(registry):
+    with pytest.raises(ConfigError, match="kd.attention_weight is for task upstream"):
+        registry.build("tiny_glue_sparse80", ["kd.attention_weight=1", "model.attn_implementation=eager"])
