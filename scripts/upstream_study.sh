@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The upstream-pruning study of docs/results.md on one machine (any number of GPUs; lanes are dealt out round
+# robin): the package MiniLM pruned on Wikipedia (experiments/upstream.py), then every task finetuned from it with
+# its masks fixed, each against the dense model of the same call and seeds, and today's downstream recipe beside.
+#
+#   scripts/upstream_study.sh OUT_ROOT DATA_DIR MINILM_DIR [SECONDS]
+#
+# Lanes: the upstream runs (STUDY_UPSTREAM, default "80 80_obs"), and per task the dense run (3 seeds: also the
+# teacher, run0), the downstream recipe (*_sparse80, seed 42: STUDY_DOWNSTREAM=0 leaves it out) and one transfer
+# lane per upstream run, which waits for both its upstream run and its teacher. Every task family has its own
+# output root (so its teacher and students share a registry); the upstream runs have theirs. MiniLM at batch 32 is
+# host-bound: many processes share each GPU, one CPU thread each. SECONDS (default 1500): every lane is stopped
+# then; finished runs stay (DONE), unfinished ones do not count. STUDY_UPSTREAM_SET / STUDY_TASK_SET: more
+# "--set k=v" for the upstream runs / for every finetuning run (the CPU test makes them tiny).
+set -u
+root=$1 data=$2 minilm=$3
+deadline=$(( $(date +%s) + ${4:-1500} ))
+upstreams=${STUDY_UPSTREAM:-"80 80_obs"}
+tasks=${STUDY_TASKS:-"rte mrpc stsb cola sst2 gap_mul squad_v1"}
+read -r -a gpus <<< "${STUDY_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ')}"
+[ ${#gpus[@]} -gt 0 ] || gpus=(0)
+export OMP_NUM_THREADS=1
+common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0)
+mkdir -p "$root/logs"
+echo "upstream study: GPUs ${gpus[*]}, upstream runs: $upstreams, tasks: $tasks"
+
+lane_count=0
+# lane NAME COMMAND...: run COMMAND in the background on the next GPU, output to logs/NAME.log
+lane() {
+  local name=$1 gpu=${gpus[$(( lane_count % ${#gpus[@]} ))]}; shift
+  lane_count=$(( lane_count + 1 ))
+  CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) bash -c "$*" >"$root/logs/$name.log" 2>&1 &
+}
+# after FILE... -- EXPERIMENT ARGS...: once every FILE exists, run.py EXPERIMENT ARGS
+after() {
+  local waits=""
+  while [ "$1" != "--" ]; do waits+="until [ -f $(printf %q "$1") ]; do sleep 5; done; "; shift; done
+  shift
+  printf '%spython run.py %s' "$waits" "$*"
+}
+
+up_root="$root/upstream"
+for u in $upstreams; do
+  lane "upstream$u" "python run.py minilm_upstream_sparse$u --output-dir $up_root ${common[*]} \
+    --set kd.teacher=$minilm --set model.tokenizer=$minilm --set train.dataloader_workers=2 ${STUDY_UPSTREAM_SET:-}"
+done
+
+# family TASK: dense (3 seeds), downstream sparse80 (seed 42), one transfer per upstream run
+family() {
+  local task=$1 dense set=() out="$root/$1" dir seeds=(--set finetune.num_runs=3)
+  case $task in
+    gap_mul|gap_concat) dense=minilm_$task dir=gap ;;
+    squad_v1) dense=minilm_squad_v1 dir=squad_v1 ;;
+    *) dense=minilm_glue dir=glue_$task set=(--set "finetune.glue_tasks=$task") seeds=() ;;
+  esac
+  local args="--output-dir $out ${common[*]} ${set[*]} ${STUDY_TASK_SET:-}"
+  local teacher="$out/$dense/$dir/run0/DONE"
+  lane "$task-dense" "python run.py $dense $args ${seeds[*]}"
+  if [ "${STUDY_DOWNSTREAM:-1}" = 1 ]; then
+    lane "$task-downstream80" "$(after "$teacher" -- "${dense}_sparse80 $args --set finetune.runs_per_task={}")"
+  fi
+  for u in $upstreams; do
+    lane "$task-from$u" "$(after "$teacher" "$up_root/minilm_upstream_sparse$u/DONE" -- \
+      "${dense}_from_upstream$u $args ${seeds[*]} --set model.init_from=$up_root/minilm_upstream_sparse$u")"
+  done
+}
+for task in $tasks; do family "$task"; done
+wait
