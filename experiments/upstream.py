@@ -15,8 +15,8 @@ UPSTREAM = {
     "model": {"init_from": "minilm"},
     "data": {"corpus": "wikipedia-enwiki-2015-wikiextractor", "format": "wikiextractor", "max_seq_length": 128,
              "eval_documents": 130, "max_eval_samples": 2048},
-    "train": {"max_steps": 4_000, "global_batch_size": 256, "learning_rate": 1e-4, "warmup_steps": 200,
-              "lr_scheduler": "linear", "weight_decay": 0.01, "eval_steps": 500, "save_steps": 1_000,
+    "train": {"max_steps": 8_000, "global_batch_size": 256, "learning_rate": 1e-4, "warmup_steps": 400,
+              "lr_scheduler": "linear", "weight_decay": 0.01, "eval_steps": 1_000, "save_steps": 2_000,
               "logging_steps": 50, "drop_last_batch": True, "dataloader_workers": 2},
     "kd": {"teacher": "minilm", "hidden_weight": 1.0},
     "sparsity": {"sparsity": 0.8, "init": "magnitude"},
@@ -41,7 +41,7 @@ TRANSFER_TASKS = {
 EXPERIMENTS = {
     "minilm_upstream_sparse80": {
         **UPSTREAM,
-        "description": "package MiniLM pruned to 80% on Wikipedia (global GMP, 4k steps of 256), distilling its "
+        "description": "package MiniLM pruned to 80% on Wikipedia (global GMP, 8k steps of 256), distilling its "
                        "dense self's layers",
     },
     "minilm_upstream_sparse90": {
