@@ -1,5 +1,6 @@
-"""Sparse training core: select weights, build and apply masks, evolve them with RigL or GMP, report and persist
-them. (The all-reduce that sends only active gradients is in ``distributed/``; 2:4 inference export in ``export/``.)
+"""Sparse training core: select weights, build and apply masks, evolve them with RigL or GMP (by a pruning score:
+magnitude or movement, ``scores.py``), report and persist them. (The all-reduce that sends only active
+gradients is in ``distributed/``; 2:4 inference export in ``export/``.)
 
 Plain PyTorch on purpose (nothing from ``transformers``): it works on any ``nn.Module`` whose parameter names
 the include/exclude regexes can address.
@@ -19,13 +20,17 @@ from .gmp import (
 from .masks import nm_mask
 from .report import layer_type, sparsity_report
 from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
+from .scores import MagnitudeScore, MovementScore, PruningScore, make_score
 from .selection import select_parameters
 
 __all__ = [
     "accumulate_movement",
     "DEFAULT_INCLUDE",
     "GMPConfig",
+    "MagnitudeScore",
     "MaskChange",
+    "MovementScore",
+    "PruningScore",
     "RigLConfig",
     "SparsityConfig",
     "SparsityController",
@@ -37,6 +42,7 @@ __all__ = [
     "gmp_update_due",
     "layer_densities",
     "layer_type",
+    "make_score",
     "nm_mask",
     "rigl_drop_fraction",
     "rigl_global_change",
