@@ -369,6 +369,17 @@ def test_rigl_and_gmp_together_build_but_not_with_movement_scores(registry):
                           ["rigl.end_step (resolved to 112)", "gmp.begin_step (120)"])
 
 
+def test_obs_settings_are_set_keys_and_obs_is_refused_with_rigl(registry):
+    cfg = registry.build("sparse_tiny_rigl", ["rigl=null", "gmp.score=obs", "gmp.obs_block_size=64",
+                                              "gmp.obs_num_grads=16", "gmp.obs_damping=1e-6",
+                                              "gmp.obs_update_weights=false"])
+    assert (cfg.gmp.score, cfg.gmp.obs_block_size, cfg.gmp.obs_num_grads, cfg.gmp.obs_damping,
+            cfg.gmp.obs_update_weights) == ("obs", 64, 16, 1e-6, False)
+    assert_refused_naming(registry, "sparse_tiny_rigl", ["rigl=null", "gmp.obs_block_size=0"],
+                          ["gmp.obs_block_size must be a positive integer"])
+    assert_refused_naming(registry, "sparse_tiny_rigl", ["gmp.score=obs"], ['rigl with gmp.score "obs"'])
+
+
 def test_sparse_all_reduce_needs_masks(registry):
     assert_refused_naming(registry, "bert_tiny_quick", ["train.ddp.comm_hook=sparse"],
                           ["train.ddp.comm_hook=sparse", "sparsity section"])

@@ -174,6 +174,19 @@ def test_gmp_with_rigl_prunes_on_its_schedule_and_moves_weights_between_prunes(r
     assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
 
 
+def test_obs_pruning_through_the_trainer_with_gradient_accumulation(registry, data_dir, tmp_path):
+    # accumulation 4; the Fisher of each prune holds the last 2 optimizer steps' (accumulated) gradients
+    extra = ["rigl=null", "gmp.score=obs", "gmp.begin_step=4", "gmp.end_step=12", "gmp.frequency=4",
+             "gmp.obs_num_grads=2", "train.per_device_batch_size=2"]
+    metrics = run(registry, "sparse_tiny_rigl", tmp_path, data_dir, extra=extra)
+    run_dir = tmp_path / "sparse_tiny_rigl"
+    history = json.loads((run_dir / "checkpoint-20" / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in history if "gmp/sparsity" in h] == [4, 8, 12]
+    assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    for name, w in sparse_layers(model_weights(run_dir)).items():
+        assert (w == 0).float().mean().item() == pytest.approx(0.8, abs=2e-3), name
+
+
 def test_rigl_with_gradient_accumulation_updates_once_per_optimizer_step(registry, data_dir, tmp_path):
     extra = ["train.per_device_batch_size=2", "rigl.update_freq=2", "rigl.end_fraction=1.0"]  # accumulation 4
     metrics = run(registry, "sparse_tiny_rigl", tmp_path, data_dir, extra=extra)

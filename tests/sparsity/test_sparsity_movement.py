@@ -8,7 +8,13 @@ import torch
 from sparsity_helpers import assert_masked_weights_zero, make_mlp, mlp_loss, train
 from torch import nn
 
-from sparsebert.sparsity import GMPConfig, SparsityConfig, SparsityController, rewound_linear_factor
+from sparsebert.sparsity import (
+    GMPConfig,
+    MagnitudeScore,
+    SparsityConfig,
+    SparsityController,
+    rewound_linear_factor,
+)
 from sparsebert.sparsity.persistence import load_sparsity_state, save_sparsity_state
 
 
@@ -38,7 +44,7 @@ def test_movement_keeps_the_weights_moving_away_from_zero_not_the_largest():
     for grad in grads:
         model[0].weight.grad = grad.clone()
         controller.on_optimizer_step()
-    assert torch.equal(controller.movement_scores["0.weight"], expected_scores)
+    assert torch.equal(controller.score.accumulated["0.weight"], expected_scores)
     assert controller.masks["0.weight"].tolist() == [[False, False, True, True], [False, False, True, True]]
     assert_masked_weights_zero(controller)
 
@@ -48,7 +54,7 @@ def test_magnitude_keeps_the_largest_for_the_same_gradients():
     controller = _one_step_gmp(model, sparsity=0.5)
     model[0].weight.grad = torch.tensor([[1.0, 1.0, -1.0, -1.0], [-1.0, -1.0, 1.0, 1.0]])
     controller.on_optimizer_step()
-    assert controller.movement_scores is None
+    assert isinstance(controller.score, MagnitudeScore)
     assert controller.masks["0.weight"].tolist() == [[True, True, False, False], [True, True, False, False]]
 
 
@@ -99,11 +105,11 @@ def test_masks_stay_fixed_during_recovery_after_pruning_ends():
     controller.attach_optimizer(optimizer)
     train(model, controller, optimizer, 20, mlp_loss)
     at_end = {n: m.clone() for n, m in controller.masks.items()}
-    scores_at_end = {n: s.clone() for n, s in controller.movement_scores.items()}
+    scores_at_end = {n: s.clone() for n, s in controller.score.accumulated.items()}
     assert controller.report()["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-3)
     train(model, controller, optimizer, 15, mlp_loss, data_seed=1)  # recovery: 15 more steps
     assert all(torch.equal(at_end[n], m) for n, m in controller.masks.items())
-    assert all(torch.equal(scores_at_end[n], s) for n, s in controller.movement_scores.items())  # not accumulated
+    assert all(torch.equal(scores_at_end[n], s) for n, s in controller.score.accumulated.items())  # not accumulated
     assert_masked_weights_zero(controller)
 
 
@@ -120,7 +126,7 @@ def test_movement_scores_survive_a_save_and_load(tmp_path):
     restored = SparsityController(make_mlp(), config, gmp=gmp)
     restored.load_state_dict(load_sparsity_state(tmp_path))
     assert restored.step == 7
-    assert all(torch.equal(controller.movement_scores[n], s) for n, s in restored.movement_scores.items())
+    assert all(torch.equal(controller.score.accumulated[n], s) for n, s in restored.score.accumulated.items())
     assert all(torch.equal(controller.masks[n], m) for n, m in restored.masks.items())
 
 

@@ -25,7 +25,7 @@ MASK_INITS = ("random", "magnitude", "zeros")
 DROP_SCHEDULES = ("cosine", "constant")
 GROW_INITS = ("zeros", "normal")
 GROW_SECOND_MOMENTS = ("zeros", "layer_mean")
-PRUNING_SCORES = ("magnitude", "movement")
+PRUNING_SCORES = ("magnitude", "movement", "obs")
 PATTERNS = ("unstructured", "2:4")
 TWO_FOUR_INITS = ("magnitude", "zeros")
 
@@ -178,19 +178,44 @@ class GMPConfig:
     score: str = "magnitude"
     """What decides which weights go: "magnitude" (|w|, Zhu & Gupta) or "movement" (hard movement pruning,
     Sanh et al. 2020: the score ``S = -sum_t grad_t * w_t`` accumulated over the optimizer steps up to the end of
-    pruning, so weights moving towards zero go first even if they are still large)."""
+    pruning, so weights moving towards zero go first even if they are still large) or "obs" (the Optimal BERT
+    Surgeon, Kurtic et al. 2022: ``w^2 / (2 [F^-1]_qq)``, the loss increase a second-order model predicts for
+    removing the weight, F a block-diagonal empirical Fisher of recent gradients; the ``obs_*`` settings;
+    ``sparsity/scores.py``)."""
     global_ranking: bool = False
     """Rank the scores of all selected layers together against the overall target, so each layer ends as sparse
     as its scores make it (the total is fixed); False: every layer reaches its own target of the distribution."""
     rewind_lr: bool = False
     """Learning-rate rewinding: when pruning ends, the linear schedule starts again from the peak learning rate and
     decays to 0 over the recovery steps that remain (``train.lr_scheduler`` linear, no onecycle)."""
+    obs_block_size: int = 50
+    """score "obs": the Fisher couples blocks of this many consecutive entries of each flattened weight (oBERT's 50).
+    Its inverse takes ``ceil(numel / obs_block_size) * obs_block_size^2 * 4`` bytes per layer (2.1 GB for
+    MiniLM-L6's encoder at 50, 17 GB for BERT-base's), on every process: lower it when that does not fit."""
+    obs_num_grads: int = 1024
+    """score "obs": the Fisher of a prune is built from the gradients of (up to) this many optimizer steps just before
+    it, never from steps before the previous prune (oBERT's 1024; its gradients are of mini-batches of 16-32
+    sequences, ours of whole optimizer steps, so 1024 of them span 1024 steps: with ``frequency`` below it the
+    window is the steps since the previous prune)."""
+    obs_damping: float = 1e-7
+    """score "obs": ``F = obs_damping * I + (1/obs_num_grads) sum g g^T`` (oBERT's 1e-7, for gradients of a mean loss as
+    ours are; gradients of large batches are smaller, so the same damping weighs more against them)."""
+    obs_update_weights: bool = True
+    """score "obs": at each prune, move the kept weights of each block by the optimal correction for the removed ones
+    (``-F^-1[:, Q] (F^-1[Q, Q])^-1 w_Q``), as oBERT does; their optimizer state is left as it is."""
 
     def validate(self) -> None:
         _check_fraction("gmp.initial_sparsity", self.initial_sparsity)
         _check_step_range("gmp", self.begin_step, self.end_step, self.end_fraction)
         _check_positive_int("gmp.frequency", self.frequency)
         _check_choice("gmp.score", self.score, PRUNING_SCORES)
+        _check_positive_int("gmp.obs_block_size", self.obs_block_size)
+        _check_positive_int("gmp.obs_num_grads", self.obs_num_grads)
+        damping = self.obs_damping
+        if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not 0.0 < damping < float("inf"):
+            raise ValueError(f"gmp.obs_damping must be a positive number, got {damping!r}")
+        if not isinstance(self.obs_update_weights, bool):
+            raise ValueError(f"gmp.obs_update_weights must be true or false, got {self.obs_update_weights!r}")
 
     def resolved_end_step(self, total_steps: int) -> int:
         return _resolve_end_step("gmp", self.begin_step, self.end_step, self.end_fraction, total_steps)
@@ -211,6 +236,11 @@ def check_mask_evolution(sparsity: SparsityConfig | None, rigl: RigLConfig | Non
             # a pruned weight's movement score freezes (its weight is 0), so a regrown one would restart from it
             raise ValueError('rigl with gmp.score "movement" is not supported: a regrown weight would keep the score '
                              'it had when it was pruned; use gmp.score "magnitude"')
+        if gmp.score == "obs":
+            # a masked weight's gradient is 0, so one regrown inside a window has too small a Fisher row
+            raise ValueError('rigl with gmp.score "obs" is not supported: a weight regrown inside the gradient window '
+                             'has zero gradients in the Fisher for the steps it was masked, so the next prune would '
+                             'remove it first; use gmp.score "magnitude"')
         if rigl.global_ranking and not gmp.global_ranking:
             # RigL would leave some layers sparser than their GMP target, and a per-layer prune only removes weights
             raise ValueError("rigl.global_ranking=true with gmp.global_ranking=false would overshoot the sparsity "

@@ -2,8 +2,9 @@
 
 It owns the masks of the selected weights and keeps the invariant "a masked weight is exactly 0 after every
 optimizer step" (by re-applying the masks, or, for Adam / AdamW after masked gradients, by the step itself), and
-updates the masks on the RigL and/or GMP schedule. The Trainer calls ``on_optimizer_step()``
-once after every ``optimizer.step()``, with the (unscaled, all-reduced) gradients still in ``p.grad``.
+updates the masks on the RigL and/or GMP schedule (GMP by its pruning score, ``scores.py``). The Trainer calls
+``on_optimizer_step()`` once after every ``optimizer.step()``, with the (unscaled, all-reduced) gradients still in
+``p.grad``.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from .config import (
     check_schedules_fit,
 )
 from .distribution import kept_count, layer_densities
-from .gmp import accumulate_movement, gmp_prune, gmp_prune_global, gmp_sparsity, gmp_update_due
+from .gmp import gmp_prune, gmp_prune_global, gmp_sparsity, gmp_update_due
 from .masks import apply_masks_, magnitude_mask, make_generator, nm_mask, nm_violations, random_mask
 from .optimizer_state import reset_optimizer_state, seed_second_moment
 from .persistence import load_sparsity_state, save_sparsity_state
 from .report import sparsity_report
 from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
+from .scores import MagnitudeScore, PruningScore, make_score
 from .selection import select_parameters
 
 
@@ -83,10 +85,9 @@ class SparsityController:
         self.initial_masks = {n: m.clone() for n, m in self.masks.items()}
         if masks is None and sparsity.rescale_init:
             self._rescale_kept_weights()
-        # movement pruning's scores (float32, one per weight), accumulated after every step until pruning ends
-        self.movement_scores: dict[str, torch.Tensor] | None = None
-        if gmp is not None and gmp.score == "movement":
-            self.movement_scores = {n: torch.zeros_like(p, dtype=torch.float32) for n, p in self.params.items()}
+        # what GMP prunes by (sparsity/scores.py); without GMP nothing asks it, and magnitude observes nothing
+        self.score: PruningScore = (make_score(gmp, self.params, self.gmp_end_step) if gmp is not None
+                                    else MagnitudeScore())
         self.apply_masks()
 
     @classmethod
@@ -103,9 +104,8 @@ class SparsityController:
             if self.masks[name].device != param.device:
                 self.masks[name] = self.masks[name].to(param.device)
                 self.initial_masks[name] = self.initial_masks[name].to(param.device)
-                if self.movement_scores is not None:
-                    self.movement_scores[name] = self.movement_scores[name].to(param.device)
                 self.mask_version += 1
+        self.score.to(self._device)
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Needed before a RigL update: regrown weights must not inherit the stale state of their position.
@@ -161,8 +161,8 @@ class SparsityController:
             self.apply_masks()
             return None
         self.step += 1
-        if self.movement_scores is not None and self.step <= self.gmp_end_step:
-            self._accumulate_movement()
+        if self.score.observes(self.step):
+            self._observe_gradients()
         if grads_masked and self._optimizer_keeps_zeros():
             if not self._masked_state_clean:
                 # once after attaching (or after a step with unmasked gradients): moments left at masked positions
@@ -187,12 +187,11 @@ class SparsityController:
         self.apply_masks()
         return stats
 
-    def _accumulate_movement(self) -> None:
-        """This step's term of the movement scores, from the gradients still in ``p.grad`` (unscaled) and the
-        weights just stepped. Masked weights are 0 and add nothing: once pruned, a weight stays pruned."""
-        names = [name for name, p in self.params.items() if p.grad is not None]
-        accumulate_movement([self.movement_scores[n] for n in names], [self.params[n].detach() for n in names],
-                            [self.params[n].grad for n in names])
+    def _observe_gradients(self) -> None:
+        """Hand the score this step's gradients still in ``p.grad`` (the whole step's: accumulated, all-reduced,
+        unscaled, masked) and the weights just stepped; a layer without a gradient (frozen) is left out."""
+        grads = {name: p.grad for name, p in self.params.items() if p.grad is not None}
+        self.score.observe(self.step, {name: self.params[name].detach() for name in grads}, grads)
 
     def _optimizer_keeps_zeros(self) -> bool:
         """Whether a step after masked gradients leaves every masked weight at exactly 0 by itself, so re-applying
@@ -216,9 +215,7 @@ class SparsityController:
             "masks": {n: m.detach().cpu().clone() for n, m in self.masks.items()},
             "initial_masks": {n: m.detach().cpu().clone() for n, m in self.initial_masks.items()},
         }
-        if self.movement_scores is not None:
-            state["movement_scores"] = {n: s.detach().cpu().clone() for n, s in self.movement_scores.items()}
-        return state
+        return state | self.score.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore masks and step (e.g. on resume); the masks are applied to the weights right away."""
@@ -234,12 +231,7 @@ class SparsityController:
         self.initial_masks = self._given_masks(state["initial_masks"])
         self.mask_version += 1
         self.step = int(state["step"])
-        if self.movement_scores is not None:
-            if "movement_scores" not in state:
-                raise ValueError("the sparsity state holds no movement scores but gmp.score is movement: was it "
-                                 "saved by a run with another gmp.score?")
-            self.movement_scores = {n: state["movement_scores"][n].to(device=p.device, dtype=torch.float32).clone()
-                                    for n, p in self.params.items()}
+        self.score.load_state_dict(state)
         self._masked_state_clean = False  # the optimizer's state was built under the masks it had before
         self.apply_masks()
 
@@ -439,7 +431,7 @@ class SparsityController:
     def _gmp_update(self, at_step: int | None = None) -> dict[str, float]:
         step = self.step if at_step is None else at_step
         generator = make_generator(self.seed, step, self._device)
-        scores = self._pruning_scores()
+        scores = self.score.scores(self.params, self.masks)
         if self.gmp.global_ranking:
             final = self._overall_target()
             target = gmp_sparsity(step, min(self.gmp.initial_sparsity, final), final, self.gmp.begin_step,
@@ -456,16 +448,10 @@ class SparsityController:
                 dropped_by_layer[name] = gmp_prune(scores[name], self.masks[name], n_keep, generator)
         for name, dropped in dropped_by_layer.items():
             self._commit(name, MaskChange(dropped=dropped, grown=torch.zeros_like(dropped)))
+        self.score.after_prune(self.params, self.masks)
         active = sum(_counts(list(self.masks.values())))
         total = sum(m.numel() for m in self.masks.values())
         return {"gmp/sparsity": 1.0 - active / total}
-
-
-    def _pruning_scores(self) -> dict[str, torch.Tensor]:
-        """The score GMP keeps the largest of: |w|, or the accumulated movement scores."""
-        if self.movement_scores is not None:
-            return self.movement_scores
-        return {name: param.detach().abs() for name, param in self.params.items()}
 
 
 def _counts(masks: list[torch.Tensor]) -> list[int]:

@@ -1,11 +1,12 @@
-"""Gradual pruning (Zhu & Gupta 2017, "To prune, or not to prune"), by magnitude or by movement.
+"""Gradual pruning (Zhu & Gupta 2017, "To prune, or not to prune"): the schedule, and pruning by a score.
 
 Sparsity follows a cubic ramp: it rises fast while the network has redundant weights and slowly near the end,
 giving the remaining weights time to recover. A pruned weight never comes back (unless RigL runs too and regrows
 it, GraNet-style: see ``SparsityController``). The methods
 differ only in their score (the largest scores stay): |w| for magnitude pruning; for movement pruning (Sanh et
 al. 2020, "Movement Pruning") ``S = -sum_t grad_t * w_t``, the first-order estimate of how much the loss would
-rise without the weight, summed over training, so weights that move towards zero go even while still large.
+rise without the weight, summed over training, so weights that move towards zero go even while still large; for
+oBERT's second-order score, see ``scores.py``, where every score lives as a plug-in of the controller.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ def gmp_update_due(step: int, config: GMPConfig, end_step: int) -> bool:
     if not config.begin_step <= step <= end_step:
         return False
     return (step - config.begin_step) % config.frequency == 0 or step == end_step
+
+
+def gmp_next_update(step: int, config: GMPConfig, end_step: int) -> int | None:
+    """The first step ``>= step`` at which ``gmp_update_due``; None once ``end_step`` is past."""
+    if step > end_step:
+        return None
+    if step <= config.begin_step:
+        return config.begin_step
+    periods = -(-(step - config.begin_step) // config.frequency)  # ceil: the next multiple of frequency
+    return min(config.begin_step + periods * config.frequency, end_step)
 
 
 def gmp_prune(score: torch.Tensor, mask: torch.Tensor, n_keep: int, generator: torch.Generator) -> torch.Tensor:
