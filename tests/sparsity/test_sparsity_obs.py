@@ -44,6 +44,13 @@ def _block_fishers(grads: list[torch.Tensor], block_size: int, num_grads: int, d
     return outer + damping * torch.eye(block_size, dtype=torch.float64)
 
 
+def _normalised(grads: list, first: list[torch.Tensor]) -> list:
+    """``grads`` divided as OBSScore divides a window's gradients: by the root mean square of every entry of the
+    window's first gradient (``first``: that gradient's tensors, all layers)."""
+    rms = (sum(float(g.double().square().sum()) for g in first) / sum(g.numel() for g in first)) ** 0.5
+    return [g / rms for g in grads]
+
+
 def _exact_obs(fisher: torch.Tensor, weights: torch.Tensor, pruned: torch.Tensor):
     """Brute-force OBS per block in float64: the saliencies and the optimal update for zeroing ``pruned``."""
     inverse = torch.linalg.inv(fisher)
@@ -107,7 +114,7 @@ def test_scores_and_update_match_brute_force_obs():
     grads = [g * earlier for g in grads]  # the controller masks the gradients of weights pruned before
     score = _observed_score(model, grads, block_size=5, num_grads=6)
 
-    fisher = _block_fishers(grads, 5, 6, DAMPING)
+    fisher = _block_fishers(_normalised(grads, [grads[0]]), 5, 6, DAMPING)
     before = _padded_blocks(weight.detach(), 5)
     saliency, delta = _exact_obs(fisher, before, _padded_blocks(~mask, 5).bool())
     scores = score.scores({"0.weight": weight}, {"0.weight": mask})["0.weight"]
@@ -216,9 +223,10 @@ def test_each_prune_uses_the_gradients_of_its_own_window(num_grads, observed, wi
         seen[step], stats = _step(model, controller, optimizer, generator)
         if step in windows:  # right after the prune the inverse still holds exactly its window's gradients
             assert stats is not None and score._seen == len(windows[step])
+            first = list(seen[windows[step][0]].values())
             for name in controller.params:
-                expected = torch.linalg.inv(_block_fishers([seen[t][name] for t in windows[step]], 16, num_grads,
-                                                           DAMPING))
+                window = _normalised([seen[t][name] for t in windows[step]], first)
+                expected = torch.linalg.inv(_block_fishers(window, 16, num_grads, DAMPING))
                 torch.testing.assert_close(score._inverse[name].double(), expected, rtol=1e-3, atol=1e-3 / DAMPING)
 
 
@@ -237,11 +245,12 @@ def test_the_fisher_sees_one_accumulated_gradient_per_optimizer_step():
     optimizer.step()
     controller.on_optimizer_step()
     assert controller.score._seen == 1
+    firsts = [first[n] * controller.masks[n] for n in controller.params]
     for name in controller.params:
         inverse = controller.score._inverse[name].double()
-        torch.testing.assert_close(inverse, torch.linalg.inv(_block_fishers([total[name]], 16, 3, damping)),
-                                   rtol=1e-4, atol=1e-4 / damping)
-        per_micro_batch = [first[name] * controller.masks[name], (total[name] - first[name])]
+        expected = _block_fishers(_normalised([total[name]], list(total.values())), 16, 3, damping)
+        torch.testing.assert_close(inverse, torch.linalg.inv(expected), rtol=1e-4, atol=1e-4 / damping)
+        per_micro_batch = _normalised([first[name] * controller.masks[name], (total[name] - first[name])], firsts)
         assert not torch.allclose(inverse, torch.linalg.inv(_block_fishers(per_micro_batch, 16, 3, damping)),
                                   rtol=1e-2, atol=1e-2 / damping)
 
@@ -440,3 +449,19 @@ def test_obs_is_refused_with_rigl_and_with_two_four(mlp):
     two_four = SparsityConfig(sparsity=0.5, include=[r"^2\.weight$"], init="magnitude", pattern="2:4")
     with pytest.raises(ValueError, match="2:4"):
         SparsityController(mlp, two_four, gmp=_obs(end_step=10))
+
+
+def test_the_damping_is_relative_so_a_small_loss_does_not_turn_obs_into_magnitude_pruning():
+    # the same gradients at the scale of a distillation loss (1e-6) and at the scale of a task loss: the same
+    # ranking, where an absolute damping would rank the small ones by |w| alone
+    model = _linear(4, 10)
+    weight = model[0].weight
+    generator = torch.Generator().manual_seed(5)
+    grads = [torch.randn(4, 10, generator=generator) * torch.linspace(0.1, 3, 10) for _ in range(8)]
+    masks = {"0.weight": torch.ones_like(weight, dtype=torch.bool)}
+    ranks = []
+    for scale in (1.0, 1e-6):
+        score = _observed_score(model, [g * scale for g in grads], block_size=5, num_grads=8)
+        ranks.append(score.scores({"0.weight": weight}, masks)["0.weight"].flatten().argsort())
+    assert torch.equal(ranks[0], ranks[1])
+    assert not torch.equal(ranks[0], weight.detach().abs().flatten().argsort())

@@ -197,9 +197,11 @@ class GMPConfig:
     it, never from steps before the previous prune (oBERT's 1024; its gradients are of mini-batches of 16-32
     sequences, ours of whole optimizer steps, so 1024 of them span 1024 steps: with ``frequency`` below it the
     window is the steps since the previous prune)."""
-    obs_damping: float = 1e-7
-    """score "obs": ``F = obs_damping * I + (1/obs_num_grads) sum g g^T`` (oBERT's 1e-7, for gradients of a mean loss as
-    ours are; gradients of large batches are smaller, so the same damping weighs more against them)."""
+    obs_damping: float = 1e-2
+    """score "obs": ``F = obs_damping * I + (1/obs_num_grads) sum g g^T`` with every gradient of a window divided by
+    the root mean square of its first one, so the damping is relative to the Fisher's diagonal (about 1 in those
+    units), whatever the loss's scale. oBERT's absolute 1e-7 suits its task losses; a distillation loss of 0.03, as
+    upstream pruning has, gives gradients whose outer products are far below it (obs would be magnitude pruning)."""
     obs_update_weights: bool = True
     """score "obs": at each prune, move the kept weights of each block by the optimal correction for the removed ones
     (``-F^-1[:, Q] (F^-1[Q, Q])^-1 w_Q``), as oBERT does; their optimizer state is left as it is."""

@@ -135,7 +135,8 @@ class OBSScore(PruningScore):
     """The Optimal BERT Surgeon (Kurtic et al. 2022): ``rho_q = w_q^2 / (2 [F^-1]_qq)``, the rise of the loss's
     quadratic model when weight q goes to zero and the rest of its block moves optimally.
 
-    F is a block-diagonal empirical Fisher, ``F = damping * I + (1/m) sum_i g_i g_i^T`` over blocks of
+    F is a block-diagonal empirical Fisher, ``F = damping * I + (1/m) sum_i g_i g_i^T`` (each g divided by the
+    root mean square of the window's first gradient, so ``damping`` is relative to F's diagonal) over blocks of
     ``gmp.obs_block_size`` (B) consecutive entries of each flattened weight; a layer whose size is not a multiple
     of B has its last block padded, and padded entries (gradient 0) stay decoupled, never score and never go. Its
     inverse is built directly, one Sherman–Morrison step per gradient for all blocks of a layer at once
@@ -182,6 +183,10 @@ class OBSScore(PruningScore):
         self._inverse: dict[str, torch.Tensor] | None = None  # name -> [n_blocks, B, B]; allocated when needed
         self._window: int | None = None  # the prune step whose gradients the inverse gathers; None: none since
         self._seen = 0  # gradients in the inverse
+        # the root mean square of the window's first gradient over every layer (a device scalar): the window's
+        # gradients are divided by it, so gmp.obs_damping is relative to the Fisher's diagonal. One factor for all
+        # layers and the whole window scales every score alike: rankings and the OBS update do not change
+        self._scale: torch.Tensor | float = 1.0
         self.memory_bytes = obs_memory_bytes(params.values(), self.block_size)
         log.info("gmp.score obs: the block Fisher inverses take %d bytes (%.2f GiB; %d blocks of %d x %d float32 "
                  "over %d layers) on %s", self.memory_bytes, self.memory_bytes / 2**30,
@@ -200,9 +205,11 @@ class OBSScore(PruningScore):
         if prune != self._window:  # a new window: nothing from before it
             self._restart()
             self._window = prune
+            self._scale = gradient_rms(grads.values())
         inverse = self._inverses()
         for name, grad in grads.items():
-            woodbury_update_(inverse[name], self._blocks(name, grad.detach().float(), 0.0), self.num_grads)
+            woodbury_update_(inverse[name], self._blocks(name, grad.detach().float() / self._scale, 0.0),
+                             self.num_grads)
         self._seen += 1
 
     @torch.no_grad()
@@ -297,6 +304,15 @@ def make_score(gmp: GMPConfig, params: Mapping[str, torch.Tensor], end_step: int
     if gmp.score == "obs":
         return OBSScore(params, gmp, end_step, free_memory)
     return MagnitudeScore()
+
+
+def gradient_rms(grads: Any) -> torch.Tensor:
+    """The root mean square of every entry of ``grads`` together, as a float32 device scalar (no host read); a
+    gradient of zeros gives the smallest positive float instead of 0, so dividing by it is safe."""
+    grads = list(grads)
+    total = torch.stack([g.detach().float().square().sum() for g in grads]).sum()
+    count = sum(g.numel() for g in grads)
+    return (total / count).sqrt().clamp_min(torch.finfo(torch.float32).tiny)
 
 
 @torch.no_grad()
