@@ -24,7 +24,8 @@ UPSTREAM = {
     "gmp": {"initial_sparsity": 0.0, "begin_step": 0, "end_fraction": 0.7, "frequency": 100,
             "global_ranking": True},
 }
-OBS = {"score": "obs"}
+# the Fisher of each prune: the 100 gradients since the previous one (gmp.frequency), each of a 256-block batch
+OBS = {"score": "obs", "obs_num_grads": 100}
 # transfer: the masks come with the model; the student does not start from its teacher (the dense finetuned run)
 TRANSFER_KD = {"alpha": 1.0, "temperature": 2.0}
 TRANSFER_TRAIN = {"epochs": 8, "learning_rate": 1e-4}

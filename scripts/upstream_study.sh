@@ -6,7 +6,8 @@
 #   scripts/upstream_study.sh OUT_ROOT DATA_DIR MINILM_DIR [SECONDS]
 #
 # Lanes: the upstream runs (STUDY_UPSTREAM, default "80 80_obs"), and per task the dense run (3 seeds: also the
-# teacher, run0), the downstream recipe (*_sparse80, seed 42: STUDY_DOWNSTREAM=0 leaves it out) and one transfer
+# teacher, run0), the downstream recipe (*_sparse80, seed 42; only for the tasks in STUDY_DOWNSTREAM, default
+# all) and one transfer
 # lane per upstream run, which waits for both its upstream run and its teacher. Every task family has its own
 # output root (so its teacher and students share a registry); the upstream runs have theirs. MiniLM at batch 32 is
 # host-bound: many processes share each GPU, one CPU thread each. SECONDS (default 1500): every lane is stopped
@@ -56,7 +57,7 @@ family() {
   local args="--output-dir $out ${common[*]} ${set[*]} ${STUDY_TASK_SET:-}"
   local teacher="$out/$dense/$dir/run0/DONE"
   lane "$task-dense" "python run.py $dense $args ${seeds[*]}"
-  if [ "${STUDY_DOWNSTREAM:-1}" = 1 ]; then
+  if [[ " ${STUDY_DOWNSTREAM-$tasks} " == *" $task "* ]]; then
     lane "$task-downstream80" "$(after "$teacher" -- "${dense}_sparse80 $args --set finetune.runs_per_task={}")"
   fi
   for u in $upstreams; do
