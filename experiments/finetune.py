@@ -14,7 +14,7 @@ MINILM_FINETUNE = {
     "finetune": {"max_seq_length": 128},
 }
 
-# Sparse finetuning (docs/results.md, "Sparse finetuning"): the student starts from the dense finetuned run of the
+# Downstream pruning (docs/results.md, "Sparse finetuning"): the student starts from the dense finetuned run of the
 # same task, which is also its teacher (distillation only: alpha 1.0). GMP prunes the 36 encoder Linear weights on a
 # cubic ramp, ranked by magnitude over all of them together, until 60 % of training; the rest recovers at fixed
 # masks, the learning rate rewound to its peak when pruning ends. The dense + KD runs are the same recipe without
@@ -50,20 +50,20 @@ EXPERIMENTS = {
         "finetune": {"epochs_per_task": {"sst2": 1}},
         "kd": {**SPARSE_KD, "teacher": "minilm_glue"},
     },
-    "minilm_glue_sparse80": {
+    "minilm_glue_downstream80": {
         "parent": "minilm_glue_kd",
         "description": "minilm_glue pruned to 80% sparse encoder layers (global GMP, recovery, LR rewound), distilled from it",
         "sparsity": SPARSE80,
         "gmp": GMP,
     },
-    "minilm_glue_sparse90": {
-        "parent": "minilm_glue_sparse80",
-        "description": "minilm_glue_sparse80 at 90% sparse encoder layers",
+    "minilm_glue_downstream90": {
+        "parent": "minilm_glue_downstream80",
+        "description": "minilm_glue_downstream80 at 90% sparse encoder layers",
         "sparsity": SPARSE90,
     },
-    "search_glue_sparse80": {
-        "parent": "minilm_glue_sparse80",
-        "description": "minilm_glue_sparse80 on CoLA, MRPC, RTE and STS-B, one seed: what --search tunes",
+    "search_glue_downstream80": {
+        "parent": "minilm_glue_downstream80",
+        "description": "minilm_glue_downstream80 on CoLA, MRPC, RTE and STS-B, one seed: what --search tunes",
         "finetune": {"glue_tasks": ["cola", "mrpc", "rte", "stsb"], "runs_per_task": {}},
     },
     "minilm_glue_2to4": {
@@ -91,15 +91,15 @@ EXPERIMENTS = {
         "train": {"epochs": 4},
         "kd": {**SPARSE_KD, "teacher": "minilm_squad_v1"},
     },
-    "minilm_squad_v1_sparse80": {
+    "minilm_squad_v1_downstream80": {
         "parent": "minilm_squad_v1_kd",
         "description": "minilm_squad_v1 pruned to 80% sparse (GMP, recovery, LR rewound), distilled from it",
         "sparsity": SPARSE80,
         "gmp": {**GMP, "end_fraction": 0.5, "global_ranking": False},  # the long global schedule never ran on SQuAD
     },
-    "minilm_squad_v1_sparse90": {
-        "parent": "minilm_squad_v1_sparse80",
-        "description": "minilm_squad_v1_sparse80 at 90% sparse",
+    "minilm_squad_v1_downstream90": {
+        "parent": "minilm_squad_v1_downstream80",
+        "description": "minilm_squad_v1_downstream80 at 90% sparse",
         "sparsity": SPARSE90,
     },
     "minilm_gap_mul": {
@@ -123,15 +123,15 @@ EXPERIMENTS = {
                 "train": {"epochs": 16, "learning_rate": 1e-4},
                 "kd": {**SPARSE_KD, "teacher": f"minilm_gap_{head}"},
             },
-            f"minilm_gap_{head}_sparse80": {
+            f"minilm_gap_{head}_downstream80": {
                 "parent": f"minilm_gap_{head}_kd",
                 "description": f"minilm_gap_{head} pruned to 80% sparse (GMP, recovery, LR rewound), distilled from it",
                 "sparsity": SPARSE80,
                 "gmp": GMP,
             },
-            f"minilm_gap_{head}_sparse90": {
-                "parent": f"minilm_gap_{head}_sparse80",
-                "description": f"minilm_gap_{head}_sparse80 at 90% sparse",
+            f"minilm_gap_{head}_downstream90": {
+                "parent": f"minilm_gap_{head}_downstream80",
+                "description": f"minilm_gap_{head}_downstream80 at 90% sparse",
                 "sparsity": SPARSE90,
             },
         }.items()
@@ -168,7 +168,7 @@ EXPERIMENTS = {
     },
     "tiny_glue_sparse80": {
         "parent": "tiny_glue",
-        "description": "the minilm_glue_sparse80 recipe on RTE, 2 epochs, from the finished tiny_glue run: CPU smoke run",
+        "description": "the minilm_glue_downstream80 recipe on RTE, 2 epochs, from the finished tiny_glue run: CPU smoke run",
         "train": {"epochs": 2},
         "finetune": {"glue_tasks": ["rte"], "runs_per_task": {}},
         "kd": {**SPARSE_KD, "teacher": "tiny_glue"},

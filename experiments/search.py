@@ -6,7 +6,7 @@ high, step) or ``categorical`` (choices); see ``sparsebert/search.py``.
 
 SEARCH_SPACES = {
     "sparse_finetune": {
-        "description": "the sparse finetuning recipe (minilm_glue_sparse80, search_glue_sparse80): learning rate, "
+        "description": "the sparse finetuning recipe (minilm_glue_downstream80, search_glue_downstream80): learning rate, "
                        "epochs, when pruning ends, score, global or per-layer ranking, LR rewinding, KD temperature",
         "params": {
             "train.learning_rate": {"type": "float", "low": 2e-5, "high": 2e-4, "log": True},
@@ -19,7 +19,7 @@ SEARCH_SPACES = {
         },
     },
     "sparse_schedule": {
-        "description": "how long and how fast to prune (search_glue_sparse80 on MRPC and RTE): epochs, when pruning "
+        "description": "how long and how fast to prune (search_glue_downstream80 on MRPC and RTE): epochs, when pruning "
                        "ends, learning rate, global or per-layer ranking",
         "params": {
             "train.epochs": {"type": "categorical", "choices": [6, 12, 20]},

@@ -30,15 +30,15 @@ glue() {  # glue GPU TASK DIRNAME
   local gpu=$1 task=$2 out="$root/glue_$2" set=(--set "finetune.glue_tasks=$2")
   local args="--output-dir $out ${common[*]} ${set[*]}"
   lane "$gpu" "$task-dense" "python run.py minilm_glue $args"
-  for student in minilm_glue_kd minilm_glue_sparse80 minilm_glue_sparse90; do
+  for student in minilm_glue_kd minilm_glue_downstream80 minilm_glue_downstream90; do
     lane "$gpu" "$task-${student#minilm_glue_}" "$(after "$out/minilm_glue/glue_$task/run0" "$student $args")"
   done
 }
-family() {  # family GPU DENSE OUT_NAME TASK_DIR: a dense teacher and its _kd, _sparse80, _sparse90 students
+family() {  # family GPU DENSE OUT_NAME TASK_DIR: a dense teacher and its _kd, _downstream80, _downstream90 students
   local gpu=$1 dense=$2 out="$root/$3" task_dir=$4
   local args="--output-dir $out ${common[*]}"
   lane "$gpu" "$dense" "python run.py $dense $args"
-  for suffix in kd sparse80 sparse90; do
+  for suffix in kd downstream80 downstream90; do
     lane "$gpu" "${dense}_$suffix" "$(after "$out/$dense/$task_dir/run0" "${dense}_$suffix $args")"
   done
 }

@@ -6,7 +6,7 @@
 #   scripts/upstream_study.sh OUT_ROOT DATA_DIR MINILM_DIR [SECONDS]
 #
 # Lanes: the upstream runs (STUDY_UPSTREAM, default "80 80_obs"), and per task the dense run (3 seeds: also the
-# teacher, run0), the downstream recipe (*_sparse80, seed 42; only for the tasks in STUDY_DOWNSTREAM, default
+# teacher, run0), the downstream recipe (*_downstream80, seed 42; only for the tasks in STUDY_DOWNSTREAM, default
 # all) and one transfer
 # lane per upstream run, which waits for both its upstream run and its teacher. Every task family has its own
 # output root (so its teacher and students share a registry); the upstream runs have theirs. MiniLM at batch 32 is
@@ -46,7 +46,7 @@ for u in $upstreams; do
     --set kd.teacher=$minilm --set model.tokenizer=$minilm --set train.dataloader_workers=2 ${STUDY_UPSTREAM_SET:-}"
 done
 
-# family TASK: dense (3 seeds), downstream sparse80 (seed 42), one transfer per upstream run
+# family TASK: dense (3 seeds), downstream80 (seed 42), one transfer per upstream run
 family() {
   local task=$1 dense set=() out="$root/$1" dir seeds=(--set finetune.num_runs=3)
   case $task in
@@ -58,7 +58,7 @@ family() {
   local teacher="$out/$dense/$dir/run0/DONE"
   lane "$task-dense" "python run.py $dense $args ${seeds[*]}"
   if [[ " ${STUDY_DOWNSTREAM-$tasks} " == *" $task "* ]]; then
-    lane "$task-downstream80" "$(after "$teacher" -- "${dense}_sparse80 $args --set finetune.runs_per_task={}")"
+    lane "$task-downstream80" "$(after "$teacher" -- "${dense}_downstream80 $args --set finetune.runs_per_task={}")"
   fi
   for u in $upstreams; do
     lane "$task-from$u" "$(after "$teacher" "$up_root/minilm_upstream_sparse$u/DONE" -- \

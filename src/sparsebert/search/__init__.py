@@ -2,10 +2,10 @@
 
 Usage::
 
-    python run.py --search minilm_glue_sparse80 --space sparse_glue --trials 20 [--metric glue:rte/accuracy]
+    python run.py --search minilm_glue_downstream80 --space sparse_glue --trials 20 [--metric glue:rte/accuracy]
         [--direction max|min] [--parallel 4] [--study NAME] [--set KEY=VALUE ...]
 
-searches experiment ``minilm_glue_sparse80`` over search space ``sparse_glue`` until the study holds 20 complete
+searches experiment ``minilm_glue_downstream80`` over search space ``sparse_glue`` until the study holds 20 complete
 trials. The same command again resumes the study and extends it: ``--trials`` counts the trials already complete,
 and a trial a killed search left unfinished runs again in its own directory with ``--resume``. Each call starts
 at most as many trials as are missing, so a failed trial is replaced by the next call rather than retried forever.
