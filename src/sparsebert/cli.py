@@ -405,6 +405,19 @@ PLOT_INPUTS = {"loss": ("log_history.json", "pretraining"), "density": ("sparsit
 PLOT_FORMATS = ("png", "pdf", "svg")
 
 
+def loss_title(root: Path, runs: list[str]) -> str:
+    """What the loss of these runs is: an upstream run's is its layers' distance to the teacher, not MLM."""
+    import json
+
+    tasks = set()
+    for run in runs:
+        config = root / run / "config.json"
+        tasks.add(json.loads(config.read_text()).get("task", "mlm") if config.is_file() else "mlm")
+    if tasks == {"upstream"}:
+        return "distance to the teacher's layers (task upstream)"
+    return "MLM loss" if tasks == {"mlm"} else "loss"
+
+
 def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
     import json
 
@@ -434,7 +447,7 @@ def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
                                   + ("(a list of log entries)" if kind == "loss" else "(no 'layers' list)"))
     try:
         if kind == "loss":
-            plot_loss_curves(data, out)
+            plot_loss_curves(data, out, title=loss_title(root, runs))
         else:
             plot_density_per_layer(data, out)
     except OSError as e:

@@ -50,3 +50,16 @@ def test_bad_plot_requests_are_one_line_errors(root, capsys, kind, run, out, mes
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
     assert sorted(p.name for p in root.iterdir()) == ["runs"]
+
+
+def test_the_loss_title_says_what_the_loss_is(root):
+    from sparsebert.cli import loss_title
+
+    runs = root / "runs"
+    for name, task in (("dense", "mlm"), ("sparse", "upstream")):
+        (runs / name / "config.json").write_text(json.dumps({"task": task}))
+    assert loss_title(runs, ["dense"]) == "MLM loss"
+    assert loss_title(runs, ["sparse"]) == "distance to the teacher's layers (task upstream)"
+    assert loss_title(runs, ["dense", "sparse"]) == "loss"
+    assert plot(root, "loss", "sparse", root / "upstream.svg") == 0
+    assert b"task upstream" in (root / "upstream.svg").read_bytes()
