@@ -245,6 +245,11 @@ class SparseBertTrainer(UpstreamTrainer):
         self._last_log = None  # evaluation time is not training throughput
         return metrics
 
+    def skip_epoch(self) -> bool:
+        # a resume from the checkpoint of the final step (a run killed while it evaluated or exported): the
+        # Trainer checks for the end only after a step, so it would train one step past max_steps and save it
+        return self.state.global_step >= self.state.max_steps
+
     def filter_load_result(self, load_result):
         # A checkpoint stores each tied tensor once (the MLM decoder's weight is the word embeddings, its bias the
         # head's bias), so a resume reports the decoder's names as missing although their tensors were loaded under
