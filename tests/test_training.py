@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import TrainerCallback
+from transformers import BertForMaskedLM, TrainerCallback
 
 from sparsebert.cli import main
 from sparsebert.config import Registry
 from sparsebert.errors import SparseBertError
+from sparsebert.export import load_compressed
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.runner import RunOptions, run_experiment
 from sparsebert.sparsity import SparsityController, rigl_update_due
@@ -224,6 +225,16 @@ def test_export_reload_keeps_sparsity(registry, data_dir, tmp_path):
     controller = SparsityController.from_zeros(model, cfg.sparsity)
     assert controller.report()["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-3)
     assert len(controller.masks) == 12
+    # the compressed export of the sparse MLM run loads back as transformers' BertForMaskedLM, the same model
+    out = tmp_path / "compressed"
+    assert main(["--export", str(tmp_path / "sparse_tiny_rigl"), "--to", str(out), "--compressed"]) == 0
+    loaded = load_compressed(out)
+    assert type(loaded) is BertForMaskedLM
+    reference = BertForMaskedLM.from_pretrained(tmp_path / "sparse_tiny_rigl" / "model").eval()
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), reference.state_dict().values()))
+    batch = torch.tensor([[2, 40, 41, 42, 3]])
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=batch).logits, reference(input_ids=batch).logits)
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from pathlib import Path
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from sparsebert.errors import SparseBertError
+from sparsebert.models.ties import loaded_through_a_tie
 from sparsebert.trainer.clipping import ClipInOptimizer
 from sparsebert.trainer.compile_options import apply_compile_plugin_options
 from sparsebert.trainer.ddp import FlatAllReduceCallback, GradientSync, apply_ddp_settings
@@ -275,12 +276,3 @@ class SparseBertTrainer(UpstreamTrainer):
                                   f"batch of {self.per_device_train_batch} per device x {self.args.world_size} "
                                   "process(es); use more data or a smaller batch")
         return loader
-
-
-def loaded_through_a_tie(model, missing_keys: list[str]) -> set[str]:
-    """The names among ``missing_keys`` whose parameter is the same tensor as one under a name that was loaded."""
-    names: dict[int, list[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(parameter), []).append(name)
-    missing = set(missing_keys)
-    return {name for aliases in names.values() if not set(aliases) <= missing for name in aliases if name in missing}
