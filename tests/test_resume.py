@@ -186,6 +186,8 @@ def test_a_killed_then_terminated_pretraining_run_resumes_to_the_uninterrupted_r
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-6"]
     (row,) = Results.in_output_root(root).runs(status=None)
     assert (row.status, row.error) == ("failed", "terminated by SIGTERM")
+    assert cli_main(["--export", str(run_dir), "--to", str(tmp_path / "export")]) == 2  # says why, not "no model/"
+    assert "did not finish: terminated by SIGTERM; finish it with --resume" in capsys.readouterr().err
     assert cli_main(cli(experiment, root, data_dir, "--resume"), experiments_dir=EXPERIMENTS) == 0
     assert_same_pretraining(root, "dense", pretrained("dense"))
 

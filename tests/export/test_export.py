@@ -34,6 +34,9 @@ from sparsebert.export.compressed import MASK_SUFFIX, VALUES_SUFFIX, WEIGHTS_NAM
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.gap_heads import HEADS as GAP_HEADS
 from sparsebert.models.gap_heads import GapClassifier
+from sparsebert.results import Registry as Results
+from sparsebert.results import RunRecord
+from sparsebert.results.recording import run_key
 from sparsebert.trainer.finetune.gap import load_gap_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -199,6 +202,36 @@ def test_refusals_are_one_line_errors(tmp_path: Path, capsys) -> None:
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (argv, err)
     assert not (tmp_path / "a").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
+
+
+@pytest.mark.parametrize("status, error, says", [
+    ("failed", "terminated by SIGTERM", "did not finish: terminated by SIGTERM"),
+    ("running", None, "has not finished: the registry has it running (still training, or killed)"),
+    (None, None, "has not finished (no DONE file)"),
+])
+def test_an_unfinished_run_is_refused_saying_why_and_to_resume_it(tmp_path: Path, capsys, status, error, says):
+    """A pretraining run stopped before its end has no model/ yet: it is unfinished, not a run that saves none."""
+    root = tmp_path / "runs"
+    run = root / "bert_tiny_quick"
+    (run / "checkpoint-50").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"task": "mlm"}))
+    if status is not None:
+        Results.in_output_root(root).record(RunRecord(run_dir=run_key(run), experiment="bert_tiny_quick", task="mlm",
+                                                      model="tiny", seed=42, status=status, error=error))
+    for name in ("bert_tiny_quick", str(run)):  # by its name under the output root, and by its path
+        assert cli_main(["--export", name, "--to", str(tmp_path / "out"), "--output-dir", str(root)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: --export {name}: {run} {says}; finish it with --resume (the command that started "
+                       "it, plus --resume), then export it"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_finished_run_without_a_model_is_refused_naming_the_setting(tmp_path: Path, capsys):
+    run = tmp_path / "exp" / "glue_rte" / "run0"
+    run.mkdir(parents=True)
+    (run / "DONE").write_text("2024-01-01T00:00:00\n")
+    assert cli_main(["--export", str(run), "--to", str(tmp_path / "out")]) == 2
+    assert "finished without saving its model (finetune.save_model off?)" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -65,10 +65,32 @@ def resolve_run(run: str, root: Path) -> Path:
         if runs:  # a finetuning experiment: its models are per task and run
             raise SparseBertError(f"--export {run} is an experiment with several runs; name one, e.g. "
                                   f"{Path(run) / runs[0]}")
-        raise SparseBertError(f"--export {run}: {found} holds no model/ directory (finetune.save_model off?)")
-    if not (found / "DONE").is_file():
-        raise SparseBertError(f"--export {run}: {found} has not finished (no DONE file)")
+    if not (found / "DONE").is_file():  # stopped (killed, terminated, failed) or still training
+        raise SparseBertError(f"--export {run}: {found} {why_unfinished(found, root)}; finish it with --resume "
+                              "(the command that started it, plus --resume), then export it")
+    if not (found / "model").is_dir():
+        raise SparseBertError(f"--export {run}: {found} finished without saving its model (finetune.save_model "
+                              "off?)")
     return found
+
+
+def why_unfinished(run_dir: Path, root: Path) -> str:
+    """What the results registry says about a run without ``DONE``: failed with its error (``terminated by
+    SIGTERM``), or running (still training, or killed); "has not finished" where no registry has it."""
+    from sparsebert.results import REGISTRY_FILENAME, Registry
+    from sparsebert.results.recording import run_key
+
+    # the output root's registry, or the one of the output root the run lies in (a run named by its path)
+    for registry in [root / REGISTRY_FILENAME, *(p / REGISTRY_FILENAME for p in run_dir.resolve().parents)]:
+        try:
+            record = Registry(registry, read_only=True).get(run_key(run_dir)) if registry.is_file() else None
+        except SparseBertError:  # an unreadable registry says nothing about the run
+            continue
+        if record is not None and record.status == "failed":
+            return f"did not finish: {record.error or 'it failed'}"
+        if record is not None and record.status == "running":
+            return "has not finished: the registry has it running (still training, or killed)"
+    return "has not finished (no DONE file)"
 
 
 def export_run(run: str, root: Path, to: Path, compressed: bool) -> dict[str, Any]:
