@@ -139,19 +139,24 @@ def without_timings(metrics: dict) -> dict:
 # ------------------------------------------------------------------------------------------------- pretraining
 
 
-@pytest.fixture(scope="module")
-def pretrained(registry, data_dir, tmp_path_factory):
-    """The uninterrupted pretraining run of a kind ("dense", "sparse"), made once: its run directory."""
+def uninterrupted(registry, data_dir, tmp_path_factory, experiments: dict[str, tuple[str, list[str]]]):
+    """The uninterrupted run of each kind ("dense", "sparse") of ``experiments``, made when first asked for: a
+    function of the kind that returns its experiment directory."""
     made: dict[str, Path] = {}
 
     def reference(kind: str) -> Path:
         if kind not in made:
-            root = tmp_path_factory.mktemp(f"pretrained_{kind}")
-            run(registry, PRETRAINING[kind], root, data_dir)
-            made[kind] = root / PRETRAINING[kind][0]
+            root = tmp_path_factory.mktemp(f"uninterrupted_{experiments[kind][0]}")
+            run(registry, experiments[kind], root, data_dir)
+            made[kind] = root / experiments[kind][0]
         return made[kind]
 
     return reference
+
+
+@pytest.fixture(scope="module")
+def pretrained(registry, data_dir, tmp_path_factory):
+    return uninterrupted(registry, data_dir, tmp_path_factory, PRETRAINING)
 
 
 def assert_same_pretraining(root: Path, kind: str, reference: Path) -> None:
@@ -218,17 +223,7 @@ def test_a_pretraining_run_stopped_anywhere_resumes_to_the_uninterrupted_result(
 
 @pytest.fixture(scope="module")
 def finetuned(registry, data_dir, tmp_path_factory):
-    """The uninterrupted finetuning experiment of a kind ("dense", "sparse"), made once: its directory."""
-    made: dict[str, Path] = {}
-
-    def reference(kind: str) -> Path:
-        if kind not in made:
-            root = tmp_path_factory.mktemp(f"finetuned_{kind}")
-            run(registry, FINETUNING[kind], root, data_dir)
-            made[kind] = root / FINETUNING[kind][0]
-        return made[kind]
-
-    return reference
+    return uninterrupted(registry, data_dir, tmp_path_factory, FINETUNING)
 
 
 def assert_same_finetuning(root: Path, kind: str, reference: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import Regression
 from transformers import TrainingArguments
 
 from sparsebert.trainer.totals import Totals, TrainingTotals
@@ -17,22 +18,13 @@ from sparsebert.trainer.trainer import SparseBertTrainer
 STEPS = 6
 
 
-class _Regression(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
-
-
 def _train(out: Path, resume_from: Path | None = None) -> tuple[SparseBertTrainer, Totals]:
     torch.manual_seed(0)
     rows = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(64)]  # 16 steps an epoch
     args = TrainingArguments(output_dir=str(out), max_steps=STEPS, per_device_train_batch_size=4, report_to=[],
                              save_strategy="steps", save_steps=2, logging_steps=4, use_cpu=True, disable_tqdm=True,
                              seed=0)
-    trainer = SparseBertTrainer(model=_Regression(), args=args, train_dataset=rows)
+    trainer = SparseBertTrainer(model=Regression(), args=args, train_dataset=rows)
     totals = TrainingTotals(trainer)
     trainer.add_callback(totals)
     result = trainer.train(resume_from_checkpoint=None if resume_from is None else str(resume_from))

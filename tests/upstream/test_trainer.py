@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_models import Regression
 from transformers import Trainer, TrainingArguments
 
 from sparsebert.upstream.trainer import PRIVATE_NAMES, UpstreamTrainer, train_on_one_gpu
@@ -35,21 +36,12 @@ def test_the_per_device_batch_is_the_trainers(tmp_path):
     assert trainer.per_device_train_batch == 3
 
 
-class _Regression(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(2, 1)
-
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
-
-
 def test_the_training_loop_attributes_exist(tmp_path):
     """Set by ``train()``: checked on a Trainer that trained, and read as the loss sum they make up."""
     rows = [{"x": torch.ones(2) * i, "labels": torch.tensor(float(i))} for i in range(8)]
     args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True, max_steps=2,
                              per_device_train_batch_size=4, save_strategy="no", logging_steps=1, disable_tqdm=True)
-    trainer = UpstreamTrainer(model=_Regression(), args=args, train_dataset=rows)
+    trainer = UpstreamTrainer(model=Regression(features=2), args=args, train_dataset=rows)
     result = trainer.train()
     for name in PRIVATE_NAMES["Trainer attributes while training"]:
         assert hasattr(trainer, name), f"Trainer.{name} is gone: {SEE}"
