@@ -2,10 +2,10 @@
 
 The plain export is the run's ``model/`` directory (config, tokenizer files, ``model.safetensors``) without the
 Trainer's pickled ``training_args.bin``: ``from_pretrained(DIR)`` loads it. Its ``config.json`` names a class that
-loads the weights without sparsebert: transformers' ``BertForMaskedLM`` for a pretraining run (whose class, our MLM
-fast path, holds the same weights); a GAP run, whose ``model/`` holds only the state dict, gets the encoder's config
-naming ``GapClassifier`` and its head (:func:`sparsebert.models.gap_heads.exported_config`). The compressed export replaces the
-weight files by ``model.compressed.safetensors`` (:mod:`sparsebert.export.compressed`), adds
+loads the weights: transformers' ``BertForMaskedLM`` for a pretraining run (whose class, our MLM fast path, holds
+the same weights); a GAP run, whose ``model/`` holds only the state dict, gets the encoder's config naming
+``GapClassifier`` and its head (:func:`sparsebert.models.gap_heads.exported_config`). The compressed export replaces
+the weight files by ``model.compressed.safetensors`` (:mod:`sparsebert.export.compressed`), adds
 ``compression.json`` and a ``README.md`` that names the loader, and keeps config and tokenizer; since it holds no
 ``model.safetensors``, ``from_pretrained`` refuses it (it finds no weights) instead of loading random ones, and
 :func:`load_compressed` loads it.
