@@ -296,6 +296,22 @@ def test_missing_data_dir_from_env_exits_2(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("source", ["--data-dir", "$SPARSEBERT_DATA"])
+def test_a_data_dir_that_is_a_file_says_so(tmp_path, capsys, monkeypatch, source):
+    """Not "does not exist": the path is there, it is just not a directory (a data file named by mistake)."""
+    a_file = tmp_path / "dev-v1.1.json"
+    a_file.write_text("{}")
+    argv = [EXPERIMENT, "--output-dir", str(tmp_path / "out")]
+    if source == "--data-dir":
+        argv += ["--data-dir", str(a_file)]
+    else:
+        monkeypatch.setenv("SPARSEBERT_DATA", str(a_file))
+    code, out, err = run_main(argv, capsys)
+    assert code == 2
+    assert one_line_error(err) == f"error: data directory {a_file} (from {source}) is not a directory"
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")
 def test_half_precision_on_cpu_is_refused_before_the_run_directory(tmp_path, capsys, asset_data_dir):
     out = tmp_path / "out"

@@ -233,7 +233,7 @@ def test_readers_take_files_without_labels(data_dir, tmp_path):
     squad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [
         {"context": "Paris is in France.", "qas": [{"id": "q1", "question": "Where is Paris?"}]}]}]}))
     assert read_squad(squad, answers_optional=True)[0]["answers"] is None
-    with pytest.raises(SparseBertError, match="missing or malformed key 'answers'"):
+    with pytest.raises(SparseBertError, match="'answers' is missing"):
         read_squad(squad)
 
 
@@ -279,3 +279,93 @@ def test_sparse24_kernel_refusals_are_one_line_and_write_nothing(rte_run, rte_2t
     _refused(capsys, ["--predict", str(rte_2to4_run), *kernel],
              "nowhere.so not found: build it with `python -m sparsebert.kernels.build`")
     assert {p: sorted(p.rglob("*")) for p in (rte_run, rte_2to4_run, unstructured)} == before
+
+
+# ------------------------------------------------------------------- checks that need no model come before it loads
+
+
+def _run_without_a_model(root: Path, task: str) -> Path:
+    """A finished run as --predict checks it, whose model/ is an empty file: loading it, or the tokenizer beside
+    it, would fail, so every refusal below shows it came before the model loaded."""
+    run = root / "exp" / task.replace(":", "_") / "run0"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "model.safetensors").write_bytes(b"")
+    (run / "config.json").write_text(json.dumps({"task": task, "experiment": "exp", "finetune": {}}))
+    (run / "DONE").write_text("x\n")
+    return run
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Every loader and featurizer --predict calls fails the test if called."""
+    from transformers import AutoModelForQuestionAnswering
+
+    import sparsebert.trainer.finetune.predict as predict
+
+    def loaded(*args, **kwargs):
+        raise AssertionError("the model or the tokenizer was loaded, or the input featurized")
+
+    for name in ("_classifier", "load_gap_model", "featurize_glue", "squad_features", "gap_features", "fold_dataset"):
+        monkeypatch.setattr(predict, name, loaded)
+    monkeypatch.setattr(predict.FinishedRun, "tokenizer", loaded)
+    monkeypatch.setattr(AutoModelForQuestionAnswering, "from_pretrained", loaded)
+
+
+def test_an_output_under_a_file_is_refused_before_the_model_loads(data_dir, tmp_path, capsys, no_model):
+    run = _run_without_a_model(tmp_path, "glue:rte")
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file where a directory would be\n")
+    _refused(capsys, ["--predict", str(run), "--input", str(data_dir / "glue/RTE/dev.tsv"),
+                      "--output", str(blocker / "preds" / "rte.tsv")],
+             f"cannot write --output {blocker / 'preds' / 'rte.tsv'}: {blocker} is a file, not a directory")
+    assert blocker.read_text() == "a file where a directory would be\n"
+
+
+def test_a_read_only_run_without_output_is_refused_before_the_model_loads(data_dir, tmp_path, capsys, no_model,
+                                                                            monkeypatch):
+    """A colleague's run: its directory is not writable, and no --output says where else to write."""
+    import os
+
+    run = _run_without_a_model(tmp_path, "glue:rte")
+    run.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: the check sees the directory as any other user would
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: not (Path(p) == run and mode & os.W_OK)
+                            and access(p, mode, **kw))
+    try:
+        _refused(capsys, ["--predict", str(run), "--input", str(data_dir / "glue/RTE/dev.tsv")],
+                 f"the directory {run} is not writable; pass --output FILE in a writable directory")
+        assert not (run / "predict").exists()
+    finally:
+        run.chmod(0o755)
+
+
+def test_a_squad_question_that_is_not_text_is_refused_before_the_model_loads(tmp_path, capsys, no_model):
+    """Labelled (answers present): the reader used to check the question only where answers were absent, and
+    pyarrow failed on it while featurizing."""
+    run = _run_without_a_model(tmp_path, "squad_v1")
+    squad = tmp_path / "questions.json"
+    qas = [{"id": "q1", "question": "Where is Paris?", "answers": [{"text": "France", "answer_start": 12}]},
+           {"id": "q2", "question": 42, "answers": [{"text": "Paris", "answer_start": 0}]}]
+    squad.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [
+        {"context": "Paris is in France.", "qas": qas}]}]}))
+    _refused(capsys, ["--predict", str(run), "--input", str(squad)],
+             f"{squad}: article 0, paragraph 0, question 1 (id q2): 'question' is int 42, not text")
+    assert not (run / "predict").exists()
+
+
+def test_an_unreadable_input_is_refused_before_the_model_loads(data_dir, tmp_path, capsys, no_model, monkeypatch):
+    import os
+
+    import sparsebert.trainer.finetune.predict as predict
+
+    run = _run_without_a_model(tmp_path, "glue:rte")
+    rte = tmp_path / "rte.tsv"
+    rte.write_bytes((data_dir / "glue/RTE/dev.tsv").read_bytes())
+    rte.chmod(0)
+    if os.geteuid() == 0:  # root reads anything: the file is opened as any other user would find it
+        def unreadable(path, *args, **kwargs):
+            raise PermissionError(13, "Permission denied", str(path))
+
+        monkeypatch.setattr(predict, "open", unreadable, raising=False)
+    _refused(capsys, ["--predict", str(run), "--input", str(rte)], f"--input {rte}: cannot read it: Permission denied")

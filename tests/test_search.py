@@ -221,6 +221,24 @@ def test_a_study_continues_only_with_the_settings_it_started_with(registry, asse
             open_study(plan(registry, tmp_path, asset_data_dir, **changed))
 
 
+@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+def test_a_damaged_study_file_is_one_line_and_left_as_it_is(asset_data_dir, tmp_path, capsys, damage):
+    """Bytes that are no SQLite database, or a database cut short after its header: the search refuses in one line
+    naming the file and what to do, runs no trial, and leaves the file for whoever wants to look at it."""
+    study = tmp_path / "out" / "search" / STUDY / "study.sqlite3"
+    study.parent.mkdir(parents=True)
+    study.write_bytes(b"\x07 not sqlite \x00" * 300 if damage == "garbage" else b"SQLite format 3\x00" + bytes(3000))
+    before = study.read_bytes()
+    code = main(["--search", "tiny_search", "--space", "tiny", "--trials", "1", "--output-dir", str(tmp_path / "out"),
+                 "--data-dir", str(asset_data_dir)], experiments_dir=EXPERIMENTS)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: the study file {study} cannot be read (file is not a database)")
+    assert "move it aside" in err[0] and "--study NAME" in err[0]
+    assert study.read_bytes() == before
+    assert sorted(p.name for p in study.parent.iterdir()) == ["search.lock", "study.sqlite3"]  # no trial, no summary
+
+
 def test_a_second_search_of_a_running_study_is_refused(registry, asset_data_dir, tmp_path):
     p = plan(registry, tmp_path, asset_data_dir)
     p.study_dir.mkdir(parents=True)

@@ -25,6 +25,23 @@ def publish_permissions(path: str | os.PathLike) -> None:
     os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~_UMASK)
 
 
+def unwritable_reason(path: str | os.PathLike) -> str | None:
+    """Why the file ``path`` cannot be written (with the directories above it that do not exist yet), or None.
+
+    For a check before long work (loading a model, featurizing), so that a destination that cannot take the result
+    fails at once, not at the end: a directory in its place, a file where a directory above it should be, or a
+    nearest existing directory this process may not write in (``os.access``: as the write itself would find it)."""
+    path = Path(path)
+    if path.is_dir():
+        return f"{path} is a directory"
+    existing = next(p for p in path.parents if p.exists())  # "/" or "." at the latest
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"the directory {existing} is not writable"
+    return None
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]:
     """Yields a temporary path beside ``path`` for the caller to write; on success it is renamed over ``path``,

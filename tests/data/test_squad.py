@@ -152,6 +152,61 @@ def test_non_utf8_file_and_non_object_question_are_one_line_errors(tmp_path):
         read_squad(tmp_path / "qas.json")
 
 
+def _one_question(**changes) -> dict:
+    """A SQuAD file of one answerable question, with ``changes`` to its fields (``title`` and ``context`` go to
+    the article and the paragraph)."""
+    article = {"title": changes.pop("title", "T"), "paragraphs": [{"context": changes.pop("context", "xabcx"), "qas": [
+        {"id": "q1", "question": "Where?", "answers": [{"text": "abc", "answer_start": 1}], **changes}]}]}
+    return {"data": [article]}
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"question": 42}, "question 0 (id q1): 'question' is int 42, not text"),
+    ({"question": None}, "question 0 (id q1): 'question' is NoneType None, not text"),
+    ({"question": ""}, "question 0 (id q1): 'question' is empty"),
+    ({"id": 7}, "question 0: 'id' is int 7, not text"),
+    ({"context": ["xabcx"]}, "paragraph 0: 'context' is list ['xabcx'], not text"),
+    ({"title": 3}, "article 0: 'title' is int 3, not text"),
+    ({"answers": {"text": "abc"}}, "(id q1): 'answers' is dict, not a list"),
+    ({"answers": [{"text": 5, "answer_start": 1}]}, "(id q1), answer 0: 'text' is int 5, not text"),
+    ({"answers": [{"text": "abc", "answer_start": "1"}]}, "answer 0: 'answer_start' is str '1', not an integer"),
+    ({"answers": ["abc"]}, "(id q1): answer 0 is not an object with 'text' and 'answer_start'"),
+    ({"is_impossible": "no"}, "(id q1): 'is_impossible' is str 'no', not true or false"),
+])
+@pytest.mark.parametrize("answers_optional", [False, True], ids=["training", "predict"])
+def test_a_field_of_the_wrong_type_is_one_line_naming_file_entry_and_field(tmp_path, changes, message,
+                                                                          answers_optional):
+    """Every field is checked where it is read, for training and --predict alike: a number for a question would
+    otherwise fail in pyarrow or the tokenizer, long after the file was read."""
+    path = tmp_path / "typed.json"
+    path.write_text(json.dumps(_one_question(**changes)), encoding="utf-8")
+    with pytest.raises(SparseBertError) as refused:
+        read_squad(path, answers_optional=answers_optional)
+    assert str(refused.value).startswith(f"{path}: article 0") and message in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_training_run_on_a_squad_file_with_a_number_for_a_question_is_refused_before_its_directory(
+        tmp_path, capsys):
+    """Training reads the same way (the issue: a pyarrow ArrowInvalid traceback while featurizing)."""
+    from pathlib import Path
+
+    from sparsebert.cli import main
+
+    data = tmp_path / "data"
+    (data / "squad").mkdir(parents=True)
+    good = {"id": "q0", "question": "Where?", "answers": [{"text": "abc", "answer_start": 1}]}
+    (data / "squad" / "dev-v1.1.json").write_text(json.dumps({"data": [
+        {"title": f"T{k}", "paragraphs": [{"context": "xabcx", "qas": [{**good, "id": f"q{k}"}]}]}
+        for k in range(4)] + [_one_question(question=42, title="T9", id="q9")["data"][0]]}), encoding="utf-8")
+    experiments = Path(__file__).resolve().parents[2] / "experiments"
+    code = main(["tiny_squad", "--output-dir", str(tmp_path / "runs"), "--data-dir", str(data)],
+                experiments_dir=experiments)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("error: ") and "'question' is int 42, not text" in err[-1], err[-5:]
+    assert not (tmp_path / "runs" / "tiny_squad").exists()
+
+
 def test_split_by_article(v1):
     train, evals = split_by_article(v1, 0.25, seed=3)
     train_titles = {ex["title"] for ex in train}

@@ -9,8 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import load_file
-from transformers import AutoModelForSequenceClassification, BertConfig, BertForSequenceClassification
+import transformers
+from safetensors.torch import load_file, save_file
+from transformers import (
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertForMaskedLM,
+    BertForQuestionAnswering,
+    BertForSequenceClassification,
+    BertModel,
+)
 
 from sparsebert.cli import main as cli_main
 from sparsebert.errors import SparseBertError
@@ -23,6 +31,13 @@ from sparsebert.export import (
     unpack_bits,
 )
 from sparsebert.export.compressed import MASK_SUFFIX, VALUES_SUFFIX, WEIGHTS_NAME
+from sparsebert.models.bert import BertForMaskedLMAtMasked
+from sparsebert.models.gap_heads import HEADS as GAP_HEADS
+from sparsebert.models.gap_heads import GapClassifier
+from sparsebert.results import Registry as Results
+from sparsebert.results import RunRecord
+from sparsebert.results.recording import run_key
+from sparsebert.trainer.finetune.gap import load_gap_model
 
 REPO = Path(__file__).resolve().parents[2]
 ENCODER_LINEAR = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
@@ -88,12 +103,13 @@ def test_compression_round_trip_is_bit_exact_for_every_dtype() -> None:
     assert nan == state["w_float32"][0, 1].view(torch.int32)
 
 
-def _sparse_classifier(sparsity: float = 0.8) -> BertForSequenceClassification:
-    """A tiny BERT classifier whose encoder Linear weights are ``sparsity`` zeros (smallest magnitudes, per
-    layer), as a sparse run leaves them."""
-    torch.manual_seed(0)
-    model = BertForSequenceClassification(BertConfig(vocab_size=200, hidden_size=64, num_hidden_layers=2,
-                                                     num_attention_heads=2, intermediate_size=128, num_labels=2))
+TINY_BERT = {"vocab_size": 200, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "intermediate_size": 128}
+
+
+def _sparsify(model: torch.nn.Module, sparsity: float = 0.8) -> torch.nn.Module:
+    """``model`` with its encoder Linear weights ``sparsity`` zeros (smallest magnitudes, per layer), as a sparse
+    run leaves them."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if _is_encoder_linear_weight(name):
@@ -101,6 +117,12 @@ def _sparse_classifier(sparsity: float = 0.8) -> BertForSequenceClassification:
                 threshold = p.abs().reshape(-1).kthvalue(k).values
                 p[p.abs() <= threshold] = 0
     return model
+
+
+def _sparse_classifier(sparsity: float = 0.8) -> BertForSequenceClassification:
+    """A tiny BERT classifier, ``sparsity`` sparse."""
+    torch.manual_seed(0)
+    return _sparsify(BertForSequenceClassification(BertConfig(**TINY_BERT, num_labels=2)), sparsity)
 
 
 def _fake_finished_run(root: Path, name: str = "exp/glue_rte/run0", done: bool = True) -> Path:
@@ -182,6 +204,36 @@ def test_refusals_are_one_line_errors(tmp_path: Path, capsys) -> None:
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
 
 
+@pytest.mark.parametrize("status, error, says", [
+    ("failed", "terminated by SIGTERM", "did not finish: terminated by SIGTERM"),
+    ("running", None, "has not finished: the registry has it running (still training, or killed)"),
+    (None, None, "has not finished (no DONE file)"),
+])
+def test_an_unfinished_run_is_refused_saying_why_and_to_resume_it(tmp_path: Path, capsys, status, error, says):
+    """A pretraining run stopped before its end has no model/ yet: it is unfinished, not a run that saves none."""
+    root = tmp_path / "runs"
+    run = root / "bert_tiny_quick"
+    (run / "checkpoint-50").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"task": "mlm"}))
+    if status is not None:
+        Results.in_output_root(root).record(RunRecord(run_dir=run_key(run), experiment="bert_tiny_quick", task="mlm",
+                                                      model="tiny", seed=42, status=status, error=error))
+    for name in ("bert_tiny_quick", str(run)):  # by its name under the output root, and by its path
+        assert cli_main(["--export", name, "--to", str(tmp_path / "out"), "--output-dir", str(root)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"error: --export {name}: {run} {says}; finish it with --resume (the command that started "
+                       "it, plus --resume), then export it"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_finished_run_without_a_model_is_refused_naming_the_setting(tmp_path: Path, capsys):
+    run = tmp_path / "exp" / "glue_rte" / "run0"
+    run.mkdir(parents=True)
+    (run / "DONE").write_text("2024-01-01T00:00:00\n")
+    assert cli_main(["--export", str(run), "--to", str(tmp_path / "out")]) == 2
+    assert "finished without saving its model (finetune.save_model off?)" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_export_of_a_real_sparse_finetuning_run(data_dir, tmp_path: Path, capsys) -> None:
     """A real tiny run (MiniLM on 32 RTE rows, 80 % unstructured sparse) exported through the CLI."""
@@ -217,3 +269,72 @@ def test_export_of_a_real_sparse_finetuning_run(data_dir, tmp_path: Path, capsys
     with torch.no_grad():
         logits = model(**batch).logits
         assert torch.equal(logits, reference.eval()(**batch).logits) and math.isfinite(float(logits.sum()))
+
+
+# every task the library trains: the model class its run saves (transformers' own, our MLM fast path, or the GAP
+# heads), the run's task, and the class the export's config must name
+TASK_MODELS = {
+    "mlm": (lambda c: BertForMaskedLMAtMasked(c), "mlm", "BertForMaskedLM"),
+    "glue classification": (lambda c: BertForSequenceClassification(c), "glue:rte", "BertForSequenceClassification"),
+    "glue regression": (lambda c: BertForSequenceClassification(BertConfig(**TINY_BERT, num_labels=1,
+                                                                           problem_type="regression")),
+                        "glue:stsb", "BertForSequenceClassification"),
+    "squad": (lambda c: BertForQuestionAnswering(c), "squad_v1", "BertForQuestionAnswering"),
+    "csv": (lambda c: BertForSequenceClassification(BertConfig(**TINY_BERT, id2label={0: "neg", 1: "mid", 2: "pos"})),
+            "csv", "BertForSequenceClassification"),
+    **{f"gap {head}": (lambda c, head=head: GapClassifier(BertModel(c), head), "gap", "GapClassifier")
+       for head in GAP_HEADS},
+}
+
+
+def _finished_task_run(root: Path, task: str) -> tuple[Path, torch.nn.Module]:
+    """A finished run of ``task`` as the Trainer leaves it (a GAP run: the state dict alone, the encoder it
+    started from elsewhere) and its model as the run would load it."""
+    build, run_task, _ = TASK_MODELS[task]
+    torch.manual_seed(0)
+    model = _sparsify(build(BertConfig(**TINY_BERT)))
+    run = root / "exp" / "run0"
+    config = {"task": run_task, "seed": 42, "experiment": "exp"}
+    if isinstance(model, GapClassifier):
+        encoder = root / "encoder"  # the config of the model the run started from (model_source)
+        BertConfig(**TINY_BERT).save_pretrained(encoder)
+        (run / "model").mkdir(parents=True)
+        save_file(model.state_dict(), str(run / "model" / "model.safetensors"))
+        config.update({"model_source": str(encoder), "finetune": {"gap_head": model.head}})
+        model = load_gap_model(run / "model", model.head, str(encoder))
+    else:
+        model.save_pretrained(run / "model")
+        model = getattr(transformers, TASK_MODELS[task][2]).from_pretrained(run / "model")
+    (run / "config.json").write_text(json.dumps(config))
+    (run / "DONE").write_text("2024-01-01T00:00:00\n")
+    return run, model
+
+
+@pytest.mark.parametrize("task", TASK_MODELS)
+def test_a_compressed_export_of_every_task_loads_into_the_class_its_config_names(tmp_path: Path, task: str):
+    """Bit for bit, whatever the run trained: the MLM fast path's export names transformers' BertForMaskedLM (same
+    weights; its tied decoder bias comes back through the tie), a GAP run's export gets a config of its own."""
+    run, reference = _finished_task_run(tmp_path / "runs", task)
+    out, plain = tmp_path / "compressed", tmp_path / "plain"
+    for to, flags in ((out, ["--compressed"]), (plain, [])):
+        assert cli_main(["--export", str(run), "--to", str(to), *flags]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [TASK_MODELS[task][2]]
+    assert json.loads((plain / "config.json").read_text())["architectures"] == config["architectures"]
+    model = load_compressed(out)
+    assert type(model).__name__ == config["architectures"][0]
+    loaded, expected = model.state_dict(), reference.state_dict()
+    assert list(loaded) == list(expected)
+    assert [name for name in expected if not _bits_equal(loaded[name], expected[name])] == []
+    assert decompress_state_dict(out).keys() == load_file(str(run / "model" / "model.safetensors")).keys()
+
+
+def test_an_mlm_export_made_before_its_config_named_transformers_class_still_loads(tmp_path: Path):
+    run, reference = _finished_task_run(tmp_path / "runs", "mlm")
+    out = tmp_path / "out"
+    assert cli_main(["--export", str(run), "--to", str(out), "--compressed"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMaskedLMAtMasked"]}))
+    model = load_compressed(out)
+    assert type(model) is BertForMaskedLM
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values()))

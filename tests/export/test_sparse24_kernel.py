@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from module_loading import load_module
 from torch import nn
 from transformers import BertConfig
 from transformers.models.bert.modeling_bert import BertIntermediate
@@ -19,6 +20,7 @@ from transformers.models.bert.modeling_bert import BertIntermediate
 from sparsebert.export.sparse24_kernel import Library, Sparse24Error, _exact_gelu, to_sparse24_kernel
 
 SRC = Path(__file__).resolve().parents[2] / "src"
+GPU_TESTS = Path(__file__).resolve().parents[1] / "gpu"
 
 
 def _fake_toolchain(cache: Path, nvcc_body: str) -> None:
@@ -60,6 +62,20 @@ def test_missing_library_names_the_build_command(tmp_path, monkeypatch):
     monkeypatch.setattr(Library, "_instance", None)
     with pytest.raises(Sparse24Error, match=r"nowhere\.so not found: build it with `python -m sparsebert\.kernels\.build`"):
         Library.get()
+
+
+@pytest.mark.parametrize("gpu_test", ["test_predict_sparse24_gpu.py", "test_sparse24_kernel_gpu.py"])
+def test_the_kernels_gpu_tests_skip_with_the_reason_on_a_gpu_without_the_library(tmp_path, monkeypatch, gpu_test):
+    """On an H100 where the library was not built, every GPU test of the kernel skips and says why (the predict
+    test used to fail there instead)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setenv("SPARSEBERT_SPARSE24_LIB", str(tmp_path / "nowhere.so"))
+    monkeypatch.setattr(Library, "_instance", None)
+    skip = load_module(GPU_TESTS / gpu_test).pytestmark.mark
+    assert skip.name == "skipif" and skip.args == (True,)
+    assert skip.kwargs["reason"].startswith("needs the kernel library: ") and "nowhere.so not found" in \
+        skip.kwargs["reason"]
 
 
 def test_a_library_that_does_not_load_is_one_error_naming_the_rebuild(tmp_path, monkeypatch):

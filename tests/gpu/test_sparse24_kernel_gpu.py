@@ -12,24 +12,15 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import sparse24_kernel_missing
 from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 
-from sparsebert.export.sparse24_kernel import Library, Sparse24Error, Sparse24Linear, to_sparse24_kernel
+from sparsebert.export.sparse24_kernel import Library, Sparse24Linear, to_sparse24_kernel
 from sparsebert.sparsity import SparsityConfig, SparsityController, nm_mask
 
-
-def _library_missing() -> str | None:
-    try:
-        Library.get()
-    except Sparse24Error as e:
-        return str(e)
-    return None
-
-
-_SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-pytestmark = pytest.mark.skipif(not _SM90 or _library_missing() is not None,
-                                reason=f"needs an sm90 GPU and the kernel library ({_library_missing()})")
+_MISSING = sparse24_kernel_missing()
+pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 
 
 def _close(out: torch.Tensor, ref: torch.Tensor, rtol: float = 2e-2) -> None:

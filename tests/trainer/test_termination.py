@@ -5,20 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 from signal_helpers import sigterm_inside_a_finalizer
+from tiny_models import Regression
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
 from sparsebert.cli import terminate_on_sigterm
 from sparsebert.errors import Terminated
 from sparsebert.trainer.termination import StopWhenTerminated
-
-
-class _Regression(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.linear = torch.nn.Linear(4, 1)
-
-    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"loss": torch.nn.functional.mse_loss(self.linear(x).squeeze(-1), labels)}
 
 
 class _SigtermInStep(TrainerCallback):
@@ -37,7 +29,7 @@ def _trainer(tmp_path, callbacks: list[TrainerCallback]) -> Trainer:
     rows = [{"x": torch.randn(4), "labels": torch.randn(())} for _ in range(64)]
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=20, per_device_train_batch_size=4, report_to=[],
                              save_strategy="no", logging_strategy="no", use_cpu=True, disable_tqdm=True)
-    return Trainer(model=_Regression(), args=args, train_dataset=rows, callbacks=callbacks)
+    return Trainer(model=Regression(), args=args, train_dataset=rows, callbacks=callbacks)
 
 
 def test_without_the_check_a_swallowed_sigterm_trains_on(tmp_path):

@@ -51,53 +51,55 @@ def read_squad(path: str | os.PathLike, answers_optional: bool = False) -> list[
     for a_i, article in enumerate(data["data"]):
         where = f"{path}: article {a_i}"
         try:
-            title = article["title"]
-            for paragraph in article["paragraphs"]:
-                context = paragraph["context"]
-                if not isinstance(context, str) or not context.strip():
-                    raise SparseBertError(f"{where}: empty or non-text context")
-                for qa in paragraph["qas"]:
-                    examples.append(_read_question(qa, title, context, where, seen, answers_optional))
+            title = _text(article["title"], "title", where, empty_ok=True)
+            for p_i, paragraph in enumerate(article["paragraphs"]):
+                context = _text(paragraph["context"], "context", f"{where}, paragraph {p_i}")
+                for q_i, qa in enumerate(paragraph["qas"]):
+                    examples.append(_read_question(qa, title, context, f"{where}, paragraph {p_i}, question {q_i}",
+                                                   seen, answers_optional))
         except (KeyError, TypeError) as e:
             raise SparseBertError(f"{where}: missing or malformed key {e}") from None
     return examples
+
+
+def _text(value: Any, field: str, where: str, empty_ok: bool = False) -> str:
+    """``value`` if it is text (not blank, unless ``empty_ok``), else the one-line error naming ``field``: the
+    tokenizer and the Arrow tables the features go into take text only, and fail deep inside otherwise."""
+    if isinstance(value, str) and (empty_ok or value.strip()):
+        return value
+    got = "empty" if isinstance(value, str) else f"{type(value).__name__} {value!r:.40}, not text"
+    raise SparseBertError(f"{where}: {field!r} is {got}")
 
 
 def _read_question(qa: dict, title: str, context: str, where: str, seen: set[str],
                    answers_optional: bool = False) -> dict[str, Any]:
     if not isinstance(qa, dict):
         raise SparseBertError(f"{where}: a 'qas' entry is not an object: {qa!r:.60}")
-    qid = qa.get("id")
-    if qid is None:
+    if "id" not in qa:
         raise SparseBertError(f"{where}: a question has no 'id'")
-    where = f"{where}, question {qid}"
+    qid = _text(qa["id"], "id", where)
+    where = f"{where} (id {qid})"
     if qid in seen:
         raise SparseBertError(f"{where}: duplicate question id")
     seen.add(qid)
+    if "question" not in qa:
+        raise SparseBertError(f"{where}: missing 'question'")
+    question = _text(qa["question"], "question", where)
     if answers_optional and "answers" not in qa:
-        question = qa.get("question")
-        if not isinstance(question, str) or not question.strip():
-            raise SparseBertError(f"{where}: missing or empty 'question'")
         return {"id": qid, "title": title, "context": context, "question": question, "answers": None,
                 "is_impossible": False}
-    try:
-        question = qa["question"]
-        answers = qa["answers"]
-        texts = [a["text"] for a in answers]
-        starts = [int(a["answer_start"]) for a in answers]
-    except (KeyError, TypeError, ValueError) as e:
-        raise SparseBertError(f"{where}: missing or malformed key {e}") from None
-    is_impossible = bool(qa.get("is_impossible", False))
+    texts, starts = _answers(qa.get("answers"), where)
+    is_impossible = qa.get("is_impossible", False)
+    if not isinstance(is_impossible, bool):
+        raise SparseBertError(f"{where}: 'is_impossible' is {type(is_impossible).__name__} {is_impossible!r:.40}, "
+                              "not true or false")
     if is_impossible and texts:
         raise SparseBertError(f"{where}: is_impossible is true but the question has answers")
     if not is_impossible and not texts:
         raise SparseBertError(f"{where}: answerable question without answers")
     for text, start in zip(texts, starts):
         # a span that does not match the context would silently train on the wrong tokens; a negative start
-        # would slice from the end of the context, and an empty answer matches anywhere (both would train the
-        # question as unanswerable)
-        if not isinstance(text, str) or not text.strip():
-            raise SparseBertError(f"{where}: empty answer text at answer_start {start}")
+        # would slice from the end of the context (both would train the question as unanswerable)
         if not 0 <= start <= len(context) - len(text) or context[start : start + len(text)] != text:
             raise SparseBertError(f"{where}: answer {text!r} not found at answer_start {start}")
     return {
@@ -108,6 +110,27 @@ def _read_question(qa: dict, title: str, context: str, where: str, seen: set[str
         "answers": {"text": texts, "answer_start": starts},
         "is_impossible": is_impossible,
     }
+
+
+def _answers(answers: Any, where: str) -> tuple[list[str], list[int]]:
+    """The answers' texts and start offsets, each checked: a list of objects with a non-empty ``text`` (an empty
+    one matches anywhere) and an integer ``answer_start``."""
+    if not isinstance(answers, list):
+        got = "missing" if answers is None else f"{type(answers).__name__}, not a list"
+        raise SparseBertError(f"{where}: 'answers' is {got}")
+    texts, starts = [], []
+    for k, answer in enumerate(answers):
+        if not isinstance(answer, dict) or "text" not in answer or "answer_start" not in answer:
+            raise SparseBertError(f"{where}: answer {k} is not an object with 'text' and 'answer_start'")
+        text, start = answer["text"], answer["answer_start"]
+        if isinstance(start, bool) or not isinstance(start, int):
+            raise SparseBertError(f"{where}, answer {k}: 'answer_start' is {type(start).__name__} {start!r:.40}, "
+                                  "not an integer")
+        if isinstance(text, str) and not text.strip():
+            raise SparseBertError(f"{where}: empty answer text at answer_start {start}")
+        texts.append(_text(text, "text", f"{where}, answer {k}"))
+        starts.append(start)
+    return texts, starts
 
 
 def split_by_article(

@@ -1,8 +1,11 @@
 """``python run.py --export RUN --to DIR [--compressed]``: a finished run's model as a directory of its own.
 
 The plain export is the run's ``model/`` directory (config, tokenizer files, ``model.safetensors``) without the
-Trainer's pickled ``training_args.bin``: ``from_pretrained(DIR)`` loads it. The compressed export replaces the
-weight files by ``model.compressed.safetensors`` (:mod:`sparsebert.export.compressed`), adds
+Trainer's pickled ``training_args.bin``: ``from_pretrained(DIR)`` loads it. Its ``config.json`` names a class that
+loads the weights: transformers' ``BertForMaskedLM`` for a pretraining run (whose class, our MLM fast path, holds
+the same weights); a GAP run, whose ``model/`` holds only the state dict, gets the encoder's config naming
+``GapClassifier`` and its head (:func:`sparsebert.models.gap_heads.exported_config`). The compressed export replaces
+the weight files by ``model.compressed.safetensors`` (:mod:`sparsebert.export.compressed`), adds
 ``compression.json`` and a ``README.md`` that names the loader, and keeps config and tokenizer; since it holds no
 ``model.safetensors``, ``from_pretrained`` refuses it (it finds no weights) instead of loading random ones, and
 :func:`load_compressed` loads it.
@@ -25,8 +28,12 @@ from safetensors.torch import load_file
 from sparsebert.errors import SparseBertError
 from sparsebert.export.compressed import FORMAT, WEIGHTS_NAME, read_compressed, save_compressed
 from sparsebert.io import atomic_write_json, atomic_write_text, publish_permissions
+from sparsebert.models.ties import loaded_through_a_tie
 
 COMPRESSION_FILE = "compression.json"
+# our model classes -> the transformers class an exported config names in their place: the same weights and outputs
+# (BertForMaskedLMAtMasked computes the decoder at masked rows only, while it trains)
+TRANSFORMERS_CLASSES = {"BertForMaskedLMAtMasked": "BertForMaskedLM"}
 SKIPPED = {"training_args.bin"}  # a pickle of the Trainer's arguments: not part of the model, unsafe to load
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 README = """# Compressed sparsebert model
@@ -58,10 +65,32 @@ def resolve_run(run: str, root: Path) -> Path:
         if runs:  # a finetuning experiment: its models are per task and run
             raise SparseBertError(f"--export {run} is an experiment with several runs; name one, e.g. "
                                   f"{Path(run) / runs[0]}")
-        raise SparseBertError(f"--export {run}: {found} holds no model/ directory (finetune.save_model off?)")
-    if not (found / "DONE").is_file():
-        raise SparseBertError(f"--export {run}: {found} has not finished (no DONE file)")
+    if not (found / "DONE").is_file():  # stopped (killed, terminated, failed) or still training
+        raise SparseBertError(f"--export {run}: {found} {why_unfinished(found, root)}; finish it with --resume "
+                              "(the command that started it, plus --resume), then export it")
+    if not (found / "model").is_dir():
+        raise SparseBertError(f"--export {run}: {found} finished without saving its model (finetune.save_model "
+                              "off?)")
     return found
+
+
+def why_unfinished(run_dir: Path, root: Path) -> str:
+    """What the results registry says about a run without ``DONE``: failed with its error (``terminated by
+    SIGTERM``), or running (still training, or killed); "has not finished" where no registry has it."""
+    from sparsebert.results import REGISTRY_FILENAME, Registry
+    from sparsebert.results.recording import run_key
+
+    # the output root's registry, or the one of the output root the run lies in (a run named by its path)
+    for registry in [root / REGISTRY_FILENAME, *(p / REGISTRY_FILENAME for p in run_dir.resolve().parents)]:
+        try:
+            record = Registry(registry, read_only=True).get(run_key(run_dir)) if registry.is_file() else None
+        except SparseBertError:  # an unreadable registry says nothing about the run
+            continue
+        if record is not None and record.status == "failed":
+            return f"did not finish: {record.error or 'it failed'}"
+        if record is not None and record.status == "running":
+            return "has not finished: the registry has it running (still training, or killed)"
+    return "has not finished (no DONE file)"
 
 
 def export_run(run: str, root: Path, to: Path, compressed: bool) -> dict[str, Any]:
@@ -92,11 +121,13 @@ def _write(model_dir: Path, out: Path, compressed: bool, run_dir: Path, name: st
         if p.name in SKIPPED or (compressed and p in weights):
             continue
         (shutil.copytree if p.is_dir() else shutil.copy2)(p, out / p.name)
+    has_config = (model_dir / "config.json").is_file()
+    state = read_weights(model_dir) if compressed or not has_config else None
+    write_loadable_config(model_dir, run_dir, out, state)
     dense_bytes = sum(p.stat().st_size for p in weights if p.suffix == ".safetensors")
     summary: dict[str, Any] = {"run": str(run_dir), "compressed": compressed, "dense_bytes": dense_bytes}
     if not compressed:
         return summary
-    state = read_weights(model_dir)
     shapes = save_compressed(state, out / WEIGHTS_NAME)
     summary.update({"format": FORMAT, "weights": WEIGHTS_NAME, "tensors": len(state),
                     "compressed_tensors": sorted(shapes), "packed_bytes": (out / WEIGHTS_NAME).stat().st_size})
@@ -105,6 +136,32 @@ def _write(model_dir: Path, out: Path, compressed: bool, run_dir: Path, name: st
         weights=WEIGHTS_NAME, format=FORMAT, name=name, run=run_dir, compressed=len(shapes), tensors=len(state),
         dense_mb=dense_bytes / 1e6, packed_mb=summary["packed_bytes"] / 1e6))
     return summary
+
+
+def write_loadable_config(model_dir: Path, run_dir: Path, out: Path, state: dict[str, torch.Tensor] | None) -> None:
+    """``out/config.json``, naming a class that loads the weights (see the module docstring). ``state``: the
+    weights, needed where ``model/`` has no config (a GAP run: the layer count comes from them)."""
+    if (model_dir / "config.json").is_file():
+        config = json.loads((model_dir / "config.json").read_text())
+        config["architectures"] = [TRANSFORMERS_CLASSES.get(a, a) for a in config.get("architectures") or []]
+        atomic_write_json(out / "config.json", config)
+        return
+    run = _run_config(run_dir)
+    if run.get("task") != "gap" or state is None:
+        return  # nothing says what the weights are
+    from sparsebert.models.gap_heads import exported_config
+
+    head = run.get("finetune", {}).get("gap_head")
+    atomic_write_json(out / "config.json", exported_config(state, str(run.get("model_source")), head).to_dict())
+
+
+def _run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's own config.json ({} if unreadable: the export then keeps the model directory as it is)."""
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
 
 
 def _is_shard(p: Path) -> bool:
@@ -144,27 +201,42 @@ def load_compressed(directory: str | os.PathLike, model_class: type | None = Non
 
     Args:
         directory: what ``run.py --export RUN --to DIR --compressed`` wrote.
-        model_class: a ``PreTrainedModel`` class; default: the first of ``config.architectures`` in transformers.
+        model_class: a ``PreTrainedModel`` class or ``GapClassifier``; default: the class ``config.architectures``
+            names first.
     Returns:
         the model in eval mode, on the CPU, in the dtype its weights were saved in.
     """
     import transformers
 
+    from sparsebert.models.gap_heads import GapClassifier
+
     state = decompress_state_dict(directory)
     config = transformers.AutoConfig.from_pretrained(directory)
-    if model_class is None:
-        arch = (getattr(config, "architectures", None) or [None])[0]
-        model_class = getattr(transformers, arch, None) if arch else None
-        if model_class is None:
-            raise SparseBertError(f"{directory}: config names no transformers architecture ({arch!r}); pass "
-                                  "model_class, or use decompress_state_dict")
-    model = model_class(config)
+    model_class = model_class or named_class(directory, config)
+    model = GapClassifier.from_config(config) if model_class is GapClassifier else model_class(config)
     # assign: the parameters become the stored tensors themselves (dtype included), not fp32 copies of them
     result = model.load_state_dict(state, strict=False, assign=True)
-    model.tie_weights()  # tied weights (the MLM decoder) are stored once, under the embedding's name
-    stored = {t.data_ptr() for t in state.values()}
-    untied = [k for k in result.missing_keys if model.state_dict()[k].data_ptr() not in stored]
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()  # tied weights (the MLM decoder's weight and bias) are stored once, under the other name
+    untied = sorted(set(result.missing_keys) - loaded_through_a_tie(model, result.missing_keys))
     if untied or result.unexpected_keys:
         raise SparseBertError(f"{directory}: weights do not fit {model_class.__name__} (missing {untied[:3]}, "
                               f"unexpected {result.unexpected_keys[:3]})")
     return model.eval()
+
+
+def named_class(directory: str | os.PathLike, config) -> type:
+    """The class the first of ``config.architectures`` names: a transformers class (ours stand for the transformers
+    class they extend, as in exports made before the config named it) or ``GapClassifier``."""
+    import transformers
+
+    from sparsebert.models.gap_heads import GapClassifier
+
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    if arch == GapClassifier.__name__:
+        return GapClassifier
+    model_class = getattr(transformers, TRANSFORMERS_CLASSES.get(arch, arch), None) if arch else None
+    if model_class is None:
+        raise SparseBertError(f"{directory}: config names no transformers architecture ({arch!r}); pass "
+                              "model_class, or use decompress_state_dict")
+    return model_class

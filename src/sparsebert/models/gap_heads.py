@@ -8,16 +8,19 @@ Heads:
   pretraining for single-segment input and only learns the markers); classify from the [CLS] state.
 
 The module is a plain ``nn.Module`` whose parameters share no storage, so the HF Trainer can save its
-state dict with safetensors; its ``forward`` takes the ``featurize_gap`` columns by name.
+state dict with safetensors; its ``forward`` takes the ``featurize_gap`` columns by name. A run saves that state dict
+alone; an export adds a config naming the head (:func:`exported_config`), which :meth:`GapClassifier.from_config`
+builds the model from.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
-from transformers import AutoModel, PreTrainedModel
+from transformers import AutoConfig, AutoModel, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 from sparsebert.errors import SparseBertError
@@ -69,6 +72,16 @@ class GapClassifier(nn.Module):
             self.classifier = nn.Linear(hidden, 3)
 
     @classmethod
+    def from_config(cls, config: PretrainedConfig) -> GapClassifier:
+        """A classifier with fresh weights, shaped by an exported config: the encoder's config with the head in
+        ``gap_head`` (see :func:`exported_config`)."""
+        head = getattr(config, "gap_head", None)
+        if head not in HEADS:
+            raise SparseBertError(f"GapClassifier: the config names no GAP head (gap_head={head!r}; one of "
+                                  f"{', '.join(HEADS)})")
+        return cls(AutoModel.from_config(config), head)
+
+    @classmethod
     def from_pretrained_encoder(cls, path_or_name: str, head: str, encoder_kwargs: dict | None = None,
                                 **kw) -> GapClassifier:
         """Load the encoder with ``AutoModel.from_pretrained(path_or_name, **encoder_kwargs)``; ``kw`` go to
@@ -101,3 +114,29 @@ class GapClassifier(nn.Module):
                 logits = torch.einsum("bh,bkh->bk", q, others) / math.sqrt(q.size(-1))
         loss = nn.functional.cross_entropy(logits, labels.long()) if labels is not None else None
         return SequenceClassifierOutput(loss=loss, logits=logits)
+
+
+def encoder_config(state: Mapping[str, torch.Tensor], encoder_source: str) -> PretrainedConfig:
+    """The encoder config of a GAP model's saved weights ``state``: the config of ``encoder_source`` (the model the
+    run started from; a run's ``model/`` holds only the state dict) with as many layers as the weights have (a run
+    with ``model.num_layers`` kept fewer)."""
+    try:
+        config = AutoConfig.from_pretrained(encoder_source)
+    except (OSError, ValueError) as e:
+        raise SparseBertError(f"cannot load the config of {encoder_source}, the encoder the GAP run started "
+                              f"from: {str(e).splitlines()[0]}") from None
+    layers = {k.split(".")[3] for k in state if k.startswith("encoder.encoder.layer.")}
+    if layers:  # (BERT-style names; other encoders keep their config's count)
+        config.num_hidden_layers = len(layers)
+    return config
+
+
+def exported_config(state: Mapping[str, torch.Tensor], encoder_source: str, head: str) -> PretrainedConfig:
+    """The config an export of a GAP run carries, so that it loads without the run: the encoder's, naming
+    ``GapClassifier`` as its architecture and the head in ``gap_head`` (:meth:`GapClassifier.from_config`)."""
+    config = encoder_config(state, encoder_source)
+    config.architectures = [GapClassifier.__name__]
+    config.gap_head = head
+    if head == "segment":
+        config.type_vocab_size = SEGMENT_TYPE_VOCAB
+    return config

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
 from sparsebert.errors import SparseBertError
@@ -71,8 +72,15 @@ def _exclusive(path: Path, study: str) -> Iterator[None]:
 def open_study(plan: SearchPlan) -> optuna.Study:
     """Create the study, or load it after checking it was started with the same settings."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # our own log line per trial says what happened
-    study = optuna.create_study(study_name=plan.study, storage=f"sqlite:///{plan.study_dir / STUDY_FILE}",
-                                direction=DIRECTIONS[plan.direction], load_if_exists=True)
+    path = plan.study_dir / STUDY_FILE
+    try:
+        study = optuna.create_study(study_name=plan.study, storage=f"sqlite:///{path}",
+                                    direction=DIRECTIONS[plan.direction], load_if_exists=True)
+    except sqlalchemy.exc.DatabaseError as e:  # SQLite's own words: "file is not a database", "malformed", ...
+        reason = " ".join(str(getattr(e, "orig", None) or e).split())
+        raise SparseBertError(f"the study file {path} cannot be read ({reason}): it is damaged, or not an optuna "
+                              "study; move it aside to start the study over (the trials' run directories stay), "
+                              "or pass --study NAME for a new one") from None
     settings = json.loads(json.dumps(plan.settings()))  # as the study stores it: tuples become lists
     saved = study.user_attrs.get("settings")
     if saved is None:

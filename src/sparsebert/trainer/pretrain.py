@@ -6,7 +6,7 @@ import json
 import logging
 import math
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -28,6 +28,7 @@ from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.compile_watch import CompileWatch
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.prepare import prepare_model
+from sparsebert.trainer.totals import Totals, TrainingTotals
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,20 @@ class PretrainJob:
     def export(self, trainer: SparseBertTrainer, directory: Path) -> None:
         trainer.save_model(str(directory))  # safetensors; sparse weights are exact zeros
 
+    def resume_checkpoint(self, run_dir: Path) -> Path | None:
+        """The checkpoint ``--resume`` continues from; None: the run starts at step 0."""
+        if not run_dir.is_dir():
+            return None
+        return last_complete_checkpoint(run_dir, sparse=self.hooks.get("sparsity") is not None,
+                                        below_step=self.cfg.train.stop_after_steps)
+
     def train(self, run_dir: Path, resume: bool) -> dict[str, Any]:
         assert self.data is not None, "prepare() first"
         cfg = self.cfg
-        args = training_arguments(cfg.train, run_dir, cfg.seed, cfg.name, label_names=self.label_names)
+        checkpoint = self.resume_checkpoint(run_dir) if resume else None
+        # a resumed run has its evaluation before training in the checkpoint's log history already
+        train = replace(cfg.train, eval_at_start=cfg.train.eval_at_start and checkpoint is None)
+        args = training_arguments(train, run_dir, cfg.seed, cfg.name, label_names=self.label_names)
         compile_watch = CompileWatch() if cfg.train.torch_compile else None
         stop = [StopAfterSteps(cfg.train.stop_after_steps)] if cfg.train.stop_after_steps else []
         trainer = SparseBertTrainer(
@@ -111,18 +122,14 @@ class PretrainJob:
             **self.hooks,
         )
         self.ready(trainer)
-        checkpoint = None
-        if resume and run_dir.is_dir():
-            checkpoint = last_complete_checkpoint(run_dir, sparse=trainer.sparsity is not None,
-                                                  below_step=cfg.train.stop_after_steps)
         if checkpoint is not None and trainer.sparsity is not None:
             load_masks(trainer.sparsity, checkpoint)  # the masks that go with the checkpoint's weights
+        totals = TrainingTotals(trainer)  # the steps, time and loss behind the model, carried across resumes
+        trainer.add_callback(totals)
         result = trainer.train(resume_from_checkpoint=None if checkpoint is None else str(checkpoint))
         final = last_eval(trainer) or trainer.evaluate()
         self.export(trainer, run_dir / "model")
-        start_step = 0 if checkpoint is None else checkpoint_step(checkpoint)
-        trained_samples = (trainer.state.global_step - start_step) * cfg.train.global_batch_size
-        metrics = pretrain_metrics(trainer, result.metrics, final, self.data, trained_samples)
+        metrics = pretrain_metrics(trainer, totals.at_end(result), final, self.data, cfg.train.global_batch_size)
         if trainer.is_world_process_zero():  # plain data for loss curves (--plot loss), beside metrics.json
             atomic_write_json(run_dir / "log_history.json", trainer.state.log_history)
         if compile_watch is not None and compile_watch.at_warmup_end is not None:
@@ -238,21 +245,21 @@ def last_eval(trainer) -> dict[str, float] | None:
     return None
 
 
-def pretrain_metrics(trainer, train: dict[str, float], final: dict[str, float], data: PretrainData,
-                     trained_samples: int) -> dict:
-    """``trained_samples``: the sequences of the steps this process ran. samples/s is counted from them: the
-    Trainer's own figure assumes the whole max_steps schedule ran (transformers 5.17 doubles a run stopped halfway
-    by train.stop_after_steps)."""
+def pretrain_metrics(trainer, totals: Totals, final: dict[str, float], data: PretrainData,
+                     samples_per_step: int) -> dict:
+    """``totals``: the steps behind the model, over every process that trained them (a resumed run's included).
+    Train loss, runtime and samples/s are counted over them: the Trainer's own figures cover only this process's
+    steps (none, in a resume from the final checkpoint), and its samples/s assumes the whole max_steps schedule ran
+    (transformers 5.17 doubles a run stopped halfway by train.stop_after_steps)."""
     initial = next((h for h in trainer.state.log_history if "eval_loss" in h and h.get("step") == 0), None)
-    runtime = train.get("train_runtime")
-    samples_per_second = trained_samples / runtime if runtime else None
+    samples_per_second = totals.samples_per_second(samples_per_step)
     out: dict[str, Any] = {
         "eval_loss": final["eval_loss"],
         "perplexity": math.exp(final["eval_loss"]),
         "masked_accuracy": final.get("eval_accuracy"),
         "global_step": trainer.state.global_step,
-        "train_loss": train.get("train_loss"),
-        "train_runtime_s": train.get("train_runtime"),
+        "train_loss": totals.train_loss,
+        "train_runtime_s": totals.seconds,
         "train_samples_per_second": samples_per_second,
         "train_tokens_per_second": (samples_per_second or 0.0) * trainer.tokens_per_sample,
         "train_blocks": len(data.train),

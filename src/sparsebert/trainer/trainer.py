@@ -27,6 +27,7 @@ from pathlib import Path
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
 from sparsebert.errors import SparseBertError
+from sparsebert.models.ties import loaded_through_a_tie
 from sparsebert.trainer.clipping import ClipInOptimizer
 from sparsebert.trainer.compile_options import apply_compile_plugin_options
 from sparsebert.trainer.ddp import FlatAllReduceCallback, GradientSync, apply_ddp_settings
@@ -245,6 +246,11 @@ class SparseBertTrainer(UpstreamTrainer):
         self._last_log = None  # evaluation time is not training throughput
         return metrics
 
+    def skip_epoch(self) -> bool:
+        # a resume from the checkpoint of the final step (a run killed while it evaluated or exported): the
+        # Trainer checks for the end only after a step, so it would train one step past max_steps and save it
+        return self.state.global_step >= self.state.max_steps
+
     def filter_load_result(self, load_result):
         # A checkpoint stores each tied tensor once (the MLM decoder's weight is the word embeddings, its bias the
         # head's bias), so a resume reports the decoder's names as missing although their tensors were loaded under
@@ -270,12 +276,3 @@ class SparseBertTrainer(UpstreamTrainer):
                                   f"batch of {self.per_device_train_batch} per device x {self.args.world_size} "
                                   "process(es); use more data or a smaller batch")
         return loader
-
-
-def loaded_through_a_tie(model, missing_keys: list[str]) -> set[str]:
-    """The names among ``missing_keys`` whose parameter is the same tensor as one under a name that was loaded."""
-    names: dict[int, list[str]] = {}
-    for name, parameter in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(parameter), []).append(name)
-    missing = set(missing_keys)
-    return {name for aliases in names.values() if not set(aliases) <= missing for name in aliases if name in missing}

@@ -17,7 +17,7 @@ from transformers import default_data_collator
 from sparsebert.data.gap import GapExample, gap_features, read_gap
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_text
-from sparsebert.models.gap_heads import GapClassifier
+from sparsebert.models.gap_heads import GapClassifier, encoder_config
 from sparsebert.trainer.finetune.classification_metrics import plot_confusion_matrix
 from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, make_trainer, softmax
 
@@ -76,23 +76,14 @@ def run_gap(ctx: FinetuneContext, inputs: GapInputs, seed: int, run_dir: Path) -
 def load_gap_model(model_dir: str | Path, head: str, encoder_source: str) -> GapClassifier:
     """A finished run's GAP model (also a distillation teacher): the encoder built from the config of
     ``encoder_source`` (the model the run started from; ``model/`` holds only the state dict) with as many layers
-    as the saved weights have (a run with ``model.num_layers`` kept fewer), then every weight from
-    ``model/model.safetensors``."""
+    as the saved weights have, then every weight from ``model/model.safetensors``."""
     from safetensors.torch import load_file
-    from transformers import AutoConfig, AutoModel
+    from transformers import AutoModel
 
-    try:
-        config = AutoConfig.from_pretrained(encoder_source)
-    except (OSError, ValueError) as e:
-        raise SparseBertError(f"cannot load the config of {encoder_source}, the encoder the GAP run started "
-                              f"from: {str(e).splitlines()[0]}") from None
     state = load_file(str(Path(model_dir) / "model.safetensors"))
     # runs saved before the unused pooler was dropped still carry its weights
     state = {k: v for k, v in state.items() if not k.startswith("encoder.pooler.")}
-    layers = {k.split(".")[3] for k in state if k.startswith("encoder.encoder.layer.")}
-    if layers:  # (BERT-style names; other encoders keep their config's count)
-        config.num_hidden_layers = len(layers)
-    model = GapClassifier(AutoModel.from_config(config), head)  # random weights, all replaced below
+    model = GapClassifier(AutoModel.from_config(encoder_config(state, encoder_source)), head)  # weights replaced below
     model.load_state_dict(state)
     return model
 

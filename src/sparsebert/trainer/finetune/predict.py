@@ -43,7 +43,7 @@ from sparsebert.data.glue import featurize_glue, glue_dataset, read_glue_file
 from sparsebert.data.squad import postprocess_predictions, read_squad
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.errors import SparseBertError
-from sparsebert.io import atomic_write_json
+from sparsebert.io import atomic_write_json, unwritable_reason
 from sparsebert.sparsity.config import SparsityConfig
 from sparsebert.trainer.finetune.classification_metrics import classification_metrics
 from sparsebert.trainer.finetune.common import softmax
@@ -229,18 +229,40 @@ def predict(run: str | Path, input_file: str | Path, output: str | Path | None =
         check_two_four_run(finished)
         finished.sparse24_kernel = True
     input_file = Path(input_file)
-    if not input_file.is_file():
-        raise SparseBertError(f"--input {input_file}: no such file")
-    output = Path(output) if output is not None else default_output(finished, input_file)
-    if output.is_dir():
-        raise SparseBertError(f"--output {output} is a directory; name the file to write")
-    if output.resolve() == input_file.resolve():
-        raise SparseBertError(f"--output {output} is the input file; name another file")
+    check_readable(input_file)
+    output = check_output(Path(output) if output is not None else None, finished, input_file)
     if sparse24_kernel:
         check_sparse24_device()
     result = PREDICTORS[finished.kind](finished, input_file, output)
     result.kernel_layers = finished.kernel_layers
     return result
+
+
+def check_readable(input_file: Path) -> None:
+    """``--input`` names a file this process can read."""
+    if not input_file.is_file():
+        raise SparseBertError(f"--input {input_file}: no such file")
+    try:
+        with open(input_file, "rb"):
+            pass
+    except OSError as e:
+        raise SparseBertError(f"--input {input_file}: cannot read it: {e.strerror}") from None
+
+
+def check_output(output: Path | None, run: FinishedRun, input_file: Path) -> Path:
+    """The predictions file, ``--output`` or the run's default, checked to be writable: a destination that cannot
+    take the predictions fails before the model loads and the input is featurized, not after."""
+    given = output is not None
+    output = output if given else default_output(run, input_file)
+    if output.is_dir():
+        raise SparseBertError(f"--output {output} is a directory; name the file to write")
+    if output.resolve() == input_file.resolve():
+        raise SparseBertError(f"--output {output} is the input file; name another file")
+    problem = unwritable_reason(output)
+    if problem is not None:
+        where = f"--output {output}" if given else f"the predictions file {output} (in the run's directory)"
+        raise SparseBertError(f"cannot write {where}: {problem}; pass --output FILE in a writable directory")
+    return output
 
 
 def infer(model, dataset, collator: Callable, batch_size: int, columns: Sequence[str],
