@@ -1,6 +1,6 @@
 """The eval-score curves of docs/results.md "Sparse finetuning": one panel per task, x = share of training.
 
-    python scripts/plot_finetune_curves.py docs/data/sparse_finetune/curves_h200.json docs/sparse_finetune_curves.png
+    python scripts/plot_finetune_curves.py curves.json curves.png   # the 02aa73c curves: docs/data/sparse_finetune/ at aabd373
 
 The JSON maps "TASK LABEL" to the eval score after each epoch (from each run's epochs.json).
 """
