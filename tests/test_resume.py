@@ -44,7 +44,9 @@ PRETRAIN = ["data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=
             "train.global_batch_size=8", f"train.max_steps={STEPS}", "train.eval_steps=3", "train.save_steps=3",
             "train.logging_steps=1", "train.report_to=[]", "train.warmup_steps=0", "train.save_total_limit=1"]
 PRETRAINING = {"dense": ("bert_tiny_quick", PRETRAIN),
-               "sparse": ("sparse_tiny_rigl", [*PRETRAIN, "rigl.update_freq=2"])}  # masks move across a resume
+               "sparse": ("sparse_tiny_rigl", [*PRETRAIN, "rigl.update_freq=2"]),  # masks move across a resume
+               # task upstream: the distillation model, its teacher outside the checkpoint, GMP pruning at 0, 5, 6
+               "upstream": ("tiny_upstream", PRETRAIN)}
 FINETUNE = ["finetune.glue_tasks=rte", "finetune.runs_per_task={}", "finetune.num_runs=2", "finetune.max_seq_length=64",
             "finetune.max_train_samples=8", "finetune.max_eval_samples=8", "train.global_batch_size=8",
             "train.report_to=[]"]
@@ -200,9 +202,11 @@ def test_a_killed_then_terminated_pretraining_run_resumes_to_the_uninterrupted_r
 # one run stopped at each point in turn: before the first checkpoint, between two (the dense run: the test above),
 # right after the last; and the steps each process trains, resuming from the checkpoint before its stop
 PRETRAINING_STOPS = {"dense": [CrashAt(2), CrashAt(STEPS, after_save=True)],
-                     "sparse": [CrashAt(2), CrashAt(5), CrashAt(STEPS, after_save=True)]}
+                     "sparse": [CrashAt(2), CrashAt(5), CrashAt(STEPS, after_save=True)],
+                     "upstream": [CrashAt(5)]}
 PRETRAINING_STEPS = {"dense": [range(1, 3), range(1, STEPS + 1), ()],
-                     "sparse": [range(1, 3), range(1, 6), range(4, STEPS + 1), ()]}
+                     "sparse": [range(1, 3), range(1, 6), range(4, STEPS + 1), ()],
+                     "upstream": [range(1, 6), range(4, STEPS + 1)]}
 
 
 @pytest.mark.parametrize("kind", PRETRAINING)
