@@ -12,7 +12,7 @@ SEARCH_SPACES = {
             "train.learning_rate": {"type": "float", "low": 2e-5, "high": 2e-4, "log": True},
             "train.epochs": {"type": "categorical", "choices": [4, 6, 8, 12]},
             "gmp.end_fraction": {"type": "float", "low": 0.2, "high": 0.8},
-            "gmp.score": {"type": "categorical", "choices": ["magnitude", "movement"]},
+            "gmp.score": {"type": "categorical", "choices": ["magnitude", "movement", "obs"]},
             "gmp.global_ranking": {"type": "categorical", "choices": [False, True]},
             "gmp.rewind_lr": {"type": "categorical", "choices": [False, True]},
             "kd.temperature": {"type": "float", "low": 1.0, "high": 4.0},
@@ -26,6 +26,16 @@ SEARCH_SPACES = {
             "gmp.end_fraction": {"type": "float", "low": 0.3, "high": 0.7},
             "train.learning_rate": {"type": "float", "low": 3e-5, "high": 2e-4, "log": True},
             "gmp.global_ranking": {"type": "categorical", "choices": [False, True]},
+        },
+    },
+    "transfer": {
+        "description": "fixed-mask transfer from an upstream-pruned model (minilm_glue_sparse80 and the other "
+                       "*_from_upstream* recipes): learning rate, epochs, KD temperature and weight",
+        "params": {
+            "train.learning_rate": {"type": "float", "low": 3e-5, "high": 3e-4, "log": True},
+            "train.epochs": {"type": "categorical", "choices": [4, 8, 12, 16]},
+            "kd.temperature": {"type": "float", "low": 1.0, "high": 4.0},
+            "kd.alpha": {"type": "categorical", "choices": [0.5, 0.8, 1.0]},
         },
     },
     "glue_lr": {

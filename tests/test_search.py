@@ -105,7 +105,8 @@ def test_every_key_and_value_of_a_space_is_built_before_any_trial(asset_data_dir
 
 
 @pytest.mark.parametrize("experiment,space", [
-    ("search_glue_downstream80", "sparse_finetune"), ("search_glue_downstream80", "sparse_schedule"), ("minilm_glue", "glue_lr"), ("tiny_search", "tiny"),
+    ("search_glue_downstream80", "sparse_finetune"), ("search_glue_downstream80", "sparse_schedule"),
+    ("minilm_glue_sparse80", "transfer"), ("minilm_glue", "glue_lr"), ("tiny_search", "tiny"),
 ])
 def test_shipped_spaces_fit_their_experiments(registry, asset_data_dir, tmp_path, experiment, space):
     p = plan_search(registry, experiment, space, 5, output_root=tmp_path, data_dir=asset_data_dir,
