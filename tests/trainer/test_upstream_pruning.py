@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from transformers import BertConfig, BertModel
 
 from sparsebert.config import ConfigError, Registry
+from sparsebert.results import Registry as Results
 from sparsebert.runner import RunOptions, run_experiment
 from sparsebert.sparsity import DEFAULT_INCLUDE
 from sparsebert.trainer.distillation import attention_loss
@@ -84,6 +85,9 @@ def test_transfer_keeps_the_upstream_zeros_bit_for_bit(root):
         assert not torch.equal(finetuned[name], weight), f"{name} did not train"
     report = json.loads((run / "sparsity.json").read_text())
     assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    # the upstream run's eval loss is a distance to its teacher: not recorded as the model's MLM loss
+    (row,) = Results.in_output_root(root).runs(experiments=["tiny_glue_from_upstream"])
+    assert row.pretrain_metrics == {}
 
 
 def tiny_bert(seed: int, attn: str = "eager") -> BertModel:

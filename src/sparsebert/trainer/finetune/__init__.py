@@ -66,7 +66,10 @@ def finished_run_file(source_name: str | None, output_root: Path, filename: str)
 
 
 def pretrain_metrics_of(source_name: str | None, output_root: Path) -> dict[str, float]:
-    """Eval loss and perplexity of our pretraining run the model came from (empty for other models)."""
+    """MLM eval loss and perplexity of our MLM run the model came from (empty for other models: an upstream
+    run's eval loss is a distance to its teacher, which the GLUE table must not show as an MLM loss)."""
+    if finished_run_file(source_name, output_root, "config.json").get("task", "mlm") != "mlm":
+        return {}
     metrics = finished_run_file(source_name, output_root, "metrics.json")
     return {k: metrics[k] for k in ("eval_loss", "perplexity") if k in metrics}
 
