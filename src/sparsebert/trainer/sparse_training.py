@@ -1,18 +1,7 @@
 """Sparse training in the Trainer: masks kept exact, RigL / GMP updates once per optimizer step.
 
-The order inside one optimizer step (trainer/step.py runs it), and why:
-1. backward of every micro-batch (DDP all-reduces the dense gradient on the last one, or with
-   ``train.ddp.comm_hook=flat`` / ``flat_bf16`` sparsebert's sync after it; with ``sparse`` that sync averages only
-   the active weights' part and leaves zeros at masked positions, except on a step with a RigL update, and says
-   so in its result);
-2. ``before_optimizer_step(grads_masked=...)`` (after the last micro-batch's backward and the sync): keep the
-   dense gradient when a RigL update is due, then zero masked gradients (unless the sparse all-reduce already
-   did), so clipping and AdamW see the sparse model only;
-3. clip, ``optimizer.step()``;
-4. ``on_optimizer_step`` (callback): keep masked weights at 0 (AdamW after masked gradients already does; other
-   optimizers get the masks re-applied), and on schedule update the masks (RigL from the gradient kept in 2, of
-   this step's own batch). Steps the fp16 scaler skipped do not count.
-Gradient accumulation therefore gives exactly one update per optimizer step, never one per micro-batch.
+Where this happens in the step, and why in that order: trainer/step.py, steps 3b and 6. Gradient accumulation
+gives exactly one mask update per optimizer step, never one per micro-batch.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ The Trainer's loop runs the step; SparseBertTrainer (trainer.py) hands each stag
    step (``ClipInOptimizer``, clipping.py) with the sync's norm when it is that of the gradients the optimizer
    sees, else the Trainer clips;
 5. ``optimizer.step()`` (the Trainer);
-6. after it, callbacks in this order: the fp16 skipped-step count (``SkippedSteps``, trainer.py), the clip
-   factor taken off the optimizer (``StepCallback``), mask upkeep (``SparsityCallback``, sparse_training.py:
-   masked weights kept at 0, RigL / GMP on schedule, never on a skipped step);
+6. after it, callbacks in the order of ``AFTER_OPTIMIZER_STEP`` (trainer.py, which adds them in that order; a
+   test holds it): the fp16 skipped-step verdict (``SkippedSteps``), the clip factor taken off the optimizer
+   (``StepCallback``), mask upkeep (``SparsityCallback``, sparse_training.py: masked weights kept at 0, RigL /
+   GMP on schedule, never on a skipped step);
 7. logging: stages add their values to ``PendingLogs``; the next training log carries them with throughput.
 
 Each stage takes what it needs as arguments and returns what the next one needs: nothing sets a flag on

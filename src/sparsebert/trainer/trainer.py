@@ -111,6 +111,11 @@ class SkippedSteps(TrainerCallback):
             self.pending.add({"fp16_skipped_steps": self.count})
 
 
+# what acts after optimizer.step() (step.py, step 6), in this order: whether the fp16 scaler skipped the step
+# (the others ask), the clip factor taken off the optimizer, then the masks (kept at 0, moved on schedule)
+AFTER_OPTIMIZER_STEP = (SkippedSteps, StepCallback, SparsityCallback)
+
+
 class SparseBertTrainer(UpstreamTrainer):
     """The Trainer every sparsebert job runs.
 
@@ -131,12 +136,9 @@ class SparseBertTrainer(UpstreamTrainer):
         self._last_log: tuple[float, int] | None = None
         super().__init__(*args, **kwargs)
         self.skipped_steps = SkippedSteps(self, self.pending_logs)
-        self.add_callback(self.skipped_steps)
         # Accelerate's compile plugin exists only now; it compiles at the start of training
         apply_compile_plugin_options(self.accelerator, compile_scope, compile_dynamic)
         clipping = ClipInOptimizer(clip_in_optimizer)
-        if clip_in_optimizer:
-            self.add_callback(StepCallback(clipping))
         sync = None
         if ddp is not None:
             sync = GradientSync.from_config(ddp, sparsity)
@@ -147,8 +149,14 @@ class SparseBertTrainer(UpstreamTrainer):
         if self.teacher is not None:
             prepare_teacher(self.teacher, self.args.device, self.args.bf16, self.args.fp16)
         self.sparsity = sparsity
-        if sparsity is not None:
-            self.add_callback(SparsityCallback(sparsity, self))
+        # step 6 of step.py: what acts after optimizer.step(), in AFTER_OPTIMIZER_STEP's order (the Trainer calls
+        # callbacks in the order they were added)
+        after_step = {SkippedSteps: self.skipped_steps,
+                      StepCallback: StepCallback(clipping) if clip_in_optimizer else None,
+                      SparsityCallback: SparsityCallback(sparsity, self) if sparsity is not None else None}
+        for stage in AFTER_OPTIMIZER_STEP:
+            if after_step[stage] is not None:
+                self.add_callback(after_step[stage])
         self.step = TrainingStep(sparsity, sync, clipping, self.teacher, self.kd_config)
         self.drop_last_batch = drop_last_batch
         for plain, compact in ((ProgressCallback, CompactProgressCallback), (PrinterCallback, CompactPrinterCallback)):
