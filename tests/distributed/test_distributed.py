@@ -98,6 +98,9 @@ def two_rank_runs(data_dir: Path, tmp_path: Path, runs: dict[str, tuple[str, lis
 
 
 FUSED_CLIP = ["train.optim=adamw_torch_fused", "train.max_grad_norm=0.05"]
+# gradual pruning by the oBERT score: prunes at steps 3, 6, 9, each with the Fisher of the 3 steps before it
+OBS = ["sparsity.sparsity=0.8", "sparsity.init=magnitude", "gmp.score=obs", "gmp.frequency=3", "gmp.end_step=9",
+       "gmp.obs_num_grads=3", "gmp.obs_block_size=16", "gmp.global_ranking=true"]
 # The 2-process runs of the tests below, trained in one launch. Plain DDP at 1 micro-batch per step ("acc1_none")
 # comes last: test_two_ranks_identical_and_trajectory_matches_one_process checks it bit for bit against a launch
 # of its own, so the runs before it in the same processes changed nothing.
@@ -106,6 +109,8 @@ DDP_RUNS: dict[str, tuple[str, list[str]]] = {
     "clip_flat_bf16": ("bert_tiny_quick", [*FUSED_CLIP, "train.ddp.comm_hook=flat_bf16",
                                            "train.per_device_batch_size=3"]),
     **{f"acc2_{hook}": ("sparse_tiny_rigl", [f"train.ddp.comm_hook={hook}", "train.per_device_batch_size=3"])
+       for hook in ("none", "sparse")},
+    **{f"obs_acc2_{hook}": ("bert_tiny_quick", [*OBS, f"train.ddp.comm_hook={hook}", "train.per_device_batch_size=3"])
        for hook in ("none", "sparse")},
     **{f"acc1_{hook}": ("sparse_tiny_rigl", [f"train.ddp.comm_hook={hook}", "train.per_device_batch_size=6"])
        for hook in ("sparse", "flat", "flat_bf16", "none")},
@@ -150,6 +155,21 @@ def test_flat_all_reduces_train_the_same_model_bit_for_bit(ddp_runs, accumulatio
                          .read_text())
     sent = [h["ddp/allreduce_sent_fraction"] for h in history["log_history"] if "ddp/allreduce_sent_fraction" in h]
     assert sent and all(0.5 < f < 1 for f in sent)  # the tiny model's dense embeddings are most of its weights
+
+
+def test_obs_scores_the_synced_gradients_of_the_whole_step(ddp_runs):
+    """gmp.score=obs under DDP with 2 micro-batches per step: the Fisher takes each step's gradient once, after
+    the sync (DDP's reducer, or the sparse all-reduce after the last micro-batch), so both ranks prune the same
+    weights and the two syncs train the same model, bit for bit. A rank scoring its own unsynced gradients would
+    prune otherwise than its peer."""
+    out, all_digests = ddp_runs
+    plain, sparse = all_digests["obs_acc2_none"], all_digests["obs_acc2_sparse"]
+    for rank0, rank1 in (plain, sparse):
+        assert rank1["weights"] == rank0["weights"] and rank1["zeros"] == rank0["zeros"]
+    assert sparse[0]["reducer_calls"] == 0 < plain[0]["reducer_calls"]
+    assert sparse[0]["weights"] == plain[0]["weights"] and sparse[0]["zeros"] == plain[0]["zeros"]
+    metrics = json.loads((out / "obs_acc2_sparse" / "bert_tiny_quick" / "metrics.json").read_text())
+    assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-4)
 
 
 def test_two_nodes_with_uneven_processes(data_dir, tmp_path):
