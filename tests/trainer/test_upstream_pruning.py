@@ -48,7 +48,9 @@ def registry() -> Registry:
 def root(registry, data_dir, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("upstream")
     opts = RunOptions(output_root=out, data_dir=data_dir)
-    run_experiment(registry.build("tiny_upstream", SMALL), opts)
+    # without dropout, as minilm_upstream_sparse80_obs_nodropout: the transfer must still finetune with MiniLM's
+    run_experiment(registry.build("tiny_upstream", SMALL + ["model.hidden_dropout=0", "model.attention_dropout=0"]),
+                   opts)
     run_experiment(registry.build("tiny_glue", FEW_ROWS + ["finetune.glue_tasks=rte", "finetune.runs_per_task={}"]),
                    opts)
     run_experiment(registry.build("tiny_glue_from_upstream", FEW_ROWS), opts)
@@ -85,6 +87,10 @@ def test_transfer_keeps_the_upstream_zeros_bit_for_bit(root):
         assert not torch.equal(finetuned[name], weight), f"{name} did not train"
     report = json.loads((run / "sparsity.json").read_text())
     assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    # the upstream run trained without dropout; its transfer finetunes with MiniLM's 0.1 again
+    for model_dir, dropout in ((root / "tiny_upstream" / "model", 0.0), (run / "model", 0.1)):
+        config = json.loads((model_dir / "config.json").read_text())
+        assert (config["hidden_dropout_prob"], config["attention_probs_dropout_prob"]) == (dropout, dropout)
     # the upstream run's eval loss is a distance to its teacher: not recorded as the model's MLM loss
     (row,) = Results.in_output_root(root).runs(experiments=["tiny_glue_from_upstream"])
     assert row.pretrain_metrics == {}
