@@ -5,19 +5,20 @@
 #
 #   scripts/upstream_study.sh OUT_ROOT DATA_DIR MINILM_DIR [SECONDS]
 #
-# Lanes: the upstream runs (STUDY_UPSTREAM, default "80 80_obs"), and per task the dense run (3 seeds: also the
-# teacher, run0), the downstream recipe (*_downstream80, seed 42; only for the tasks in STUDY_DOWNSTREAM, default
-# all) and one transfer
-# lane per upstream run, which waits for both its upstream run and its teacher. Every task family has its own
-# output root (so its teacher and students share a registry); the upstream runs have theirs. MiniLM at batch 32 is
-# host-bound: many processes share each GPU, one CPU thread each. SECONDS (default 1500): every lane is stopped
-# then; finished runs stay (DONE), unfinished ones do not count. STUDY_UPSTREAM_SET / STUDY_TASK_SET: more
-# "--set k=v" for the upstream runs / for every finetuning run (the CPU test makes them tiny).
+# Lanes: the upstream runs (STUDY_UPSTREAM, default "80_obs 80_obs_nodropout 90_obs"), and per task the dense run
+# (3 seeds: also the teacher, run0), the downstream recipe (*_downstream80, seed 42; only for the tasks in
+# STUDY_DOWNSTREAM, default all) and one transfer lane per upstream run, which waits for both its upstream run and
+# its teacher. Every task family has its own output root (so its teacher and students share a registry); the
+# upstream runs have theirs. MiniLM at batch 32 is host-bound: many processes share each GPU, one CPU thread each.
+# The upstream runs are not: on one H100 two side by side took 570-740 s, three 890 s (docs/results.md), and the
+# transfers start after them. SECONDS (default 1500): every lane is stopped then; finished runs stay (DONE),
+# unfinished ones do not count. STUDY_UPSTREAM_SET / STUDY_TASK_SET: more "--set k=v" for the upstream runs / for
+# every finetuning run (the CPU test makes them tiny).
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))
-upstreams=${STUDY_UPSTREAM:-"80 80_obs"}
-tasks=${STUDY_TASKS:-"rte mrpc stsb cola sst2 gap_mul squad_v1"}
+upstreams=${STUDY_UPSTREAM:-"80_obs 80_obs_nodropout 90_obs"}
+tasks=${STUDY_TASKS:-"rte mrpc stsb cola sst2 gap_mul gap_concat squad_v1"}
 read -r -a gpus <<< "${STUDY_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ')}"
 [ ${#gpus[@]} -gt 0 ] || gpus=(0)
 export OMP_NUM_THREADS=1
