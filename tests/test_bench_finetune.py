@@ -1,0 +1,40 @@
+"""bench/finetune_throughput.py on CPU: the plainest Trainer script and run.py minilm_glue, each in a process of its
+own on a slice of SST-2, timed end to end and in the loop."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def test_every_variant_is_a_timed_process_of_its_own(data_dir, tmp_path):
+    out = tmp_path / "bench.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "finetune_throughput.py"), "--data-dir", str(data_dir),
+         "--variants", "plain,sparsebert", "--epochs", "1", "--max-train-samples", "32",
+         "--max-eval-samples", "32", "--out", str(out)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["plain", "sparsebert"]
+    for r in rows:
+        assert "error" not in r, r
+        # the process outlives its loop: imports, tokenization, model load and evaluation are outside it
+        assert 0 < r["loop_s"] < r["end_to_end_s"]
+        assert 0 <= r["accuracy"] <= 1
+    assert "| sparsebert | 1 |" in done.stdout  # the table, with its ratio against plain
+
+
+def test_an_unknown_variant_is_refused_before_anything_runs(data_dir):
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "finetune_throughput.py"), "--data-dir",
+                           str(data_dir), "--variants", "plain,fastest", "--max-train-samples", "8"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "unknown variant(s) ['fastest']" in done.stderr
