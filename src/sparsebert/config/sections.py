@@ -20,7 +20,8 @@ MODEL_SIZES: dict[str, tuple[int, int]] = {
     "large": (24, 1024),
 }
 
-PRECISIONS = ("auto", "bf16", "fp16", "fp32")
+PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp8")
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's Float8LinearConfig.from_recipe_name
 CORPUS_FORMATS = ("wikiextractor", "text", "hub")
 
 
@@ -183,7 +184,10 @@ class TrainConfig:
     # loss scaler, elsewhere the Trainer clips as usual (trainer/clipping.py)
     clip_in_optimizer: bool = True
     optim: str = "auto"  # "auto": fused AdamW on GPU, plain AdamW on CPU; or any transformers optim name
-    precision: str = "auto"  # "auto": bf16 where the GPU supports it, else fp32
+    # "auto": bf16 where the GPU supports it, else fp32; "fp8": the encoder's Linear layers multiply in FP8 (torchao,
+    # sm89+ GPUs), the rest as under bf16 (trainer/fp8.py)
+    precision: str = "auto"
+    fp8_recipe: str = "tensorwise"  # with precision fp8: one scale per tensor, or per row (FP8_RECIPES)
     eval_steps: int = 1000
     eval_at_start: bool = True  # report the eval loss before training too
     eval_batch_size: int = 128  # per device
@@ -238,6 +242,8 @@ class TrainConfig:
             raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"train.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         # transformers would refuse these only when TrainingArguments are built, after the run directory exists
         schedulers = scheduler_names()
         if self.lr_scheduler not in schedulers:

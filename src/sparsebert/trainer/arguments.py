@@ -12,6 +12,7 @@ from transformers import TrainingArguments
 from sparsebert.config.sections import TrainConfig
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
+from sparsebert.trainer.fp8 import fp8_unavailable_reason
 from sparsebert.upstream.trainer import train_on_one_gpu
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,8 @@ def resolve_precision(precision: str) -> str:
         return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
     if precision in ("bf16", "fp16") and not torch.cuda.is_available():
         raise SparseBertError(f"train.precision={precision} needs a GPU; use auto or fp32 on CPU")
+    if precision == "fp8" and (reason := fp8_unavailable_reason()):
+        raise SparseBertError(reason)
     return precision
 
 
@@ -90,7 +93,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         adam_epsilon=cfg.adam_epsilon,
         max_grad_norm=cfg.max_grad_norm,
         optim=optim,
-        bf16=precision == "bf16",
+        bf16=precision in ("bf16", "fp8"),  # fp8: the layers trainer/fp8.py swaps; the rest under bf16
         fp16=precision == "fp16",
         torch_compile=cfg.torch_compile,
         torch_compile_mode=cfg.torch_compile_mode if cfg.torch_compile else None,

@@ -4,6 +4,7 @@ distillation teacher's), so they belong to the model, not to the Trainer's step.
 - ``model.fast_dropout``: dropout with counter-hash random bits under torch.compile (trainer/fast_dropout.py);
 - ``model.half_precision_residual``: LayerNorm outputs in bf16 under bf16 training (trainer/residual_precision.py);
 - ``model.fused_qkv``: each attention layer's Q, K and V as one matrix product (models/fused_qkv.py);
+- ``train.precision=fp8``: the encoder's Linear layers multiply in FP8 (trainer/fp8.py);
 - ``train.torch_compile_tune_kernels``: Inductor's kernel tuning, a process-wide setting (compile_options.py).
 
 The compile plugin's scope and dynamic shapes live on Accelerate's plugin, which exists only once the Trainer
@@ -25,6 +26,7 @@ from sparsebert.models.fused_qkv import use_fused_qkv
 from sparsebert.trainer.arguments import resolve_precision
 from sparsebert.trainer.compile_options import apply_kernel_tuning
 from sparsebert.trainer.fast_dropout import apply_fast_dropout
+from sparsebert.trainer.fp8 import use_fp8_matmuls
 from sparsebert.trainer.residual_precision import apply_half_precision_residual
 
 log = logging.getLogger(__name__)
@@ -39,17 +41,24 @@ def prepare_model(model: nn.Module, cfg: ExperimentConfig) -> nn.Module:
         apply_half_precision_residual(model, _precision(cfg.train.precision))
     if cfg.model.fast_dropout:
         apply_fast_dropout(model, compiled)
-    if cfg.model.fused_qkv:
+    fp8 = cfg.train.precision == "fp8"
+    if cfg.model.fused_qkv and fp8:
+        # the fused product calls F.linear on a concatenated weight, which the FP8 swap cannot reach
+        log.info("model.fused_qkv: left off under train.precision=fp8 (Q, K and V multiply in FP8 one by one)")
+    elif cfg.model.fused_qkv:
         swapped = use_fused_qkv(model)
         log.info("model.fused_qkv: %d attention layers compute Q, K and V in one matrix product", swapped)
         if swapped == 0:
             log.warning("model.fused_qkv: no encoder self-attention of this model can be fused (not BERT's, a "
                         "decoder, no biases or projections other than nn.Linear); nothing changes")
+    if fp8:
+        use_fp8_matmuls(model, cfg.train.fp8_recipe)
     return model
 
 
 def _precision(precision: str) -> str:
+    """The dtype the residual stream's autocast runs in: fp8 runs everything but its FP8 layers under bf16."""
     try:
-        return resolve_precision(precision)
+        return "bf16" if precision == "fp8" else resolve_precision(precision)
     except SparseBertError:  # reported where the Trainer's arguments are built
         return precision

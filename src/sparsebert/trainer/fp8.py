@@ -1,0 +1,75 @@
+"""``train.precision=fp8``: the encoder's Linear layers multiply in FP8, everything else as under bf16.
+
+The layers are swapped for torchao's ``Float8Linear`` by Accelerate's converter (``accelerate.utils.ao``, what
+``Accelerator(mixed_precision="fp8")`` runs with its torchao backend), here before the Trainer exists: the
+Trainer builds its Accelerator from TrainingArguments, which has no FP8 setting, and the swap must come before
+``torch.compile`` and DDP wrap the model. A ``Float8Linear`` keeps the Linear's own weight and bias Parameters
+(fp32 master weights, the same objects the sparsity masks, the optimizer and DDP hold); each step it casts the
+weight, the input and the output gradient to FP8 with one scale per tensor (or per row) and multiplies on the
+GPU's FP8 units (sm89 and later: Ada, Hopper, Blackwell). A zero weight stays an exact zero in FP8, so masked
+weights stay zero in the master weights and outputs; RigL's dense gradient still comes from the same backward.
+
+Which layers: the encoder's (``encoder.layer.N.``) Linears whose sides are multiples of 16 (FP8 matrix
+products need it). Embeddings are lookups, not products; the pooler, the MLM head and task heads stay bf16: they
+are small or, for the MLM decoder (vocabulary 30 522, not a multiple of 16), cannot run in FP8.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+
+import torch
+from torch import nn
+
+from sparsebert.config.sections import FP8_RECIPES
+
+log = logging.getLogger(__name__)
+
+ENCODER_LAYER = re.compile(r"(^|\.)encoder\.layer\.\d+\.")
+
+
+def fp8_unavailable_reason() -> str | None:
+    """Why this process cannot train in FP8 (no CUDA GPU, a GPU before sm89, no torchao), or None."""
+    if not torch.cuda.is_available():
+        return "train.precision=fp8 needs a CUDA GPU with FP8 matrix products (sm89 or later); there is none here"
+    major, minor = torch.cuda.get_device_capability()
+    if (major, minor) < (8, 9):
+        return (f"train.precision=fp8 needs FP8 matrix products (sm89 or later: Ada, Hopper); "
+                f"{torch.cuda.get_device_name()} is sm{major}{minor}: use bf16")
+    try:
+        import torchao.float8  # noqa: F401
+    except ImportError:
+        return "train.precision=fp8 needs torchao: pip install 'sparsebert[fp8]' (or pip install torchao)"
+    return None
+
+
+def is_fp8_layer(module: nn.Module, name: str) -> bool:
+    """An encoder layer's nn.Linear with both sides multiples of 16."""
+    return (isinstance(module, nn.Linear) and ENCODER_LAYER.search(name) is not None
+            and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+
+def use_fp8_matmuls(model: nn.Module, recipe: str = "tensorwise", emulate: bool = False) -> list[str]:
+    """Swap the encoder's Linear layers of ``model`` for torchao's ``Float8Linear`` in place.
+
+    Args:
+        model: the model to train (never a distillation teacher).
+        recipe: torchao's scaling recipe, one of ``FP8_RECIPES`` (validated with train.fp8_recipe).
+        emulate: cast to FP8 but multiply in fp32 (torchao's emulation: CPU tests; no speed).
+
+    Returns:
+        The names of the swapped layers.
+    """
+    from accelerate.utils.ao import convert_model_to_fp8_ao
+    from torchao.float8 import Float8LinearConfig
+
+    if recipe not in FP8_RECIPES:
+        raise ValueError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}")
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
+    swapped = [name for name, module in model.named_modules() if is_fp8_layer(module, name)]
+    convert_model_to_fp8_ao(model, config=config, module_filter_func=is_fp8_layer)
+    log.info("train.precision=fp8 (%s scaling): %d encoder Linear layers multiply in FP8; embeddings, pooler and "
+             "heads in bf16", recipe, len(swapped))
+    return swapped
