@@ -40,9 +40,10 @@ def test_an_unknown_fp8_recipe_is_refused_with_the_choices(registry):
         registry.build("tiny_glue", ["train.precision=fp8", "train.fp8_recipe=blockwise"])
 
 
-def test_only_the_encoder_linears_multiply_in_fp8_and_keep_their_parameters():
+def test_only_the_encoder_linears_multiply_in_fp8_and_keep_their_parameters(tmp_path):
     model = tiny_mlm()
     before = {name: p for name, p in model.named_parameters()}
+    keys = list(model.state_dict())
     swapped = use_fp8_matmuls(model, emulate=True)
     # 6 Linears per layer (Q, K, V, attention output, FFN in, FFN out) x 2 layers; heads and pooler stay as they are
     assert len(swapped) == 12 and all(".encoder.layer." in n for n in swapped)
@@ -52,6 +53,12 @@ def test_only_the_encoder_linears_multiply_in_fp8_and_keep_their_parameters():
     # the same Parameter objects: what the masks, the optimizer and DDP hold is what the FP8 layers multiply
     after = dict(model.named_parameters())
     assert after.keys() == before.keys() and all(after[n] is before[n] for n in before)
+    # and the checkpoint is a plain BERT one: the same keys, loaded back into nn.Linear
+    assert list(model.state_dict()) == keys
+    model.save_pretrained(tmp_path)
+    loaded = BertForMaskedLM.from_pretrained(tmp_path)
+    assert type(loaded.bert.encoder.layer[0].attention.self.query) is torch.nn.Linear
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
 
 
 def test_masked_weights_stay_zero_and_the_loss_stays_near_fp32():
