@@ -132,6 +132,15 @@ OURS = [
     ("ours-static-half-residual-fast-dropout-flash", "bert_100k", True, (*HALF, FAST_DROPOUT),
      " + static mask count + bf16 residual stream + fast dropout, FlashAttention instead of cuDNN"),
 ]
+# the headline rows with the encoder's matrix products in FP8 (train.precision=fp8, trainer/fp8.py; fused QKV is
+# left off under it); sm89+ GPUs with torchao
+FP8 = "train.precision=fp8"
+OURS += [
+    ("ours-static-half-residual-fast-dropout-fp8", "bert_100k", True, (*HALF, FAST_DROPOUT, FP8),
+     " + static mask count + bf16 residual stream + fast dropout + FP8 matrix products"),
+    ("ours-sparse-static-half-residual-fast-dropout-fp8", "sparse_80_rigl", True, (*HALF, GRAPHS, FAST_DROPOUT, FP8),
+     " + static mask count + CUDA graphs + bf16 residual stream + fast dropout + FP8 matrix products"),
+]
 # the two fast-dropout rows with the Trainer's own clipping pass (a norm, then a multiplication of every gradient)
 # instead of the clip factor inside the fused AdamW step (train.clip_in_optimizer, the default since these rows
 # were added; every row above runs with it)
