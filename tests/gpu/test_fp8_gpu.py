@@ -8,6 +8,7 @@ CPU under emulation).
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -60,7 +61,36 @@ def test_compiled_fp8_step_keeps_masked_weights_zero_and_follows_bf16():
     params = dict(fp8.named_parameters())
     for name, mask in masks.items():
         assert torch.count_nonzero(params[name][~mask]) == 0, name
-    # the same descent: every step's loss within 2 % of bf16's (FP8 rounds inputs to 3 mantissa bits)
+    # the same descent: every step's loss within 2 % (+ 0.02 once it is small) of bf16's (FP8 rounds inputs to 3
+    # mantissa bits), not the same numbers (the products did run in FP8), and it learned
     for step_number, (a, b) in enumerate(zip(*curves, strict=True)):
-        assert b == pytest.approx(a, rel=2e-2), f"step {step_number}: bf16 {a:.4f}, fp8 {b:.4f}"
-    assert curves[1][-1] < curves[1][0] - 0.5  # and it learned
+        assert abs(b - a) <= 2e-2 * a + 2e-2, f"step {step_number}: bf16 {a:.4f}, fp8 {b:.4f}"
+    assert curves[1] != curves[0]
+    assert curves[1][-1] < curves[1][0] - 0.5
+
+
+def test_sparse_pretraining_and_dynamic_padding_finetuning_run_in_fp8(data_dir, tmp_path):
+    """Through the Trainer: a compiled RigL run (masks, dense gradients, fused AdamW) and a finetuning run whose
+    batches pad to multiples of 8 (a weight gradient's inner dimension is then 8 x odd: padded to 16 by torchao)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from sparsebert.config import Registry
+    from sparsebert.runner import RunOptions, run_experiment
+
+    registry = Registry.from_directory(Path(__file__).resolve().parents[2] / "experiments")
+    opts = RunOptions(output_root=tmp_path, data_dir=data_dir)
+    fp8 = ["train.precision=fp8", "train.torch_compile=true"]
+    run_experiment(registry.build("sparse_tiny_rigl", fp8), opts)
+    run = tmp_path / "sparse_tiny_rigl"
+    report = json.loads((run / "sparsity.json").read_text())
+    assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-3)
+    weights = load_file(str(run / "model" / "model.safetensors"))
+    zeros = sum(int((t == 0).sum()) for n, t in weights.items() if ".encoder.layer." in n and t.dim() == 2)
+    total = sum(t.numel() for n, t in weights.items() if ".encoder.layer." in n and t.dim() == 2)
+    assert zeros / total == pytest.approx(0.8, abs=1e-3)  # the masked weights are exact zeros after FP8 training
+    assert json.loads((run / "metrics.json").read_text())["eval_loss"] < 10
+    run_experiment(registry.build("tiny_glue", [*fp8, 'finetune.glue_tasks=["rte"]']), opts)
+    metrics = json.loads(next(tmp_path.glob("tiny_glue/glue_rte/run0/metrics.json")).read_text())
+    assert 0 <= metrics["accuracy"] <= 1

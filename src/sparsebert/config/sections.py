@@ -22,6 +22,7 @@ MODEL_SIZES: dict[str, tuple[int, int]] = {
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp8")
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's Float8LinearConfig.from_recipe_name
+FP8_LAYERS = ("encoder", "auto")  # every encoder Linear, or those torchao's shape heuristic picks (trainer/fp8.py)
 CORPUS_FORMATS = ("wikiextractor", "text", "hub")
 
 
@@ -188,6 +189,7 @@ class TrainConfig:
     # sm89+ GPUs), the rest as under bf16 (trainer/fp8.py)
     precision: str = "auto"
     fp8_recipe: str = "tensorwise"  # with precision fp8: one scale per tensor, or per row (FP8_RECIPES)
+    fp8_layers: str = "encoder"  # with precision fp8: which Linear layers (FP8_LAYERS)
     eval_steps: int = 1000
     eval_at_start: bool = True  # report the eval loss before training too
     eval_batch_size: int = 128  # per device
@@ -244,6 +246,8 @@ class TrainConfig:
             raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"train.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
+        if self.fp8_layers not in FP8_LAYERS:
+            raise ValueError(f"train.fp8_layers must be one of {', '.join(FP8_LAYERS)}, got {self.fp8_layers!r}")
         # transformers would refuse these only when TrainingArguments are built, after the run directory exists
         schedulers = scheduler_names()
         if self.lr_scheduler not in schedulers:

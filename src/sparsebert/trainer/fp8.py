@@ -9,9 +9,17 @@ weight, the input and the output gradient to FP8 with one scale per tensor (or p
 GPU's FP8 units (sm89 and later: Ada, Hopper, Blackwell). A zero weight stays an exact zero in FP8, so masked
 weights stay zero in the master weights and outputs; RigL's dense gradient still comes from the same backward.
 
-Which layers: the encoder's (``encoder.layer.N.``) Linears whose sides are multiples of 16 (FP8 matrix
-products need it). Embeddings are lookups, not products; the pooler, the MLM head and task heads stay bf16: they
-are small or, for the MLM decoder (vocabulary 30 522, not a multiple of 16), cannot run in FP8.
+Which layers (``train.fp8_layers``): ``encoder``, every encoder-layer (``encoder.layer.N.``) Linear whose sides
+are multiples of 16 (FP8 matrix products need it); ``auto``, of those only the ones torchao's shape heuristic
+expects to gain (H100 measurements: for the tensorwise recipe it skips layers with K <= 4096 and N <= 1024, so
+BERT-base keeps only its FFN up-projection in FP8). Embeddings are lookups, not products; the pooler, the MLM
+head and task heads stay bf16: they are small or, for the MLM decoder (vocabulary 30 522, not a multiple of 16),
+cannot run in FP8. Each product's token dimension is padded to a multiple of 16 (``pad_inner_dim``: a weight
+gradient's inner dimension is batch x length, which dynamic padding leaves at any multiple of 8).
+
+Two side effects: evaluation during training also runs the FP8 layers (a finetuning run's dev metrics are those
+of the FP8 forward; the saved checkpoint is a plain BERT one that ``--predict`` runs in bf16), and torchao's
+conversion patches Inductor's min/max code generation for the whole process.
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ import re
 import torch
 from torch import nn
 
-from sparsebert.config.sections import FP8_RECIPES
+from sparsebert.config.sections import FP8_LAYERS, FP8_RECIPES
 
 log = logging.getLogger(__name__)
 
@@ -51,25 +59,34 @@ def is_fp8_layer(module: nn.Module, name: str) -> bool:
             and module.in_features % 16 == 0 and module.out_features % 16 == 0)
 
 
-def use_fp8_matmuls(model: nn.Module, recipe: str = "tensorwise", emulate: bool = False) -> list[str]:
+def use_fp8_matmuls(model: nn.Module, recipe: str = "tensorwise", layers: str = "encoder",
+                    emulate: bool = False) -> list[str]:
     """Swap the encoder's Linear layers of ``model`` for torchao's ``Float8Linear`` in place.
 
     Args:
         model: the model to train (never a distillation teacher).
         recipe: torchao's scaling recipe, one of ``FP8_RECIPES`` (validated with train.fp8_recipe).
+        layers: ``encoder`` (every encoder Linear) or ``auto`` (those torchao's heuristic expects to gain).
         emulate: cast to FP8 but multiply in fp32 (torchao's emulation: CPU tests; no speed).
 
     Returns:
         The names of the swapped layers.
     """
     from accelerate.utils.ao import convert_model_to_fp8_ao
-    from torchao.float8 import Float8LinearConfig
+    from torchao.float8 import Float8LinearConfig, _auto_filter_for_recipe
+    from torchao.float8.float8_linear import Float8Linear
 
     if recipe not in FP8_RECIPES:
         raise ValueError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}")
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate)
-    swapped = [name for name, module in model.named_modules() if is_fp8_layer(module, name)]
-    convert_model_to_fp8_ao(model, config=config, module_filter_func=is_fp8_layer)
-    log.info("train.precision=fp8 (%s scaling): %d encoder Linear layers multiply in FP8; embeddings, pooler and "
-             "heads in bf16", recipe, len(swapped))
+    if layers not in FP8_LAYERS:
+        raise ValueError(f"fp8 layers must be one of {', '.join(FP8_LAYERS)}, got {layers!r}")
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate, pad_inner_dim=True)
+    chosen = is_fp8_layer
+    if layers == "auto":
+        profitable = _auto_filter_for_recipe(recipe, filter_fqns=[])
+        chosen = lambda module, name: is_fp8_layer(module, name) and profitable(module, name)  # noqa: E731
+    convert_model_to_fp8_ao(model, config=config, module_filter_func=chosen)
+    swapped = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+    log.info("train.precision=fp8 (%s scaling, %s layers): %d encoder Linear layers multiply in FP8; the rest in "
+             "bf16", recipe, layers, len(swapped))
     return swapped
