@@ -61,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--compressed", action="store_true",
                    help="with --export: store mostly-zero tensors as bitmask + values; load with "
                         "sparsebert.export.load_compressed")
+    p.add_argument("--onnx", action="store_true",
+                   help="with --export: add model.onnx, kept only if ONNX Runtime (CPU) matches PyTorch to 1e-4 "
+                        "(pip install sparsebert[onnx])")
     p.add_argument("--gpus", metavar="N|IDS",
                    help="use the N least busy GPUs of this node (NVML), or these ids (e.g. 0,3); with more than "
                         "one, run.py restarts under torchrun with one process per GPU")
@@ -124,7 +127,7 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
             return choose_gpus(args.gpus, argv, registry_dir)
         if args.train_tokenizer:
             return train_tokenizer(args)
-        if args.export or args.to or args.compressed:
+        if args.export or args.to or args.compressed or args.onnx:
             return export(args)
         if args.runs or args.status:
             return list_runs(args)
@@ -351,18 +354,24 @@ def train_tokenizer(args: argparse.Namespace) -> int:
 
 
 def export(args: argparse.Namespace) -> int:
-    """``--export RUN --to DIR [--compressed]``: see :mod:`sparsebert.export`."""
+    """``--export RUN --to DIR [--compressed | --onnx]``: see :mod:`sparsebert.export`."""
     if not args.export or args.to is None:
-        raise SparseBertError("--export RUN and --to DIR go together (--compressed only with them)")
+        raise SparseBertError("--export RUN and --to DIR go together (--compressed and --onnx only with them)")
     from sparsebert.export import export_run
 
-    summary = export_run(args.export, output_root(args.output_dir), args.to, args.compressed)
+    summary = export_run(args.export, output_root(args.output_dir), args.to, args.compressed, args.onnx)
     if args.compressed:
+        # the whole directory against the plain export's: config, tokenizer and card weigh the same in both
         print(f"exported {summary['run']} -> {args.to} ({len(summary['compressed_tensors'])} of "
-              f"{summary['tensors']} tensors compressed, {summary['dense_bytes'] / 1e6:.2f} MB -> "
-              f"{summary['packed_bytes'] / 1e6:.2f} MB; load with sparsebert.export.load_compressed)")
+              f"{summary['tensors']} tensors compressed, weights {summary['dense_bytes'] / 1e6:.2f} MB -> "
+              f"{summary['packed_bytes'] / 1e6:.2f} MB; whole directory {summary['plain_dir_bytes'] / 1e6:.2f} MB "
+              f"-> {summary['dir_bytes'] / 1e6:.2f} MB, {summary['plain_dir_bytes'] / summary['dir_bytes']:.2f}x "
+              "smaller than the plain export; load with sparsebert.export.load_compressed)")
     else:
-        print(f"exported {summary['run']} -> {args.to} (load with from_pretrained)")
+        onnx = (f"; model.onnx matches PyTorch in ONNX Runtime to {summary['onnx_max_abs_diff']:.1e}"
+                if "onnx_max_abs_diff" in summary else "")
+        print(f"exported {summary['run']} -> {args.to} ({summary['dir_bytes'] / 1e6:.2f} MB; load with "
+              f"from_pretrained{onnx})")
     return 0
 
 

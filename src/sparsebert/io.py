@@ -25,6 +25,15 @@ def publish_permissions(path: str | os.PathLike) -> None:
     os.chmod(path, (0o777 if os.path.isdir(path) else 0o666) & ~_UMASK)
 
 
+def publish_tree(path: str | os.PathLike) -> None:
+    """:func:`publish_permissions` for a directory and everything under it: files that libraries wrote owner-only
+    (safetensors writes 0600) become readable by whom the umask allows, as a plain ``open()`` would have made them."""
+    for root, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            publish_permissions(os.path.join(root, name))
+    publish_permissions(path)
+
+
 def unwritable_reason(path: str | os.PathLike) -> str | None:
     """Why the file ``path`` cannot be written (with the directories above it that do not exist yet), or None.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,7 @@ from sparsebert.export import (
     unpack_bits,
 )
 from sparsebert.export.compressed import MASK_SUFFIX, VALUES_SUFFIX, WEIGHTS_NAME
+from sparsebert.io import _UMASK
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.gap_heads import HEADS as GAP_HEADS
 from sparsebert.models.gap_heads import GapClassifier
@@ -194,6 +196,9 @@ def test_refusals_are_one_line_errors(tmp_path: Path, capsys) -> None:
         (["--export", "exp/glue_rte/run0", "--to", str(taken)], "not an empty directory"),
         (["--export", "exp/glue_rte/run0"], "--export RUN and --to DIR go together"),
         (["--compressed", "--to", str(tmp_path / "a")], "--export RUN and --to DIR go together"),
+        (["--export", "exp/glue_rte/run0", "--to", str(tmp_path / "a"), "--onnx", "--compressed"],
+         "--onnx goes with the plain export"),
+        (["--export", "exp/glue_rte/run0", "--to", str(tmp_path / "a"), "--onnx"], "model/ has no tokenizer"),
     ]
     capsys.readouterr()  # save_pretrained's progress bars
     for argv, message in cases:
@@ -248,6 +253,10 @@ def test_export_of_a_real_sparse_finetuning_run(data_dir, tmp_path: Path, capsys
     run = root / "tiny_glue_2to4" / "glue_rte" / "run0"
     (record,) = Results.in_output_root(root).runs(status=None)
     assert (record.status, record.run_dir) == ("done", str(run.resolve()))
+    # the run saves its task's labels, and its weights readable as the umask allows (safetensors writes 0600)
+    assert json.loads((run / "model" / "config.json").read_text())["id2label"] == {"0": "entailment",
+                                                                                   "1": "not_entailment"}
+    assert stat.S_IMODE((run / "model" / "model.safetensors").stat().st_mode) == 0o666 & ~_UMASK
 
     out = tmp_path / "export"
     assert cli_main(["--export", "tiny_glue_2to4/glue_rte/run0", "--to", str(out), "--compressed",
@@ -321,6 +330,14 @@ def test_a_compressed_export_of_every_task_loads_into_the_class_its_config_names
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [TASK_MODELS[task][2]]
     assert json.loads((plain / "config.json").read_text())["architectures"] == config["architectures"]
+    # the task's labels, whatever the run saved (a CSV run's come from its metrics.json, absent here: kept)
+    expected = {"glue classification": ["entailment", "not_entailment"], "glue regression": ["similarity"],
+                "csv": ["neg", "mid", "pos"]}.get(task, ["A", "B", "neither"] if task.startswith("gap") else None)
+    if expected is not None:
+        assert list(config["id2label"].values()) == expected
+        assert f"(labels: {', '.join(expected)})" in (plain / "README.md").read_text()
+    else:  # MLM, SQuAD: no classes
+        assert "labels:" not in (plain / "README.md").read_text()
     model = load_compressed(out)
     assert type(model).__name__ == config["architectures"][0]
     loaded, expected = model.state_dict(), reference.state_dict()

@@ -19,6 +19,7 @@ from sparsebert.errors import SparseBertError
 
 logger = logging.getLogger(__name__)
 
+LABEL_NAMES = ("A", "B", "neither")  # the classes in label-id order: the pronoun refers to A, to B, to neither
 COLUMNS = [
     "ID",
     "Text",

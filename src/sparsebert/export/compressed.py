@@ -15,7 +15,13 @@ shape and values (``torch.equal``), bit for bit (NaN payloads included) with one
 bit per zero (80 % sparse fp32: 3.9x instead of 4.3x) for no difference in any sum or product the model computes.
 The shapes and the names of the compressed tensors are in the file's metadata.
 
-At 80 % sparsity an fp32 tensor takes 1/8 + 0.2 x 4 bytes per element in place of 4: 4.3x smaller.
+At 80 % sparsity an fp32 tensor takes 1/8 + 0.2 x 4 bytes per element in place of 4: 4.3x smaller. That is the
+pruned tensors alone: the embeddings, LayerNorms, head and tokenizer stay dense, so a whole export directory shrinks
+far less (``run.py --export --compressed`` prints the whole-directory ratio against the plain export's).
+
+Not the ``compressed-tensors`` sparse-bitmask format: compressed-tensors (PR #610) and transformers 5 (PR #46342)
+dropped its support, and transformers 5 loads such a checkpoint's weights as unexpected keys, re-initialising the
+layers they belong to.
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
-"""``python run.py --export RUN --to DIR [--compressed]``: a finished run's model as a directory of its own.
+"""``python run.py --export RUN --to DIR [--compressed] [--onnx]``: a finished run's model as a directory of its own.
 
 The plain export is the run's ``model/`` directory (config, tokenizer files, ``model.safetensors``) without the
-Trainer's pickled ``training_args.bin``: ``from_pretrained(DIR)`` loads it. Its ``config.json`` names a class that
-loads the weights: transformers' ``BertForMaskedLM`` for a pretraining run (whose class, our MLM fast path, holds
-the same weights); a GAP run, whose ``model/`` holds only the state dict, gets the encoder's config naming
+Trainer's pickled ``training_args.bin``, plus a model card (``README.md``, :mod:`sparsebert.export.model_card`):
+``from_pretrained(DIR)`` loads it, and its config names the task's labels (``id2label``), so that a ``pipeline``
+answers ``positive``, not ``LABEL_1``. Every file is published with the umask's permissions (0644), whatever the
+library that wrote it chose (safetensors: 0600). ``--onnx`` adds ``model.onnx``, checked against PyTorch
+(:mod:`sparsebert.export.onnx`). The export's ``config.json`` names a class that loads the weights:
+transformers' ``BertForMaskedLM`` for a pretraining run (whose class, our MLM fast path, holds the same weights);
+a GAP run, whose ``model/`` holds only the state dict, gets the encoder's config naming
 ``GapClassifier`` and its head (:func:`sparsebert.models.gap_heads.exported_config`). The compressed export replaces
 the weight files by ``model.compressed.safetensors`` (:mod:`sparsebert.export.compressed`), adds
-``compression.json`` and a ``README.md`` that names the loader, and keeps config and tokenizer; since it holds no
+``compression.json``, and keeps config, tokenizer and the card (which names the loader); since it holds no
 ``model.safetensors``, ``from_pretrained`` refuses it (it finds no weights) instead of loading random ones, and
 :func:`load_compressed` loads it.
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,7 +32,8 @@ from safetensors.torch import load_file
 
 from sparsebert.errors import SparseBertError
 from sparsebert.export.compressed import FORMAT, WEIGHTS_NAME, read_compressed, save_compressed
-from sparsebert.io import atomic_write_json, atomic_write_text, publish_permissions
+from sparsebert.export.model_card import label_names, model_card, set_labels
+from sparsebert.io import atomic_write_json, atomic_write_text, publish_tree
 from sparsebert.models.ties import loaded_through_a_tie
 
 COMPRESSION_FILE = "compression.json"
@@ -36,17 +42,34 @@ COMPRESSION_FILE = "compression.json"
 TRANSFORMERS_CLASSES = {"BertForMaskedLMAtMasked": "BertForMaskedLM"}
 SKIPPED = {"training_args.bin"}  # a pickle of the Trainer's arguments: not part of the model, unsafe to load
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
-README = """# Compressed sparsebert model
+USAGE = """## Use
+
+```python
+{load}```
+"""
+TRANSFORMERS_LOAD = """from transformers import {architecture}
+model = {architecture}.from_pretrained("{name}")
+"""
+PIPELINE_LOAD = """from transformers import pipeline
+classify = pipeline("text-classification", model="{name}")
+classify("a charming and often affecting journey")  # [{{'label': ..., 'score': ...}}]
+"""
+GAP_LOAD = """from sparsebert.trainer.finetune.gap import load_gap_model
+model = load_gap_model("{name}", "{head}", "{name}")  # the GAP head takes span indices: no pipeline
+"""
+COMPRESSED_USAGE = """## Use
 
 The weights are in `{weights}`: each mostly-zero tensor as a bitmask and its non-zero values ({format}).
-`from_pretrained` cannot read them; load the model with
+`from_pretrained` cannot read them (transformers 5 and compressed-tensors dropped the sparse-bitmask format
+that it once loaded); load the model with
 
 ```python
 from sparsebert.export import load_compressed
 model = load_compressed("{name}")  # or decompress_state_dict("{name}") for the tensors alone
 ```
 
-Exported from `{run}`; {compressed} of {tensors} tensors compressed, {dense_mb:.2f} MB -> {packed_mb:.2f} MB.
+{compressed} of {tensors} tensors compressed: weights {dense_mb:.2f} MB -> {packed_mb:.2f} MB; the whole directory
+{plain_dir_mb:.2f} MB -> {dir_mb:.2f} MB ({ratio:.2f}x smaller than the plain export).
 """
 
 
@@ -93,8 +116,15 @@ def why_unfinished(run_dir: Path, root: Path) -> str:
     return "has not finished (no DONE file)"
 
 
-def export_run(run: str, root: Path, to: Path, compressed: bool) -> dict[str, Any]:
-    """Export the finished run ``run`` to the new directory ``to``; returns a summary (sizes, tensor counts)."""
+def export_run(run: str, root: Path, to: Path, compressed: bool, onnx: bool = False) -> dict[str, Any]:
+    """Export the finished run ``run`` to the new directory ``to``; returns a summary (sizes, tensor counts, the
+    ONNX check's difference)."""
+    if onnx and compressed:
+        raise SparseBertError("--onnx goes with the plain export (its weights are dense), not --compressed")
+    if onnx:
+        from sparsebert.export.onnx import require_onnx
+
+        require_onnx()
     run_dir = resolve_run(run, root)
     if to.exists() and (not to.is_dir() or any(to.iterdir())):
         raise SparseBertError(f"--to {to} exists and is not an empty directory; choose a new one")
@@ -107,7 +137,12 @@ def export_run(run: str, root: Path, to: Path, compressed: bool) -> dict[str, An
         raise SparseBertError(f"--to {to}: cannot write in {parent}: {e.strerror}") from None
     try:
         summary = _write(model_dir, tmp, compressed, run_dir, to.name)
-        publish_permissions(tmp)
+        if onnx:
+            from sparsebert.export.onnx import export_onnx
+
+            summary["onnx_max_abs_diff"] = export_onnx(tmp)
+            summary["dir_bytes"] = _dir_bytes(tmp)
+        publish_tree(tmp)  # the weights, as safetensors and torch.onnx wrote them, are 0600
         os.replace(tmp, to)  # an empty directory at ``to`` is replaced too (POSIX rename)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -123,36 +158,83 @@ def _write(model_dir: Path, out: Path, compressed: bool, run_dir: Path, name: st
         (shutil.copytree if p.is_dir() else shutil.copy2)(p, out / p.name)
     has_config = (model_dir / "config.json").is_file()
     state = read_weights(model_dir) if compressed or not has_config else None
-    write_loadable_config(model_dir, run_dir, out, state)
+    config = write_loadable_config(model_dir, run_dir, out, state)
+    # the task's labels, or the names the run saved (a CSV run without them in metrics.json); not LABEL_0, ...
+    id2label = [str(n) for n in (config.get("id2label") or {}).values()]
+    named = id2label == label_names(_run_config(run_dir).get("task"), run_dir)
+    labels = id2label if id2label and (named or not all(re.fullmatch(r"LABEL_\d+", n) for n in id2label)) \
+        else None
+    architecture = (config.get("architectures") or [None])[0]
+    plain_card = model_card(run_dir, labels, architecture, USAGE.format(load=_load_code(name, config, labels)))
     dense_bytes = sum(p.stat().st_size for p in weights if p.suffix == ".safetensors")
     summary: dict[str, Any] = {"run": str(run_dir), "compressed": compressed, "dense_bytes": dense_bytes}
     if not compressed:
+        atomic_write_text(out / "README.md", plain_card)
+        summary["dir_bytes"] = _dir_bytes(out)
         return summary
     shapes = save_compressed(state, out / WEIGHTS_NAME)
+    packed_bytes = (out / WEIGHTS_NAME).stat().st_size
+    # the plain export of the same run: the files both share (config, tokenizer), its card and dense weights
+    readme = out / "README.md"  # a card the run's model/ holds is replaced by ours
+    shared = _dir_bytes(out) - packed_bytes - (readme.stat().st_size if readme.is_file() else 0)
     summary.update({"format": FORMAT, "weights": WEIGHTS_NAME, "tensors": len(state),
-                    "compressed_tensors": sorted(shapes), "packed_bytes": (out / WEIGHTS_NAME).stat().st_size})
-    atomic_write_json(out / COMPRESSION_FILE, summary)
-    atomic_write_text(out / "README.md", README.format(
-        weights=WEIGHTS_NAME, format=FORMAT, name=name, run=run_dir, compressed=len(shapes), tensors=len(state),
-        dense_mb=dense_bytes / 1e6, packed_mb=summary["packed_bytes"] / 1e6))
+                    "compressed_tensors": sorted(shapes), "packed_bytes": packed_bytes,
+                    "plain_dir_bytes": shared + len(plain_card.encode()) + dense_bytes})
+    # the card and compression.json name the directory's size, which they are part of: written until the size
+    # they name is theirs (a digit more or less in a number changes it; twice or three times suffices)
+    summary["dir_bytes"] = 0
+    for _ in range(5):
+        if summary["dir_bytes"] == _dir_bytes(out):
+            break
+        summary["dir_bytes"] = _dir_bytes(out)
+        atomic_write_text(out / "README.md", model_card(run_dir, labels, architecture, COMPRESSED_USAGE.format(
+            weights=WEIGHTS_NAME, format=FORMAT, name=name, compressed=len(shapes), tensors=len(state),
+            dense_mb=dense_bytes / 1e6, packed_mb=packed_bytes / 1e6, plain_dir_mb=summary["plain_dir_bytes"] / 1e6,
+            dir_mb=summary["dir_bytes"] / 1e6, ratio=summary["plain_dir_bytes"] / max(summary["dir_bytes"], 1))))
+        atomic_write_json(out / COMPRESSION_FILE, summary)
     return summary
 
 
-def write_loadable_config(model_dir: Path, run_dir: Path, out: Path, state: dict[str, torch.Tensor] | None) -> None:
-    """``out/config.json``, naming a class that loads the weights (see the module docstring). ``state``: the
-    weights, needed where ``model/`` has no config (a GAP run: the layer count comes from them)."""
+def _load_code(name: str, config: dict[str, Any], labels: list[str] | None) -> str:
+    """How the card says to load the plain export ``name``: its class, and a pipeline where it has labels."""
+    architecture = (config.get("architectures") or [None])[0]
+    if architecture == "GapClassifier":
+        return GAP_LOAD.format(name=name, head=config.get("gap_head"))
+    code = TRANSFORMERS_LOAD.format(name=name, architecture=architecture or "AutoModel")
+    return code + PIPELINE_LOAD.format(name=name) if labels else code
+
+
+def _dir_bytes(directory: Path) -> int:
+    """The bytes of every file under ``directory``."""
+    return sum(p.stat().st_size for p in directory.rglob("*") if p.is_file())
+
+
+def write_loadable_config(model_dir: Path, run_dir: Path, out: Path,
+                          state: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """``out/config.json``, naming a class that loads the weights (see the module docstring) and the task's labels.
+
+    Args:
+        model_dir, run_dir, out: the run's ``model/``, the run, the export being written.
+        state: the weights, needed where ``model/`` has no config (a GAP run: the layer count comes from them).
+    Returns:
+        the config written ({} where nothing says what the weights are: none is written).
+    """
+    run = _run_config(run_dir)
     if (model_dir / "config.json").is_file():
         config = json.loads((model_dir / "config.json").read_text())
         config["architectures"] = [TRANSFORMERS_CLASSES.get(a, a) for a in config.get("architectures") or []]
-        atomic_write_json(out / "config.json", config)
-        return
-    run = _run_config(run_dir)
-    if run.get("task") != "gap" or state is None:
-        return  # nothing says what the weights are
-    from sparsebert.models.gap_heads import exported_config
+    elif run.get("task") == "gap" and state is not None:
+        from sparsebert.models.gap_heads import exported_config
 
-    head = run.get("finetune", {}).get("gap_head")
-    atomic_write_json(out / "config.json", exported_config(state, str(run.get("model_source")), head).to_dict())
+        head = run.get("finetune", {}).get("gap_head")
+        config = exported_config(state, str(run.get("model_source")), head).to_dict()
+    else:
+        return {}  # nothing says what the weights are
+    # runs saved before their config named the task's labels (LABEL_0, LABEL_1) get them here
+    # GapClassifier's head is its own (three classes): the encoder config's num_labels does not size it
+    config = set_labels(config, label_names(run.get("task"), run_dir), check_size=run.get("task") != "gap")
+    atomic_write_json(out / "config.json", config)
+    return config
 
 
 def _run_config(run_dir: Path) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from sparsebert.data.pretrain import MLMCollator, PretrainData, build_pretrain_d
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
-from sparsebert.io import atomic_write_json
+from sparsebert.io import atomic_write_json, publish_tree
 from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.sparsity import SparsityController
@@ -92,6 +92,8 @@ class PretrainJob:
 
     def export(self, trainer: SparseBertTrainer, directory: Path) -> None:
         trainer.save_model(str(directory))  # safetensors; sparse weights are exact zeros
+        if trainer.is_world_process_zero():
+            publish_tree(directory)  # safetensors writes model.safetensors 0600: a shared model must be readable
 
     def resume_checkpoint(self, run_dir: Path) -> Path | None:
         """The checkpoint ``--resume`` continues from; None: the run starts at step 0."""

@@ -16,7 +16,7 @@ from transformers import PreTrainedTokenizerBase, TrainerCallback
 from sparsebert.config import PRETRAINING_TASKS, ExperimentConfig, to_dict
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
-from sparsebert.io import atomic_write_json, atomic_write_text
+from sparsebert.io import atomic_write_json, atomic_write_text, publish_tree
 from sparsebert.models.pretrained import pretrained_kwargs
 from sparsebert.results import Registry
 from sparsebert.results.recording import finished, run_record
@@ -161,6 +161,8 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
     trainer.accelerator.wait_for_everyone()
     if not trainer.is_world_process_zero():
         return metrics
+    if cfg.finetune.save_model:
+        publish_tree(run_dir / "model")  # safetensors writes model.safetensors 0600: a shared model must be readable
     for write in outputs:
         write()
     if report is not None:

@@ -51,12 +51,14 @@ def run_csv(ctx: FinetuneContext, inputs: CsvInputs, seed: int, run_dir: Path) -
     dev = limit(splits["dev"], fcfg.max_eval_samples).remove_columns("row_id") if "dev" in splits else None
     test = splits["test"]
 
-    model = load_classifier(ctx.model_source, num_labels, regression=False, **ctx.pretrained_kwargs)
+    model = load_classifier(ctx.model_source, num_labels, regression=False, label_names=data.label_names,
+                            **ctx.pretrained_kwargs)
     collator = DataCollatorWithPadding(ctx.tokenizer, pad_to_multiple_of=fcfg.pad_to_multiple_of)
     trainer = make_trainer(ctx, model, run_dir, seed, train, dev, collator,
                            ["labels"], compute_metrics=lambda p: _chunk_accuracy(p),
                            teacher_source=inputs.teacher,
-                           load_teacher=lambda s: load_classifier(s, num_labels, regression=False))
+                           load_teacher=lambda s: load_classifier(s, num_labels, regression=False,
+                                                                label_names=data.label_names))
     trainer.train()
     out = trainer.predict(test.remove_columns("row_id"))
     row_ids, probs = aggregate_folded(test["row_id"], softmax(out.predictions))

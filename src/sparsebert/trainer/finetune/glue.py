@@ -26,8 +26,13 @@ from sparsebert.io import atomic_write_text
 from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, limit, make_trainer
 
 
-def load_classifier(source: str, num_labels: int, regression: bool, **kwargs):
-    """``kwargs``: more ``from_pretrained`` arguments (the student's ``pretrained_kwargs``)."""
+def load_classifier(source: str, num_labels: int, regression: bool, label_names: Sequence[str] | None = None,
+                    **kwargs):
+    """``label_names``: the task's classes in label-id order, saved in the model's config (``id2label``), so that
+    a ``pipeline`` on the saved model answers them, not ``LABEL_1``. ``kwargs``: more ``from_pretrained``
+    arguments (the student's ``pretrained_kwargs``)."""
+    if label_names is not None:
+        kwargs.update(id2label=dict(enumerate(label_names)), label2id={n: i for i, n in enumerate(label_names)})
     return AutoModelForSequenceClassification.from_pretrained(
         source, num_labels=num_labels,
         problem_type="regression" if regression else "single_label_classification", **kwargs)
@@ -64,13 +69,14 @@ def run_glue(ctx: FinetuneContext, inputs: GlueInputs, seed: int, run_dir: Path)
     started = time.time()
     fcfg = ctx.cfg.finetune
     task, features = inputs.task, inputs.features
-    model = load_classifier(ctx.model_source, task.num_labels, task.is_regression, **ctx.pretrained_kwargs)
+    model = load_classifier(ctx.model_source, task.num_labels, task.is_regression, task.label_names,
+                            **ctx.pretrained_kwargs)
     trainer = make_trainer(
         ctx, model, run_dir, seed, features["train"], features[task.eval_splits[0]],
         DataCollatorWithPadding(ctx.tokenizer, pad_to_multiple_of=fcfg.pad_to_multiple_of), ["labels"],
         compute_metrics=lambda p: glue_metrics(task.name, p.predictions, p.label_ids),
         teacher_source=inputs.teacher,
-        load_teacher=lambda s: load_classifier(s, task.num_labels, task.is_regression),
+        load_teacher=lambda s: load_classifier(s, task.num_labels, task.is_regression, task.label_names),
     )
     trainer.train()
 
