@@ -117,7 +117,7 @@ def ours(name: str, model_dir: str, data_dir: Path, out_dir: Path, extra: list[s
 
     experiment, overrides = OURS[name.removesuffix(WARM)]
     started = time.perf_counter()
-    cfg = Registry.from_directory(ROOT / "experiments").build(experiment, [
+    cfg = Registry.builtin().build(experiment, [
         "finetune.glue_tasks=[\"sst2\"]", "finetune.runs_per_task={}", f"model.init_from={model_dir}",
         f"model.tokenizer={model_dir}", "finetune.save_model=false", *overrides, *extra])
     run_experiment(cfg, RunOptions(output_root=out_dir, data_dir=data_dir))
