@@ -1,13 +1,12 @@
 #!/usr/bin/env python
-"""Run sparsebert experiments: ``python run.py bert_100k sparse_80_rigl`` (``--list`` shows them all)."""
+"""``python run.py ...`` from a checkout: the ``sparsebert`` command (``sparsebert --list`` shows the experiments)."""
 
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT / "src"))  # run from a checkout without pip install -e . too
+sys.path.insert(0, str(Path(__file__).resolve().parent / "src"))  # run from a checkout without pip install -e . too
 
 from sparsebert.cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main(experiments_dir=ROOT / "experiments"))
+    sys.exit(main())

@@ -328,7 +328,7 @@ def ours(callbacks: list, experiment: str, tokenizer_path: str, batch: int, step
     overrides = [*timing_overrides(steps, batch, tokenizer_path), f"train.torch_compile={str(compiled).lower()}",
                  *extra]
     data = random_blocks(steps * batch, SEQ, len(tokenizer), tokenizer, seed=0)
-    registry = Registry.from_directory(ROOT / "experiments")
+    registry = Registry.builtin()
     import torch._inductor.config
 
     backends = (sdpa_kernel([getattr(SDPBackend, name) for name in sdpa_backends]) if sdpa_backends

@@ -208,7 +208,7 @@ def worker(args: argparse.Namespace) -> None:
     global_batch = args.batch * world
     overrides = timing_overrides(args.steps, global_batch, args.tokenizer, args.size)
     data = random_blocks(args.steps * global_batch, 128, len(tokenizer), tokenizer, seed=0)
-    registry = Registry.from_directory(ROOT / "experiments")
+    registry = Registry.builtin()
     results = []
 
     def overrides_of(variant: str) -> tuple[str, list[str]]:
@@ -344,7 +344,7 @@ def check_variants(args: argparse.Namespace) -> None:
 
     from sparsebert.config import Registry
 
-    registry = Registry.from_directory(ROOT / "experiments")
+    registry = Registry.builtin()
     compile_items = ["train.torch_compile=true"] if args.compile else []
     for variant in (v for v in args.variants.split(",") if v != PLAIN_DDP):
         experiment, extra = VARIANTS[variant]

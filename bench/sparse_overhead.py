@@ -205,7 +205,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
 
-    registry = Registry.from_directory(ROOT / "experiments")
+    registry = Registry.builtin()
     tokenizer = load_tokenizer(args.tokenizer)
     if args.upkeep:
         r = time_upkeep(registry, tokenizer, args.size)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The upstream-pruning study of docs/results.md on one machine (any number of GPUs; lanes are dealt out round
-# robin): the package MiniLM pruned on Wikipedia (experiments/upstream.py), then every task finetuned from it with
+# robin): the package MiniLM pruned on Wikipedia (sparsebert/experiments/upstream.py), then every task finetuned from it with
 # its masks fixed, each against the dense model of the same call and seeds, and today's downstream recipe beside.
 #
 #   scripts/upstream_study.sh OUT_ROOT DATA_DIR MINILM_DIR [SECONDS]

@@ -1,6 +1,6 @@
 """Training interrupted at a chosen point: by an exception, or by a real signal to this process (SIGKILL, SIGTERM).
 
-``python tests/interruptions.py SIGNUM STEP WHEN SEED EXPERIMENTS_DIR -- ARGV...`` runs ``run.py ARGV`` (cli.main)
+``python tests/interruptions.py SIGNUM STEP WHEN SEED -- ARGV...`` runs ``run.py ARGV`` (cli.main)
 with a :class:`SignalAt` among every run's callbacks: a run killed outright (SIGKILL) needs a process of its own.
 """
 
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
 from transformers import TrainerCallback
 
@@ -64,7 +63,7 @@ class SignalAt(Interruption):
         os.kill(os.getpid(), self.signum)
 
 
-def main_interrupted(argv: list[str], experiments_dir: Path, interruption: Interruption) -> int:
+def main_interrupted(argv: list[str], interruption: Interruption) -> int:
     """``cli.main(argv)`` with ``interruption`` among the callbacks of every run it starts; its exit code."""
     import sparsebert.runner as runner
     from sparsebert import cli
@@ -76,13 +75,13 @@ def main_interrupted(argv: list[str], experiments_dir: Path, interruption: Inter
 
     runner.run_experiment = interrupted
     try:
-        return cli.main(argv, experiments_dir=experiments_dir)
+        return cli.main(argv)
     finally:
         runner.run_experiment = run_experiment
 
 
 if __name__ == "__main__":
-    signum, step, when, seed, experiments, separator, *cli_argv = sys.argv[1:]
+    signum, step, when, seed, separator, *cli_argv = sys.argv[1:]
     assert separator == "--" and when in ("step", "save"), sys.argv
     at = SignalAt(int(signum), int(step), after_save=when == "save", seed=None if seed == "-" else int(seed))
-    sys.exit(main_interrupted(cli_argv, Path(experiments), at))
+    sys.exit(main_interrupted(cli_argv, at))

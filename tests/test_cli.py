@@ -1,4 +1,4 @@
-"""``python run.py`` as a user runs it: bad input fails in one line with exit 2 and leaves no run behind.
+"""``python run.py`` (the ``sparsebert`` command) as a user runs it: bad input fails in one line with exit 2 and leaves no run behind.
 
 The end-to-end cases run ``run.py`` as a subprocess from a temp directory (so nothing depends on the cwd), all
 started at once by a module fixture to keep the suite fast on two cores. Pure configuration errors are also
@@ -24,7 +24,6 @@ from sparsebert.config import Registry
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "run.py"
-EXPERIMENTS = REPO / "experiments"
 CORPUS = "wikipedia-enwiki-2015-wikiextractor"
 EXPERIMENT = "bert_tiny_quick"
 
@@ -34,6 +33,7 @@ class Case:
     root: Path  # this case's temp dir: cwd/, out/, data/, hf/
     args: list[str]
     env: dict[str, str] | None = None
+    module: bool = False  # python -m sparsebert instead of python run.py
     proc: subprocess.Popen | None = None
     stdout: str = ""
     stderr: str = ""
@@ -57,7 +57,10 @@ class Case:
         env.update(HF_DATASETS_CACHE=str(self.root / "hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                    HF_DATASETS_OFFLINE="1", PYTHONWARNINGS="ignore")
         env.update(self.env or {})
-        self.proc = subprocess.Popen([sys.executable, str(RUN), *self.args], cwd=self.cwd, env=env, text=True,
+        if self.module:  # this checkout's package, whatever an editable install points at
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO / "src"), env.get("PYTHONPATH")) if p)
+        command = ["-m", "sparsebert"] if self.module else [str(RUN)]
+        self.proc = subprocess.Popen([sys.executable, *command, *self.args], cwd=self.cwd, env=env, text=True,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def wait(self) -> Case:
@@ -86,6 +89,7 @@ def cases(tmp_path_factory, asset_data_dir):
     made: dict[str, Case] = {}
     r = root("list")
     made["list"] = Case(r, ["--list"])
+    made["module_list"] = Case(root("module_list"), ["--list"], module=True)
     r = root("unknown")
     made["unknown"] = Case(r, ["bert_tiny_quik", "--output-dir", str(r / "out")])
     for key, item in [("set_unknown", "train.max_step=3"), ("set_type", "train.max_steps=abc"),
@@ -120,7 +124,7 @@ def one_line_error(stderr: str) -> str:
     """The whole stderr must be one line (no traceback, no log lines before it)."""
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
-    assert lines[0].startswith(("error:", "run.py:")), stderr
+    assert lines[0].startswith(("error:", "sparsebert:")), stderr
     return lines[0]
 
 
@@ -145,7 +149,7 @@ def assert_no_run(case: Case) -> None:
 def test_list_from_another_directory(cases):
     case = cases["list"].wait()
     assert case.returncode == 0, case.stderr
-    registry = Registry.from_directory(EXPERIMENTS)
+    registry = Registry.builtin()
     listed = {}
     for line in case.stdout.strip().splitlines():
         name, _, description = line.partition("  ")
@@ -154,6 +158,14 @@ def test_list_from_another_directory(cases):
     assert {"bert_base", "bert_100k", EXPERIMENT} <= set(listed)
     assert all(listed.values())
     assert_no_run(case)
+
+
+def test_python_m_sparsebert_is_run_py(cases):
+    """``python -m sparsebert`` (what the ``sparsebert`` command runs) lists the same, from the package alone."""
+    module, script = cases["module_list"].wait(), cases["list"].wait()
+    assert module.returncode == 0, module.stderr
+    assert module.stdout == script.stdout and "bert_tiny_quick  " in module.stdout
+    assert_no_run(module)
 
 
 def test_unknown_experiment_names_closest_matches(cases):
@@ -228,7 +240,7 @@ def test_truncated_gz_corpus_file_exits_2_naming_the_file(cases):
 
 
 def run_main(argv: list[str], capsys) -> tuple[int, str, str]:
-    code = main(argv, experiments_dir=EXPERIMENTS)
+    code = main(argv)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
 
@@ -331,21 +343,23 @@ def test_sparsity_include_matching_nothing_exits_2_in_one_line(tmp_path, capsys,
     assert not (out / "sparse_tiny_rigl").exists()
 
 
-def test_one_gpu_keeps_the_experiments_dir(tmp_path, capsys, monkeypatch):
-    """--gpus with one GPU continues in this process: with the registry it was given, not ./experiments."""
+def test_one_gpu_keeps_the_users_experiments(tmp_path, capsys, monkeypatch):
+    """--gpus with one GPU continues in this process, with the --experiments it was given."""
     import sparsebert.distributed.gpus as gpus
 
     monkeypatch.setattr(gpus, "query_gpus", lambda: [gpus.GpuState(0, 1_000, 90), gpus.GpuState(1, 70_000, 0)])
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # restored after the test
-    monkeypatch.chdir(tmp_path)  # no experiments/ here
-    code, out, err = run_main(["--gpus", "1", "--list"], capsys)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.yaml").write_text("mine_quick: {parent: bert_tiny_quick, description: my own}\n")
+    code, out, err = run_main(["--gpus", "1", "--list", "--experiments", "mine.yaml"], capsys)
     assert code == 0, err
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "1"
-    assert EXPERIMENT in out
+    assert EXPERIMENT in out and "mine_quick  " in out
 
 
-def test_several_gpus_restart_with_the_experiments_dir(tmp_path, capsys, monkeypatch):
+def test_several_gpus_restart_with_the_same_arguments(tmp_path, capsys, monkeypatch):
+    """torchrun's workers get the command's arguments but --gpus, --experiments included (they start in its cwd)."""
 
     import sparsebert.distributed.gpus as gpus
 
@@ -355,10 +369,11 @@ def test_several_gpus_restart_with_the_experiments_dir(tmp_path, capsys, monkeyp
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.chdir(tmp_path)
-    run_main([EXPERIMENT, "--gpus", "2"], capsys)
+    (tmp_path / "mine.yaml").write_text("mine_quick: {parent: bert_tiny_quick}\n")
+    run_main(["mine_quick", "--gpus", "2", "--experiments", "mine.yaml"], capsys)
     (cmd,) = calls
     assert cmd[0] == sys.executable
-    assert "--gpus" not in cmd and cmd[-2:] == ["--experiments-dir", str(EXPERIMENTS)]
+    assert "--gpus" not in cmd and cmd[-3:] == ["mine_quick", "--experiments", "mine.yaml"]
 
 
 # --- in-process: names of runs and inputs of finetuning jobs fail before any run directory exists --------------
@@ -476,8 +491,7 @@ def test_only_the_main_process_logs_the_finished_line(tmp_path, caplog, monkeypa
     monkeypatch.setattr(sparsebert.distributed, "process_state",
                         lambda: types.SimpleNamespace(is_main_process=main_process))
     with caplog.at_level("INFO", logger="sparsebert"):
-        code = main([EXPERIMENT, "--output-dir", str(tmp_path), "--data-dir", str(asset_data_dir)],
-                    experiments_dir=EXPERIMENTS)
+        code = main([EXPERIMENT, "--output-dir", str(tmp_path), "--data-dir", str(asset_data_dir)])
     assert code == 0
     finished = [r.getMessage() for r in caplog.records if "finished:" in r.getMessage()]
     assert finished == ([f"{EXPERIMENT} finished: eval_loss=2.5"] if main_process else [])
@@ -500,8 +514,7 @@ def test_a_swallowed_sigterm_stops_the_run_and_the_next_is_not_started(tmp_path,
         return {"eval_loss": 2.5}
 
     monkeypatch.setattr(sparsebert.runner, "run_experiment", run_experiment)
-    code = main([EXPERIMENT, EXPERIMENT, "--output-dir", str(tmp_path), "--data-dir", str(asset_data_dir)],
-                experiments_dir=EXPERIMENTS)
+    code = main([EXPERIMENT, EXPERIMENT, "--output-dir", str(tmp_path), "--data-dir", str(asset_data_dir)])
     assert [type(e).__name__ for e in swallowed] == ["Terminated"]
     assert code == 143 and started == [EXPERIMENT]
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: terminated by SIGTERM"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -18,13 +17,10 @@ from sparsebert.config import (
     to_dict,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-EXPERIMENTS_DIR = REPO / "experiments"
-
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.from_directory(EXPERIMENTS_DIR)
+    return Registry.builtin()
 
 
 # --- the shipped experiments --------------------------------------------------------------------------------

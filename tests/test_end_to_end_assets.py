@@ -8,7 +8,6 @@ files on real text.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 from tiny_glue_checks import check_tiny_glue_outputs
@@ -17,7 +16,6 @@ from sparsebert.cli import main as cli_main
 from sparsebert.config import Registry
 from sparsebert.runner import RunOptions, run_experiment
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 # bert_tiny_quick cut to a few seconds: 4 of the 12 asset articles held out for evaluation, 64-token blocks,
@@ -31,7 +29,7 @@ FAST = [
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.from_directory(REPO / "experiments")
+    return Registry.builtin()
 
 
 def test_tiny_pretraining_on_the_asset_corpus(registry, asset_data_dir, tmp_path):

@@ -15,7 +15,6 @@ from sparsebert.config import Registry
 from sparsebert.results import Registry as Results
 from sparsebert.runner import RunOptions, run_experiment
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 # The tiny experiments as shipped, but with 32 training rows instead of 96-192 (2 optimizer steps at their batch
@@ -26,7 +25,7 @@ FEW_TRAIN_ROWS = ["finetune.max_train_samples=32"]
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.from_directory(REPO / "experiments")
+    return Registry.builtin()
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +52,7 @@ def test_glue_table_from_the_registry(glue_root, capsys):
     table = capsys.readouterr().out
     assert "| tiny_glue" in table and "average_bert over: rte, stsb (2 tasks)" in table
     # a misspelled experiment is an error, not a silently missing row
-    assert cli_main(["--table", "glue", "--output-dir", str(glue_root), "--experiments", "tiny_glue",
+    assert cli_main(["--table", "glue", "--output-dir", str(glue_root), "--only", "tiny_glue",
                      "tiny_glu"]) == 2
     assert "no finished GLUE runs of tiny_glu" in capsys.readouterr().err
 

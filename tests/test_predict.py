@@ -18,7 +18,6 @@ from sparsebert.data.squad import read_squad
 from sparsebert.errors import SparseBertError
 from sparsebert.runner import RunOptions, run_experiment
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
 FEW_TRAIN_ROWS = ["finetune.max_train_samples=32"]  # as in test_finetune: nothing here depends on learning
@@ -27,7 +26,7 @@ FEW_TRAIN_ROWS = ["finetune.max_train_samples=32"]  # as in test_finetune: nothi
 def _finished(experiment: str, overrides: list[str], run: str, data_dir: Path, tmp_path_factory) -> Path:
     """The run directory ``run`` of ``experiment`` trained once with FEW_TRAIN_ROWS."""
     out = tmp_path_factory.mktemp(experiment)
-    registry = Registry.from_directory(REPO / "experiments")
+    registry = Registry.builtin()
     run_experiment(registry.build(experiment, [*FEW_TRAIN_ROWS, *overrides]),
                    RunOptions(output_root=out, data_dir=data_dir))
     return out / experiment / run

@@ -36,7 +36,6 @@ from sparsebert.results import Registry as Results
 from sparsebert.runner import RunOptions, run_experiment
 
 REPO = Path(__file__).resolve().parents[1]
-EXPERIMENTS = REPO / "experiments"
 pytestmark = pytest.mark.slow
 
 STEPS = 9
@@ -58,7 +57,7 @@ TIMINGS = ("train_samples_per_second", "train_runtime_s", "wall_time_s")
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.from_directory(EXPERIMENTS)
+    return Registry.builtin()
 
 
 def run(registry, experiment: tuple[str, list[str]], root: Path, data_dir: Path, resume: bool = False,
@@ -83,7 +82,7 @@ def killed(experiment, root: Path, data_dir: Path, tmp_path: Path, step: int, af
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO / "tests")]),
            "OMP_NUM_THREADS": str(torch.get_num_threads()), "PYTHONWARNINGS": "ignore"}
     argv = [sys.executable, str(REPO / "tests" / "interruptions.py"), str(int(signal.SIGKILL)), str(step),
-            "save" if after_save else "step", "-" if seed is None else str(seed), str(EXPERIMENTS), "--",
+            "save" if after_save else "step", "-" if seed is None else str(seed), "--",
             *cli(experiment, root, data_dir)]
     with open(tmp_path / "killed.stderr", "w") as stderr:  # a file, not a pipe: training never blocks on it
         code = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=stderr, timeout=300).returncode
@@ -94,7 +93,7 @@ def terminated(experiment, root: Path, data_dir: Path, capsys, step: int, after_
                seed: int | None = None) -> None:
     """``run.py --resume`` of ``experiment`` in this process, sent SIGTERM at the given point: exit 143."""
     at = SignalAt(signal.SIGTERM, step, after_save, seed)
-    assert main_interrupted(cli(experiment, root, data_dir, "--resume"), EXPERIMENTS, at) == 143
+    assert main_interrupted(cli(experiment, root, data_dir, "--resume"), at) == 143
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: terminated by SIGTERM"
 
 
@@ -195,7 +194,7 @@ def test_a_killed_then_terminated_pretraining_run_resumes_to_the_uninterrupted_r
     assert (row.status, row.error) == ("failed", "terminated by SIGTERM")
     assert cli_main(["--export", str(run_dir), "--to", str(tmp_path / "export")]) == 2  # says why, not "no model/"
     assert "did not finish: terminated by SIGTERM; finish it with --resume" in capsys.readouterr().err
-    assert cli_main(cli(experiment, root, data_dir, "--resume"), experiments_dir=EXPERIMENTS) == 0
+    assert cli_main(cli(experiment, root, data_dir, "--resume")) == 0
     assert_same_pretraining(root, "dense", pretrained("dense"))
 
 
@@ -257,7 +256,7 @@ def test_a_killed_then_terminated_finetuning_run_resumes_to_the_uninterrupted_re
     terminated(experiment, root, data_dir, capsys, step=1, seed=SEEDS[1])
     statuses = {r.seed: (r.status, r.error) for r in Results.in_output_root(root).runs(status=None)}
     assert statuses == {SEEDS[0]: ("done", None), SEEDS[1]: ("failed", "terminated by SIGTERM")}
-    assert cli_main(cli(experiment, root, data_dir, "--resume"), experiments_dir=EXPERIMENTS) == 0
+    assert cli_main(cli(experiment, root, data_dir, "--resume")) == 0
     assert_same_finetuning(root, "dense", finetuned("dense"))
 
 

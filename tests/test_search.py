@@ -28,7 +28,6 @@ from sparsebert.search.study import gpu_slots, open_study
 from sparsebert.search.trials import trial_env, trial_outcome
 
 REPO = Path(__file__).resolve().parents[1]
-EXPERIMENTS = REPO / "experiments"
 STUDY = "tiny_search-tiny"
 # 32 training rows (2 optimizer steps): what is tested is the search around the runs, not what they learn
 FEW_ROWS = ["--set", "finetune.max_train_samples=32"]
@@ -36,12 +35,12 @@ FEW_ROWS = ["--set", "finetune.max_train_samples=32"]
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.from_directory(EXPERIMENTS)
+    return Registry.builtin()
 
 
 def plan(registry: Registry, root: Path, data_dir: Path, space: str = "tiny", **kwargs):
     return plan_search(registry, "tiny_search", space, 2, output_root=root, data_dir=data_dir,
-                       experiments_dir=EXPERIMENTS, **kwargs)
+                       **kwargs)
 
 
 # --- search spaces ---------------------------------------------------------------------------------------------
@@ -94,7 +93,7 @@ def test_specs_become_the_distributions_they_describe():
      ["finetune.gap_head=sum", "finetune.gap_head must be one of"]),
 ])
 def test_every_key_and_value_of_a_space_is_built_before_any_trial(asset_data_dir, tmp_path, params, words):
-    registry = Registry.from_directory(EXPERIMENTS)  # its own: the space added here stays in this test
+    registry = Registry.builtin()  # its own: the space added here stays in this test
     registry.add_space("typo", {"params": params})
     with pytest.raises(ConfigError) as e:
         plan(registry, tmp_path, asset_data_dir, space="typo")
@@ -109,8 +108,7 @@ def test_every_key_and_value_of_a_space_is_built_before_any_trial(asset_data_dir
     ("minilm_glue_sparse80", "transfer"), ("minilm_glue", "glue_lr"), ("tiny_search", "tiny"),
 ])
 def test_shipped_spaces_fit_their_experiments(registry, asset_data_dir, tmp_path, experiment, space):
-    p = plan_search(registry, experiment, space, 5, output_root=tmp_path, data_dir=asset_data_dir,
-                    experiments_dir=EXPERIMENTS)
+    p = plan_search(registry, experiment, space, 5, output_root=tmp_path, data_dir=asset_data_dir)
     assert p.metric == "headline" and p.direction == "max" and p.study == f"{experiment}-{space}"
     assert p.parallel == 1 and p.gpus == []  # CPU
 
@@ -181,13 +179,13 @@ def test_cli_refuses_bad_search_input_in_one_line_before_writing(tmp_path, asset
     for extra, words in [(["--trials", "0"], "--trials 0"), (["--trials", "2", "--parallel", "0"], "--parallel 0"),
                          (["--trials", "2", "--metric", "rte/accuracy"], "glue:rte/accuracy"),
                          (["--trials", "2", "--study", "../x"], "--study ../x"), ([], "--trials N")]:
-        assert main([*base, *extra], experiments_dir=EXPERIMENTS) == 2
+        assert main([*base, *extra]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("error:") and words in err, err
     assert main(["--search", "tiny_serch", "--space", "tiny", "--trials", "1",
-                 "--output-dir", str(tmp_path / "out")], experiments_dir=EXPERIMENTS) == 2
+                 "--output-dir", str(tmp_path / "out")]) == 2
     assert "closest: tiny_search" in capsys.readouterr().err
-    assert main(["tiny_search", "--trials", "1"], experiments_dir=EXPERIMENTS) == 2
+    assert main(["tiny_search", "--trials", "1"]) == 2
     assert "--trials: only with --search" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
@@ -211,6 +209,27 @@ def test_each_trial_gets_one_gpu_or_a_share_of_the_cpu(registry, asset_data_dir,
     assert trial_env(p, None)["PYTHONPATH"].split(os.pathsep)[0] == src  # the trial imports this sparsebert
 
 
+def test_a_users_experiment_file_reaches_the_trials(asset_data_dir, tmp_path, monkeypatch):
+    """A search of an experiment of ``--experiments FILE``: each trial process loads the file too, and the best
+    command names it."""
+    import sparsebert.search.trials as trials
+    from sparsebert.cli import load_registry, parser
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("my_search: {parent: tiny_search, train: {learning_rate: 5.0e-5}}\n")
+    p = plan_search(Registry.builtin([mine]), "my_search", "tiny", 2, output_root=tmp_path / "out",
+                    data_dir=asset_data_dir, experiment_paths=[mine])
+    assert p.command_line({}) == f"python run.py my_search --experiments {mine}"
+    p.study_dir.mkdir(parents=True)  # (run_search makes it)
+    started = []
+    monkeypatch.setattr(trials.subprocess, "Popen", lambda command, **kwargs: started.append(command))
+    trials.start_trial(optuna.create_study().ask(), p, None)
+    (command,) = started
+    assert command[1:3] == ["-m", "sparsebert"]
+    args = parser().parse_args(command[3:])  # what the trial process does with it
+    assert load_registry(args).build("my_search", args.overrides).train.learning_rate == 5e-5
+
+
 def test_a_study_continues_only_with_the_settings_it_started_with(registry, asset_data_dir, tmp_path):
     first = plan(registry, tmp_path, asset_data_dir)
     first.study_dir.mkdir(parents=True)
@@ -231,7 +250,7 @@ def test_a_damaged_study_file_is_one_line_and_left_as_it_is(asset_data_dir, tmp_
     study.write_bytes(b"\x07 not sqlite \x00" * 300 if damage == "garbage" else b"SQLite format 3\x00" + bytes(3000))
     before = study.read_bytes()
     code = main(["--search", "tiny_search", "--space", "tiny", "--trials", "1", "--output-dir", str(tmp_path / "out"),
-                 "--data-dir", str(asset_data_dir)], experiments_dir=EXPERIMENTS)
+                 "--data-dir", str(asset_data_dir)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith(f"error: the study file {study} cannot be read (file is not a database)")
@@ -327,7 +346,7 @@ def resumed(tmp_path_factory, data_dir):
               len(trial_processes), "orphans": orphans}
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main([*args, "--parallel", "2"], experiments_dir=EXPERIMENTS)
+        code = main([*args, "--parallel", "2"])
     return {"root": root, "killed": killed, "code": code, "stdout": out.getvalue()}
 
 
@@ -394,7 +413,7 @@ def test_the_summary_names_the_best_trial_and_its_command(resumed):
 def test_trials_already_complete_count(resumed, data_dir, capsys):
     root = resumed["root"]
     code = main(["--search", "tiny_search", "--space", "tiny", "--trials", "1", "--output-dir", str(root),
-                 "--data-dir", str(data_dir), *FEW_ROWS], experiments_dir=EXPERIMENTS)
+                 "--data-dir", str(data_dir), *FEW_ROWS])
     assert code == 0 and len(_states(root)) == 2  # nothing started
     assert f"summary: {root / 'search' / STUDY / 'summary.md'}" in capsys.readouterr().out
 
@@ -403,8 +422,7 @@ def test_trials_already_complete_count(resumed, data_dir, capsys):
 def test_failing_trials_end_the_search_with_one_error_line(data_dir, tmp_path, capsys):
     """Every trial's process exits with an error (a model that is not there): the study records why."""
     code = main(["--search", "tiny_search", "--space", "tiny", "--trials", "1", "--output-dir", str(tmp_path),
-                 "--data-dir", str(data_dir), "--set", "model.init_from=/nonexistent"],
-                experiments_dir=EXPERIMENTS)
+                 "--data-dir", str(data_dir), "--set", "model.init_from=/nonexistent"])
     assert code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("error: 0 of 1 trials complete; 1 failed in this call, first trial 0: exit code 2: "

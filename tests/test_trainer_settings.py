@@ -23,14 +23,13 @@ from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.gap_heads import HEADS, GapClassifier
 from sparsebert.trainer.arguments import training_arguments
 
-EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 TINY = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=32, type_vocab_size=2)
 
 
 @pytest.fixture
 def registry() -> Registry:
-    return Registry.from_directory(EXPERIMENTS)
+    return Registry.builtin()
 
 
 def test_train_ddp_section_reaches_training_arguments(registry, tmp_path):
@@ -228,8 +227,8 @@ try:
     print("getter readable before")
 except RuntimeError as e:
     print("getter raised before:", "mix of the legacy and new APIs" in str(e))
-cfg = Registry.from_directory(sys.argv[1]).build("bert_tiny_quick", ["train.torch_compile=true"])
-training_arguments(cfg.train, sys.argv[2], cfg.seed, "x")
+cfg = Registry.builtin().build("bert_tiny_quick", ["train.torch_compile=true"])
+training_arguments(cfg.train, sys.argv[1], cfg.seed, "x")
 print("after:", torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision)
 """
 
@@ -237,9 +236,9 @@ print("after:", torch.get_float32_matmul_precision(), torch.backends.cuda.matmul
 def test_compiled_run_leaves_matmul_precision_readable(tmp_path):
     """In a fresh interpreter: torch's precision state is process-wide, and once any earlier test (or a compiled
     run on a GPU) has set it through the legacy API, the new API's setting no longer makes the getter raise."""
-    done = subprocess.run([sys.executable, "-c", MATMUL_PRECISION_SCENARIO, str(EXPERIMENTS), str(tmp_path)],
+    done = subprocess.run([sys.executable, "-c", MATMUL_PRECISION_SCENARIO, str(tmp_path)],
                           capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(EXPERIMENTS.parent / "src")})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert "getter raised before: True" in lines  # the state that failed compiles

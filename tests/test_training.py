@@ -23,7 +23,6 @@ from sparsebert.runner import RunOptions, run_experiment
 from sparsebert.sparsity import SparsityController, rigl_update_due
 from sparsebert.trainer.distillation import hidden_state_loss
 
-REPO = Path(__file__).resolve().parents[1]
 FAST = [
     "data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=32", "data.max_seq_length=64",
     "train.global_batch_size=8", "train.max_steps=20", "train.eval_steps=10", "train.save_steps=10",
@@ -50,7 +49,7 @@ class StopAt(TrainerCallback):
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.from_directory(REPO / "experiments")
+    return Registry.builtin()
 
 
 def run(registry, name, out: Path, data_dir: Path, extra=(), resume=False, callbacks=None, overwrite=False):
@@ -297,14 +296,14 @@ def test_plots_of_finished_runs(dense_run, kd_run, tmp_path):
     assert [h["eval_loss"] for h in history if "eval_loss" in h][-1] == pytest.approx(metrics["eval_loss"])
     runs = ["bert_tiny_quick", "sparse_tiny_kd_onecycle_lr_rigl"]
     png = b"\x89PNG\r\n\x1a\n"
-    assert main(["--output-dir", str(out), "--plot", "loss", "--experiments", *runs,
+    assert main(["--output-dir", str(out), "--plot", "loss", "--only", *runs,
                  "--out", str(tmp_path / "loss.png")]) == 0
     assert (tmp_path / "loss.png").read_bytes()[:8] == png
-    assert main(["--output-dir", str(out), "--plot", "density", "--experiments", runs[1],
+    assert main(["--output-dir", str(out), "--plot", "density", "--only", runs[1],
                  "--out", str(tmp_path / "density.png")]) == 0
     assert (tmp_path / "density.png").read_bytes()[:8] == png
     # a dense run has no sparsity report: one line naming the missing file, exit 2
-    assert main(["--output-dir", str(out), "--plot", "density", "--experiments", runs[0]]) == 2
+    assert main(["--output-dir", str(out), "--plot", "density", "--only", runs[0]]) == 2
 
 
 def test_trackers_write_locally_and_wandb_never_blocks(registry, data_dir, tmp_path, monkeypatch):

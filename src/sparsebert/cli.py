@@ -1,4 +1,5 @@
-"""``python run.py``: list, run experiments in sequence, with --set overrides; search hyperparameters."""
+"""``sparsebert`` (also ``python -m sparsebert`` and ``python run.py``): list, show and run experiments in sequence,
+with --set overrides; search hyperparameters; tables, plots, predictions and exports of finished runs."""
 
 from __future__ import annotations
 
@@ -22,14 +23,23 @@ log = logging.getLogger("sparsebert")
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="run.py",
+        prog="sparsebert",
         allow_abbrev=False,  # --gpu would pass for --gpus, which the relaunch under torchrun strips by its full name
-        description="Run sparsebert experiments in sequence, e.g. python run.py bert_100k sparse_80_rigl",
+        description="Run sparsebert experiments in sequence, e.g. sparsebert bert_100k sparse_80_rigl",
     )
     p.add_argument("experiments", nargs="*", metavar="NAME", help="experiments to run, in order")
     p.add_argument("--list", action="store_true", help="list every experiment with a one-line description")
     p.add_argument("--keys", action="store_true",
-                   help="list every experiment key --set accepts, with its type and default")
+                   help="list every experiment key --set accepts, with its type and default (an experiment's own "
+                        "values: --show NAME)")
+    p.add_argument("--show", metavar="NAME",
+                   help="print experiment NAME as it would run (with --set), each value with its origin: the "
+                        "experiment of its parent chain that set it, --set, or default")
+    p.add_argument("--experiments", dest="experiment_paths", action="append", type=Path, default=[],
+                   metavar="PATH",
+                   help="add your own experiments to the built-in ones: a .py file (EXPERIMENTS, optionally "
+                        "SEARCH_SPACES dicts), a .yaml/.yml file (name: settings) or a folder of them; they may "
+                        "name a built-in parent, not reuse a built-in name (repeatable)")
     p.add_argument("--output-dir", type=Path, default=None,
                    help=f"output root (default: ${OUTPUT_ENV}, else runs/)")
     p.add_argument("--data-dir", type=Path, default=None,
@@ -42,10 +52,10 @@ def parser() -> argparse.ArgumentParser:
                    help="write a torch.profiler trace of 3 training steps after 5 warm-up steps into the run dir "
                         "(on a GPU also the host-GPU syncs of the steps before them: profile/host_syncs.json)")
     p.add_argument("--table", choices=["glue"], help="print a results table from the registry in the output root")
-    p.add_argument("--experiments", dest="table_experiments", nargs="+", default=None, metavar="NAME",
+    p.add_argument("--only", dest="table_experiments", nargs="+", default=None, metavar="NAME",
                    help="with --table: only these experiments (rows); with --plot: the runs to plot")
     p.add_argument("--plot", choices=["loss", "density"],
-                   help="plot runs named by --experiments (paths under the output root): MLM loss curves from "
+                   help="plot runs named by --only (paths under the output root): MLM loss curves from "
                         "log_history.json, or density per layer from sparsity.json; written to --out")
     p.add_argument("--out", type=Path, default=None, help="with --plot: the image file (default <kind>.png)")
     p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table or --runs (md, csv)")
@@ -66,7 +76,7 @@ def parser() -> argparse.ArgumentParser:
                         "(pip install sparsebert[onnx])")
     p.add_argument("--gpus", metavar="N|IDS",
                    help="use the N least busy GPUs of this node (NVML), or these ids (e.g. 0,3); with more than "
-                        "one, run.py restarts under torchrun with one process per GPU")
+                        "one, sparsebert restarts under torchrun with one process per GPU")
     p.add_argument("--train-tokenizer", type=Path, metavar="OUT_DIR",
                    help="train a WordPiece vocab on the corpus of --corpus (under --data-dir) and save it to OUT_DIR")
     p.add_argument("--corpus", default="wikipedia-enwiki-2015-wikiextractor",
@@ -77,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--search", metavar="NAME",
                    help="hyperparameter search over experiment NAME with --space and --trials; run again to resume "
                         "(see src/sparsebert/search/)")
-    p.add_argument("--space", help="with --search: the search space (SEARCH_SPACES in experiments/*.py)")
+    p.add_argument("--space", help="with --search: the search space (SEARCH_SPACES of an experiments module)")
     p.add_argument("--trials", type=int, metavar="N",
                    help="with --search: the complete trials the study should hold (those it has count)")
     p.add_argument("--metric", metavar="KEY",
@@ -99,7 +109,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sparse24-kernel", action="store_true",
                    help="with --predict of a 2:4 run: its sparse encoder Linears through our CUTLASS 2:4 kernel, "
                         "in bf16 (an sm90 GPU; build once with python -m sparsebert.kernels.build)")
-    p.add_argument("--experiments-dir", type=Path, default=None, help=argparse.SUPPRESS)
     p.add_argument("--run-name", default=None, help=argparse.SUPPRESS)  # a search trial's run directory
     return p
 
@@ -110,21 +119,21 @@ def output_root(explicit: Path | None) -> Path:
     return Path(os.environ.get(OUTPUT_ENV) or "runs")
 
 
-def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> int:
+def main(argv: list[str] | None = None) -> int:
+    """The command line (``argv`` without the program name; default ``sys.argv[1:]``); returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        registry_dir = args.experiments_dir or experiments_dir or Path("experiments")
-        registry = Registry.from_directory(registry_dir)
+        registry = load_registry(args)
         if args.search:
             with terminate_on_sigterm() as raise_if_terminated:  # stops the trials: they record themselves failed
-                return search(args, registry, registry_dir, raise_if_terminated)
+                return search(args, registry, raise_if_terminated)
         _refuse_search_flags(args)
         if args.predict or args.input or args.output or args.sparse24_kernel:
             return predict(args)
         if args.gpus and "LOCAL_RANK" not in os.environ:
-            return choose_gpus(args.gpus, argv, registry_dir)
+            return choose_gpus(args.gpus, argv)
         if args.train_tokenizer:
             return train_tokenizer(args)
         if args.export or args.to or args.compressed or args.onnx:
@@ -136,7 +145,12 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
         if args.plot:
             return make_plot(output_root(args.output_dir), args.plot, args.table_experiments,
                              args.out or Path(f"{args.plot}.png"))
+        if args.show:
+            return show_experiment(registry, args)
         if args.keys:
+            if args.experiments:  # the schema's reference names no experiment; --show prints one's values
+                raise ConfigError(f"--keys lists the keys of every experiment; for {args.experiments[0]}'s own "
+                                  f"values use --show {args.experiments[0]}")
             return print_keys()
         if args.list:
             width = max(map(len, registry.names()))
@@ -144,7 +158,7 @@ def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> 
                 print(f"{name:<{width}}  {registry.description(name)}")
             return 0
         if not args.experiments:
-            print("run.py: name at least one experiment (python run.py --list shows them)", file=sys.stderr)
+            print("sparsebert: name at least one experiment (sparsebert --list shows them)", file=sys.stderr)
             return 2
         # build every experiment first: a typo in the third name must not surface after two long runs
         configs = [registry.build(name, args.overrides) for name in args.experiments]
@@ -267,8 +281,64 @@ def _refuse_search_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"{', '.join(given)}: only with --search EXPERIMENT")
 
 
-def search(args: argparse.Namespace, registry: Registry, experiments_dir: Path,
-           raise_if_terminated: Callable[[], None]) -> int:
+def load_registry(args: argparse.Namespace) -> Registry:
+    """The built-in experiments and those of ``--experiments PATH ...``."""
+    paths = [path.resolve() for path in args.experiment_paths]  # a trial or torchrun worker may run elsewhere
+    missing = [path for path in args.experiment_paths if not path.exists()]
+    if missing and (args.table or args.plot):  # --experiments named --table/--plot's rows before it was --only
+        raise ConfigError(f"--experiments {missing[0]}: no such file or folder (--table and --plot take their "
+                          "experiments or runs with --only NAME ...)")
+    return Registry.builtin(paths)
+
+
+def show_experiment(registry: Registry, args: argparse.Namespace) -> int:
+    """``--show NAME [--set ...]``: every setting of the experiment as built, with its origin (see
+    :meth:`Registry.origins`): first those its parent chain or --set set, then the schema defaults."""
+    if args.experiments:
+        raise ConfigError(f"--show prints one experiment and runs none; drop {' '.join(args.experiments)}")
+    print(format_experiment(registry, args.show, args.overrides))
+    return 0
+
+
+def format_experiment(registry: Registry, name: str, overrides: list[str]) -> str:
+    """The text of ``--show``: a header (name, file, parents, description), then one ``key  value  origin`` row
+    per setting, the set ones before the defaults."""
+    from sparsebert.config import to_dict
+    from sparsebert.config.registry import DEFAULT_ORIGIN, origin_of
+
+    cfg = registry.build(name, overrides)  # validates: a bad --set fails before anything prints
+    origins = registry.origins(name, overrides)
+    rows = [(key, value, origin_of(origins, key)) for key, value in _flat_settings(to_dict(cfg), type(cfg))
+            if key not in ("name", "description")]
+    base = name.partition("=")[0]
+    lines = [f"{cfg.name}: {cfg.description}" if cfg.description else cfg.name,
+             f"  defined in {registry.origin(base)}",
+             f"  parents: {' <- '.join(registry.parents(base))}"]
+    width = max(len(key) for key, _, _ in rows)
+    set_rows = [(key, repr(value), origin) for key, value, origin in rows if origin != DEFAULT_ORIGIN]
+    value_width = min(max((len(value) for _, value, _ in set_rows), default=0), 24)  # a long mapping: ragged
+    lines.append("set by the experiment, its parents or --set:")
+    lines += [f"  {key:<{width}}  {value:<{value_width}}  <- {origin}" for key, value, origin in set_rows]
+    lines.append("defaults:")
+    lines += [f"  {key:<{width}}  {value!r}" for key, value, origin in rows if origin == DEFAULT_ORIGIN]
+    return "\n".join(lines)
+
+
+def _flat_settings(data: dict, schema: type, prefix: str = "") -> list[tuple[str, object]]:
+    """(dotted key, value) of every setting in ``data`` (a config's plain form), sections walked into."""
+    from sparsebert.config.registry import section_type
+
+    rows: list[tuple[str, object]] = []
+    for key, value in data.items():
+        section = section_type(schema, key)
+        if section is not None and isinstance(value, dict):
+            rows += _flat_settings(value, section, f"{prefix}{key}.")
+        else:
+            rows.append((f"{prefix}{key}", value))
+    return rows
+
+
+def search(args: argparse.Namespace, registry: Registry, raise_if_terminated: Callable[[], None]) -> int:
     """``--search``: check the request in full, then run the study's missing trials (see sparsebert.search)."""
     if args.experiments:
         raise ConfigError(f"--search runs one experiment, named by --search; drop {' '.join(args.experiments)}")
@@ -285,7 +355,8 @@ def search(args: argparse.Namespace, registry: Registry, experiments_dir: Path,
     from sparsebert.search import plan_search, run_search
 
     plan = plan_search(registry, args.search, args.space, args.trials, output_root=output_root(args.output_dir),
-                       data_dir=resolve_data_dir(args.data_dir), experiments_dir=experiments_dir,
+                       data_dir=resolve_data_dir(args.data_dir),
+                       experiment_paths=[path.resolve() for path in args.experiment_paths],
                        overrides=args.overrides, metric=args.metric, direction=args.direction,
                        parallel=args.parallel, study=args.study)
     summary = run_search(plan, raise_if_terminated)
@@ -306,17 +377,14 @@ def _use_gpus(spec: str) -> list[int]:
     return ids
 
 
-def choose_gpus(spec: str, argv: list[str], experiments_dir: Path) -> int:
-    """Set CUDA_VISIBLE_DEVICES before CUDA starts; one GPU continues here, several restart under torchrun.
-
-    ``experiments_dir`` is the registry this call found: the continued or restarted run reads the same one, wherever
-    its cwd is."""
+def choose_gpus(spec: str, argv: list[str]) -> int:
+    """Set CUDA_VISIBLE_DEVICES before CUDA starts; one GPU continues here, several restart under torchrun with the
+    same arguments (``--experiments`` included: torchrun's workers start in this cwd)."""
     from sparsebert.distributed.gpus import torchrun_command, without_gpus_flag
 
     ids = _use_gpus(spec)
     if len(ids) == 1:
-        return main(without_gpus_flag(argv), experiments_dir)
-    argv = [*argv, "--experiments-dir", str(experiments_dir.resolve())]  # last wins: the one already found
+        return main(without_gpus_flag(argv))
     # torchrun takes this process's place, so a signal to the job (a scheduler's SIGTERM) reaches torchrun and
     # through it the workers, instead of leaving them running behind a parent that exited
     cmd = torchrun_command(sys.argv[0], argv, len(ids))
@@ -433,7 +501,7 @@ def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
     from sparsebert.results.plots import plot_density_per_layer, plot_loss_curves
 
     if not runs:
-        raise SparseBertError(f"--plot {kind} needs --experiments: the runs to plot, as paths under {root}")
+        raise SparseBertError(f"--plot {kind} needs --only: the runs to plot, as paths under {root}")
     if out.suffix.lower().lstrip(".") not in PLOT_FORMATS:
         raise SparseBertError(f"--out {out}: the name must end in one of .{', .'.join(PLOT_FORMATS)} "
                               "(it picks the image format)")
@@ -478,5 +546,5 @@ def _headline(metrics: dict) -> str:
     return ", ".join(headline)
 
 
-if __name__ == "__main__":  # a search trial: python -m sparsebert.cli (run.py may not exist beside the package)
+if __name__ == "__main__":  # python -m sparsebert.cli, as before python -m sparsebert
     sys.exit(main())

@@ -199,9 +199,7 @@ def test_a_training_run_on_a_squad_file_with_a_number_for_a_question_is_refused_
     (data / "squad" / "dev-v1.1.json").write_text(json.dumps({"data": [
         {"title": f"T{k}", "paragraphs": [{"context": "xabcx", "qas": [{**good, "id": f"q{k}"}]}]}
         for k in range(4)] + [_one_question(question=42, title="T9", id="q9")["data"][0]]}), encoding="utf-8")
-    experiments = Path(__file__).resolve().parents[2] / "experiments"
-    code = main(["tiny_squad", "--output-dir", str(tmp_path / "runs"), "--data-dir", str(data)],
-                experiments_dir=experiments)
+    code = main(["tiny_squad", "--output-dir", str(tmp_path / "runs"), "--data-dir", str(data)])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err[-1].startswith("error: ") and "'question' is int 42, not text" in err[-1], err[-5:]
     assert not (tmp_path / "runs" / "tiny_squad").exists()

@@ -41,7 +41,6 @@ from sparsebert.results import RunRecord
 from sparsebert.results.recording import run_key
 from sparsebert.trainer.finetune.gap import load_gap_model
 
-REPO = Path(__file__).resolve().parents[2]
 ENCODER_LINEAR = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                   "intermediate.dense", "output.dense")
 
@@ -246,7 +245,7 @@ def test_export_of_a_real_sparse_finetuning_run(data_dir, tmp_path: Path, capsys
     from sparsebert.results import Registry as Results
     from sparsebert.runner import RunOptions, run_experiment
 
-    cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue_2to4", [
+    cfg = Registry.builtin().build("tiny_glue_2to4", [
         "finetune.max_train_samples=32", "finetune.max_eval_samples=16", "sparsity.sparsity=0.8", "sparsity.pattern=unstructured"])
     root = tmp_path / "runs"
     run_experiment(cfg, RunOptions(output_root=root, data_dir=data_dir))

@@ -12,7 +12,6 @@ one Wikipedia file) and a tokenizer (``tokenizer_dir``, tests/gpu/conftest.py). 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,7 +22,6 @@ from sparsebert.runner import RunOptions, run_experiment
 from sparsebert.sparsity import rigl_update_due
 from sparsebert.trainer.sparse_training import SparsityCallback
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 FORCED = 8  # the 8th optimizer step: RigL's 2nd update (every 4 steps) is due there
 STEPS = 16  # RigL ends at 75 %: updates after controller steps 4 and 8 only
@@ -56,7 +54,7 @@ class ForceOverflow(TrainerCallback):
 
 def test_fp16_overflow_skips_the_rigl_update_and_keeps_masks_exact(data_dir, tmp_path, monkeypatch, tokenizer_dir):
     tokenizer = tokenizer_dir
-    cfg = Registry.from_directory(REPO / "experiments").build("sparse_tiny_rigl", [
+    cfg = Registry.builtin().build("sparse_tiny_rigl", [
         f"model.tokenizer={tokenizer}", "train.precision=fp16", f"train.max_steps={STEPS}", "rigl.update_freq=4",
         "data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=32", "data.max_seq_length=64",
         "train.global_batch_size=8", "train.warmup_steps=0", "train.logging_steps=1", "train.eval_steps=1000",

@@ -8,7 +8,6 @@ CPU under emulation).
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -79,7 +78,7 @@ def test_sparse_pretraining_and_dynamic_padding_finetuning_run_in_fp8(data_dir, 
     from sparsebert.config import Registry
     from sparsebert.runner import RunOptions, run_experiment
 
-    registry = Registry.from_directory(Path(__file__).resolve().parents[2] / "experiments")
+    registry = Registry.builtin()
     opts = RunOptions(output_root=tmp_path, data_dir=data_dir)
     fp8 = ["train.precision=fp8", "train.torch_compile=true"]
     run_experiment(registry.build("sparse_tiny_rigl", fp8), opts)

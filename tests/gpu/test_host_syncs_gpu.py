@@ -25,7 +25,6 @@ from sparsebert.trainer.profiling import HostSyncCounter
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _syncs_per_step(async_copy: bool, tokenizer: str) -> dict:
@@ -34,7 +33,7 @@ def _syncs_per_step(async_copy: bool, tokenizer: str) -> dict:
     path = tokenizer
     tokenizer = load_tokenizer(path)
     # a tiny sparse model (the mask hooks run every step) on full-length random blocks
-    cfg = Registry.from_directory(REPO / "experiments").build("sparse_80_static", [
+    cfg = Registry.builtin().build("sparse_80_static", [
         "model.size=tiny", f"model.tokenizer={path}", "data.static_mask_count=true",
         f"train.async_batch_copy={str(async_copy).lower()}", "train.max_steps=16", "train.global_batch_size=32",
         "train.warmup_steps=2", "train.eval_at_start=false", "train.eval_steps=1000", "train.save_steps=1000",

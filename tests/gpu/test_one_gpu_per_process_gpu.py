@@ -6,8 +6,6 @@ Skipped, with the reason, where fewer than 2 CUDA GPUs are visible (CI has none)
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch import nn
@@ -17,12 +15,11 @@ from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs in one process")
 
 
 def test_one_process_trains_on_one_gpu_with_the_experiment_s_batch(tmp_path):
-    cfg = Registry.from_directory(REPO / "experiments").build("bert_tiny_quick", ["train.global_batch_size=8"])
+    cfg = Registry.builtin().build("bert_tiny_quick", ["train.global_batch_size=8"])
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
     assert args.n_gpu == 1 and args.train_batch_size == 8
     model = nn.Linear(4, 4)

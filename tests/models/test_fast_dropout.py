@@ -4,7 +4,6 @@ tests/gpu/test_fast_dropout_gpu.py, timings in bench/pretrain_throughput.py)."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +18,6 @@ from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.trainer import SparseBertTrainer
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
               max_position_embeddings=32)
 
@@ -136,7 +134,7 @@ def test_compiled_model_is_one_graph_and_every_weight_gets_its_gradient():
 @pytest.mark.parametrize("on", [True, False])
 def test_the_trainer_converts_the_model_it_trains(tmp_path, on):
     flag = str(on).lower()
-    cfg = Registry.from_directory(REPO / "experiments").build("bert_tiny_quick", [f"model.fast_dropout={flag}"])
+    cfg = Registry.builtin().build("bert_tiny_quick", [f"model.fast_dropout={flag}"])
     model, _, _ = _tiny_mlm(0.1)
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
     SparseBertTrainer(model=prepare_model(model, cfg), args=args, **build_hooks(cfg, model, 10, cfg.seed))

@@ -4,7 +4,6 @@ timings in bench/pretrain_throughput.py)."""
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +15,6 @@ from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.fused_qkv import FusedQKVSelfAttention, use_fused_qkv
 from sparsebert.trainer.prepare import prepare_model
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
               max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
@@ -121,7 +119,7 @@ def test_projections_without_bias_keep_transformers_forward():
 
 @pytest.mark.parametrize("on", [True, False])
 def test_the_experiment_setting_swaps_the_trained_model(on):
-    cfg = Registry.from_directory(REPO / "experiments").build("bert_tiny_quick", [f"model.fused_qkv={str(on).lower()}"])
+    cfg = Registry.builtin().build("bert_tiny_quick", [f"model.fused_qkv={str(on).lower()}"])
     model, _ = _pair()
     prepare_model(model, cfg)
     assert any(type(m) is FusedQKVSelfAttention for m in model.modules()) == on

@@ -27,7 +27,7 @@ def root(tmp_path) -> Path:
 
 
 def plot(root: Path, kind: str, run: str, out: Path) -> int:
-    return main(["--output-dir", str(root / "runs"), "--plot", kind, "--experiments", run, "--out", str(out)])
+    return main(["--output-dir", str(root / "runs"), "--plot", kind, "--only", run, "--out", str(out)])
 
 
 def test_good_plots_are_written_and_nothing_else(root):

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def experiments() -> Experiments:
-    return Experiments.from_directory(REPO / "experiments")
+    return Experiments.builtin()
 
 
 class FakePretrainJob:
@@ -126,7 +126,7 @@ class Job:
 
 runner.make_job = lambda cfg, opts, callbacks=None: Job()
 runner.check_train_settings = lambda cfg: None  # (it imports the Trainer: seconds this test does not need)
-sys.exit(cli.main(["bert_tiny_quick", "--output-dir", sys.argv[1]], experiments_dir=Path(sys.argv[3])))
+sys.exit(cli.main(["bert_tiny_quick", "--output-dir", sys.argv[1]]))
 """
 
 
@@ -138,7 +138,7 @@ def test_a_run_terminated_mid_way_is_recorded_as_failed(tmp_path: Path) -> None:
     script.write_text(TERMINATED_RUN)
     root = tmp_path / "runs"
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    proc = subprocess.Popen([sys.executable, str(script), str(root), str(started), str(REPO / "experiments")],
+    proc = subprocess.Popen([sys.executable, str(script), str(root), str(started)],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:

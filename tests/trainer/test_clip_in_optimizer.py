@@ -3,8 +3,6 @@ for CUDA's; both run the same grad_scale contract). A tiny BERT learns masked to
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from trainer_helpers import TrainLogs
@@ -17,7 +15,6 @@ from sparsebert.trainer.clipping import total_norm
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 6
 
 
@@ -37,7 +34,7 @@ def sentences(data_dir, tokenizer) -> list[dict]:
 
 
 def _train(tmp_path, sentences, vocab: int, *overrides: str):
-    cfg = Registry.from_directory(REPO / "experiments").build("bert_tiny_quick", [
+    cfg = Registry.builtin().build("bert_tiny_quick", [
         f"train.max_steps={STEPS}", "train.global_batch_size=8", "train.logging_steps=1", "train.report_to=[]",
         "train.dataloader_workers=0", "train.learning_rate=1e-3", *overrides])
     torch.manual_seed(0)

@@ -12,7 +12,6 @@ from sparsebert.config import Registry
 from sparsebert.results import Registry as Results
 from sparsebert.runner import RunOptions, run_experiment
 
-REPO = Path(__file__).resolve().parents[2]
 # one optimizer step (16 rows at tiny_glue's batch of 16): what is written when, not what is learned, is tested
 ONE_RUN = ['finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=16",
            "finetune.max_eval_samples=16", "finetune.save_model=false"]
@@ -25,7 +24,7 @@ class Crash(Exception):
 
 
 def test_crash_before_done_leaves_a_recorded_run_that_resume_finishes(data_dir, tmp_path, monkeypatch):
-    cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue", ONE_RUN)
+    cfg = Registry.builtin().build("tiny_glue", ONE_RUN)
     write = common.atomic_write_text
 
     def crash_on_done(path, text):
@@ -54,7 +53,7 @@ def test_only_the_main_process_writes_the_run_files(data_dir, tmp_path, monkeypa
     and DONE), after the model is saved. Simulated in one process: a rank that is not the main one."""
     from sparsebert.trainer.trainer import SparseBertTrainer
 
-    cfg = Registry.from_directory(REPO / "experiments").build("tiny_glue", ONE_RUN)
+    cfg = Registry.builtin().build("tiny_glue", ONE_RUN)
     monkeypatch.setattr(SparseBertTrainer, "is_world_process_zero", lambda self: False)
     run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
     run_dir = tmp_path / "tiny_glue" / "glue_rte" / "run0"

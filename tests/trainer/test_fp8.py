@@ -5,7 +5,6 @@ checkpoint, and gradients that follow fp32's."""
 from __future__ import annotations
 
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,12 +18,10 @@ from sparsebert.models.fused_qkv import FusedQKVSelfAttention
 from sparsebert.runner import check_train_settings
 from sparsebert.trainer.fp8 import use_fp8_matmuls
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.from_directory(REPO / "experiments")
+    return Registry.builtin()
 
 
 def tiny_bert(cls=BertForMaskedLM, seed: int = 0, hidden: int = 32, intermediate: int = 64, layers: int = 2):

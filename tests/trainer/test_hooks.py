@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from transformers import BertConfig, BertForMaskedLM
 
@@ -11,12 +9,10 @@ from sparsebert.config import Registry
 from sparsebert.errors import SparseBertError
 from sparsebert.trainer.hooks import build_hooks
 
-EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
-
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.from_directory(EXPERIMENTS)
+    return Registry.builtin()
 
 
 @pytest.fixture

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +21,6 @@ from sparsebert.trainer.residual_precision import (
 )
 from sparsebert.trainer.trainer import SparseBertTrainer
 
-REPO = Path(__file__).resolve().parents[2]
 CONFIG = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
               max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
@@ -76,7 +74,7 @@ def test_without_autocast_nothing_changes():
 
 @pytest.mark.parametrize("on", [True, False])
 def test_the_trainer_converts_the_model_it_trains(tmp_path, on):
-    cfg = Registry.from_directory(REPO / "experiments").build(
+    cfg = Registry.builtin().build(
         "bert_tiny_quick", [f"model.half_precision_residual={str(on).lower()}"])
     model, _, _ = _model_and_batch()
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)

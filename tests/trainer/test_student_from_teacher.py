@@ -17,9 +17,8 @@ TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_att
 
 @pytest.fixture(scope="module")
 def cfg():
-    from pathlib import Path
 
-    registry = Registry.from_directory(Path(__file__).resolve().parents[2] / "experiments")
+    registry = Registry.builtin()
     return registry.build("tiny_glue_sparse80")
 
 
@@ -45,9 +44,8 @@ def test_a_teacher_of_another_shape_is_one_error(cfg):
 
 
 def test_hidden_state_distillation_checks_the_teacher_s_shape_before_training():
-    from pathlib import Path
 
-    registry = Registry.from_directory(Path(__file__).resolve().parents[2] / "experiments")
+    registry = Registry.builtin()
     cfg = registry.build("tiny_glue_sparse80", ["kd.hidden_weight=1.0"])
     deeper = BertConfig(**{**TINY.to_dict(), "num_hidden_layers": 3})
     with pytest.raises(SparseBertError, match=r"kd.hidden_weight needs a teacher of the student's shape .*\(2, 32\)"):

@@ -18,7 +18,6 @@ from sparsebert.sparsity import DEFAULT_INCLUDE
 from sparsebert.trainer.distillation import attention_loss
 from sparsebert.trainer.upstream_pruning import EncoderDistillation
 
-REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 # 12 optimizer steps of 8 blocks of 64 tokens; pruning every 2 steps to 80 % by step 8 (end_fraction 0.7)
@@ -41,7 +40,7 @@ def selected(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def registry() -> Registry:
-    return Registry.from_directory(REPO / "experiments")
+    return Registry.builtin()
 
 
 @pytest.fixture(scope="module")

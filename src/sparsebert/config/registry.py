@@ -1,6 +1,8 @@
-"""The experiment registry: plain dicts in ``experiments/*.py``, derived by deep update, built into configs.
+"""The experiment registry: plain dicts, derived by deep update, built into configs.
 
-Each module in the experiments directory defines ``EXPERIMENTS: dict[str, dict]``. An entry may name a
+The built-in experiments live in ``sparsebert/experiments/*.py`` (shipped in the package); a user adds their own
+with ``--experiments PATH``: a ``.py`` module like the built-in ones, a ``.yaml``/``.yml`` file (a mapping of
+name to experiment) or a folder of such files. Each module defines ``EXPERIMENTS: dict[str, dict]``. An entry may name a
 ``parent``; it then states only what differs from it, and is resolved as a deep copy of the parent with the
 entry's keys merged in recursively. ``build`` resolves a name, applies ``--set`` overrides and validates the
 result into an :class:`ExperimentConfig`.
@@ -14,8 +16,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import importlib.resources
 import importlib.util
 import typing
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +27,17 @@ from sparsebert.config.experiment import ExperimentConfig
 from sparsebert.config.schema import ConfigError, field_type, from_dict, is_optional, parse_value
 
 Experiment = dict[str, Any]
+EXPERIMENT_SUFFIXES = (".py", ".yaml", ".yml")
+DEFAULT_ORIGIN = "default"
+SET_ORIGIN = "--set"
+
+
+def builtin_experiments_dir() -> Path:
+    """The folder of the built-in experiment modules, inside the installed package."""
+    found = importlib.resources.files("sparsebert.experiments")
+    if not isinstance(found, Path):  # a zipped install: the modules have no file to load from
+        raise ConfigError(f"the built-in experiments are not files on disk ({found}); install sparsebert unzipped")
+    return found
 
 
 def deep_update(base: dict[str, Any], update: dict[str, Any], schema: type | None = None) -> dict[str, Any]:
@@ -62,24 +77,52 @@ class Registry:
 
     @classmethod
     def from_directory(cls, directory: str | Path) -> Registry:
-        """Load every ``*.py`` in ``directory`` (not starting with ``_``); collect its ``EXPERIMENTS`` and
-        ``SEARCH_SPACES``."""
-        directory = Path(directory)
+        """Load every experiment file in ``directory`` (see :meth:`load_directory`)."""
+        reg = cls()
+        reg.load_directory(Path(directory))
+        return reg
+
+    @classmethod
+    def builtin(cls, extra: Iterable[str | Path] = ()) -> Registry:
+        """The built-in experiments, plus a user's own from ``extra`` (files or folders, see :meth:`load_path`).
+
+        A user's experiment may name a built-in parent; a name both define is an error (one line), so that a name
+        always means one experiment, whichever files a command loads."""
+        reg = cls.from_directory(builtin_experiments_dir())
+        for path in extra:
+            reg.load_path(Path(path))
+        return reg
+
+    def load_path(self, path: Path) -> None:
+        """Add the experiments of ``path``: one ``.py``/``.yaml``/``.yml`` file, or a folder of them."""
+        if path.is_dir():
+            self.load_directory(path)
+        elif not path.exists():
+            raise ConfigError(f"--experiments {path}: no such file or folder")
+        elif path.suffix.lower() not in EXPERIMENT_SUFFIXES:
+            raise ConfigError(f"--experiments {path}: expected a .py, .yaml or .yml file, or a folder of them")
+        else:
+            self.load_file(path)
+
+    def load_directory(self, directory: Path) -> None:
+        """Add every ``*.py``, ``*.yaml`` and ``*.yml`` in ``directory`` (not recursive; names starting with ``_``
+        are helpers, skipped)."""
         if not directory.is_dir():
             raise ConfigError(f"experiments directory not found: {directory}")
-        reg = cls()
-        for path in sorted(directory.glob("*.py")):
-            if path.name.startswith("_"):
-                continue
-            spec = importlib.util.spec_from_file_location(f"sparsebert_experiments.{path.stem}", path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            for name, exp in getattr(module, "EXPERIMENTS", {}).items():
-                reg.add(name, exp, origin=str(path))
-            for name, space in getattr(module, "SEARCH_SPACES", {}).items():
-                reg.add_space(name, space, origin=str(path))
-        return reg
+        for path in sorted(directory.iterdir()):
+            if path.suffix.lower() in EXPERIMENT_SUFFIXES and path.is_file() and not path.name.startswith("_"):
+                self.load_file(path)
+
+    def load_file(self, path: Path) -> None:
+        """Add the experiments (and a module's ``SEARCH_SPACES``) of one ``.py``, ``.yaml`` or ``.yml`` file."""
+        if path.suffix.lower() == ".py":
+            experiments, spaces = _load_module(path)
+        else:
+            experiments, spaces = _load_yaml(path), {}
+        for name, exp in experiments.items():
+            self.add(name, exp, origin=str(path))
+        for name, space in spaces.items():
+            self.add_space(name, space, origin=str(path))
 
     def add(self, name: str, experiment: Experiment, origin: str = "<code>") -> None:
         _add_dict("experiment", self._raw, self._origin, name, experiment, origin)
@@ -110,8 +153,22 @@ class Registry:
         name = name.partition("=")[0]
         if name not in self._raw:
             close = difflib.get_close_matches(name, self._raw, n=3, cutoff=0.5)
-            hint = f"; closest: {', '.join(close)}" if close else "; see python run.py --list"
+            hint = f"; closest: {', '.join(close)}" if close else "; see sparsebert --list"
             raise ConfigError(f"unknown experiment '{name}'{hint}")
+
+    def origin(self, name: str) -> str:
+        """Where experiment ``name`` is defined (its file)."""
+        self.check_name(name)
+        return self._origin[name]
+
+    def parents(self, name: str) -> list[str]:
+        """``name`` and its parents, nearest first (``[name, parent, grandparent, ...]``)."""
+        chain = [name]
+        while (parent := self._raw[chain[-1]].get("parent")) is not None:
+            if parent in chain or parent not in self._raw:
+                self.resolve(name)  # raises the cycle's or the unknown parent's error
+            chain.append(parent)
+        return chain
 
     def resolve(self, name: str, _seen: tuple[str, ...] = ()) -> Experiment:
         """The experiment as one plain dict, its parents merged in (without the ``parent`` key)."""
@@ -141,6 +198,86 @@ class Registry:
         for item in overrides or []:
             apply_override(data, item)
         return from_dict(ExperimentConfig, data)
+
+    def origins(self, name: str, overrides: list[str] | None = None) -> dict[str, str]:
+        """Who set each key of ``build(name, overrides)``: dotted key -> the experiment of the parent chain that
+        set it last, ``NAME=<run>`` for the ``model.init_from`` such a name sets, or ``--set``. A key missing here
+        (and under no key here: a section or mapping set whole) has its schema default.
+        """
+        base, _, start = name.partition("=")
+        found: dict[str, str] = {}
+        for exp in reversed(self.parents(base)):  # the root first: a child's keys replace its parent's
+            raw = {k: v for k, v in self._raw[exp].items() if k != "parent"}
+            _record_origins(found, raw, ExperimentConfig, "", exp)
+        if start:
+            _record_origins(found, {"model": {"init_from": start}}, ExperimentConfig, "", name)
+        for item in overrides or []:
+            key = item.partition("=")[0].strip()
+            schema: type | None = ExperimentConfig
+            parts = key.split(".")
+            for end, part in enumerate(parts[:-1], 1):  # a section set whole before (to None) is now a fresh one
+                schema = section_type(schema, part) if schema is not None else None
+                if schema is not None:
+                    found.pop(".".join(parts[:end]), None)
+            _record_origins(found, {key: None}, None, "", SET_ORIGIN)  # replaces the key whole, as --set does
+        return found
+
+
+def origin_of(origins: dict[str, str], key: str) -> str:
+    """The origin of dotted ``key``: its own, else that of the nearest enclosing key set whole, else default."""
+    parts = key.split(".")
+    for end in range(len(parts), 0, -1):
+        found = origins.get(".".join(parts[:end]))
+        if found is not None:
+            return found
+    return DEFAULT_ORIGIN
+
+
+def _record_origins(origins: dict[str, str], update: dict[str, Any], schema: type | None, prefix: str,
+                    origin: str) -> None:
+    """Mark every key ``update`` sets as set by ``origin``, the way :func:`deep_update` merges it: a section's
+    keys one by one, anything else (a free-form mapping, a section set to None) whole."""
+    for key, value in update.items():
+        dotted = prefix + key
+        section = section_type(schema, key) if schema is not None else None
+        if section is not None and isinstance(value, dict):
+            origins.pop(dotted, None)  # a section that was None (or set whole) before: now merged key by key
+            _record_origins(origins, value, section, f"{dotted}.", origin)
+        else:
+            for stale in [k for k in origins if k.startswith(f"{dotted}.")]:
+                del origins[stale]
+            origins[dotted] = origin
+
+
+def _load_module(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``EXPERIMENTS`` and ``SEARCH_SPACES`` of the Python module at ``path``."""
+    spec = importlib.util.spec_from_file_location(f"sparsebert_experiments.{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # a user's file: one line naming it, not a traceback
+        raise ConfigError(f"{path}: cannot load it: {type(e).__name__}: {e}") from None
+    tables = [getattr(module, "EXPERIMENTS", {}), getattr(module, "SEARCH_SPACES", {})]
+    for table, what in zip(tables, ("EXPERIMENTS", "SEARCH_SPACES")):
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: {what} must be a dict of name -> dict, got {type(table).__name__}")
+    return tables[0], tables[1]
+
+
+def _load_yaml(path: Path) -> dict[str, Any]:
+    """The experiments of the YAML file at ``path``: a mapping of name -> experiment (an empty file has none)."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of experiment name -> settings, got {type(data).__name__}")
+    return {str(name): exp for name, exp in data.items()}
 
 
 def _add_dict(kind: str, table: dict[str, dict], origins: dict[str, str], name: str, value: Any, origin: str) -> None:

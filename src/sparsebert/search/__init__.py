@@ -26,7 +26,8 @@ per task, as in the GLUE table), ``f1`` (SQuAD, GAP, CSV), ``accuracy``, ``matth
 ``TASK/METRIC``, e.g. ``glue:rte/accuracy``, the mean over that task's runs. For pretraining, a key of the run's
 metrics.json, ``eval_loss`` by default. The direction defaults to min for losses and perplexity, else max.
 
-Search spaces are plain dicts beside the experiments, in ``experiments/*.py``::
+Search spaces are plain dicts beside the experiments, in ``sparsebert/experiments/*.py`` or a module of your own
+(``--experiments PATH``)::
 
     SEARCH_SPACES = {"tiny": {"description": "...", "params": {
         "train.learning_rate": {"type": "float", "low": 1e-5, "high": 1e-4, "log": True},

@@ -37,7 +37,7 @@ class SearchPlan:
     seed: int
     output_root: Path
     data_dir: Path | None
-    experiments_dir: Path
+    experiment_paths: list[Path]  # the user's --experiments files and folders (absolute), added to the built-in ones
 
     @property
     def study_dir(self) -> Path:
@@ -52,7 +52,8 @@ class SearchPlan:
 
     def command_line(self, params: dict[str, Any]) -> str:
         sets = " ".join(f"--set {shlex.quote(item)}" for item in self.trial_overrides(params))
-        return f"python run.py {shlex.quote(self.experiment)} {sets}".strip()
+        paths = " ".join(f"--experiments {shlex.quote(str(path))}" for path in self.experiment_paths)
+        return " ".join(part for part in ("python run.py", shlex.quote(self.experiment), paths, sets) if part)
 
     def settings(self) -> dict[str, Any]:
         """What makes trials comparable; kept in the study so a resumed search cannot silently change it."""
@@ -72,7 +73,7 @@ def visible_gpus() -> list[str]:
 
 
 def plan_search(registry: Registry, experiment: str, space: str, trials: int, *, output_root: Path,
-                data_dir: Path | None, experiments_dir: Path, overrides: list[str] | None = None,
+                data_dir: Path | None, experiment_paths: list[Path] | None = None, overrides: list[str] | None = None,
                 metric: str | None = None, direction: str | None = None, parallel: int | None = None,
                 study: str | None = None) -> SearchPlan:
     """Check every input of a search, so that a mistake fails in one line before any trial runs.
@@ -84,7 +85,8 @@ def plan_search(registry: Registry, experiment: str, space: str, trials: int, *,
         trials: the number of complete trials the study should hold.
         output_root: the output root of the trials' runs.
         data_dir: the data directory the trials read (None: the hub).
-        experiments_dir: the registry's directory, for the trial processes.
+        experiment_paths: the ``--experiments`` files and folders ``registry`` added to the built-in experiments,
+            for the trial processes.
         overrides: ``--set`` items applied to every trial.
         metric: what to optimize (default: :func:`default_metric`).
         direction: "max" or "min" (default: :func:`default_direction`).
@@ -120,5 +122,5 @@ def plan_search(registry: Registry, experiment: str, space: str, trials: int, *,
         experiment=experiment, space=space, distributions=distributions, space_params=space_def["params"],
         trials=trials, overrides=overrides, metric=metric, direction=direction or default_direction(metric),
         parallel=parallel or max(1, len(gpus)), gpus=gpus, study=study, seed=cfg.seed,
-        output_root=output_root.resolve(), data_dir=data_dir, experiments_dir=experiments_dir.resolve(),
+        output_root=output_root.resolve(), data_dir=data_dir,         experiment_paths=[Path(path).resolve() for path in experiment_paths or []],
     )

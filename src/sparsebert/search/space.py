@@ -20,7 +20,7 @@ def parse_space(name: str, space: dict[str, Any]) -> dict[str, BaseDistribution]
 
     Args:
         name: the space's name (for messages).
-        space: ``{"description": str, "params": {dotted_key: spec}}`` as defined in ``experiments/*.py``.
+        space: ``{"description": str, "params": {dotted_key: spec}}`` as an experiments module defines it.
 
     Returns:
         ``{dotted_key: distribution}`` in the space's order.

@@ -38,13 +38,15 @@ class TrialProcess:
 
 
 def start_trial(trial: optuna.Trial, plan: SearchPlan, gpu: str | None) -> TrialProcess:
-    """Start the trial's run as ``python -m sparsebert.cli`` (on ``gpu`` if given); returns at once."""
+    """Start the trial's run as ``python -m sparsebert`` (on ``gpu`` if given); returns at once."""
     run_name = plan.run_name(trial.number)
     trial.set_user_attr("run_dir", run_name)
     log_path = plan.study_dir / "logs" / f"trial{trial.number:03d}.log"
     log_path.parent.mkdir(exist_ok=True)
-    command = [sys.executable, "-m", "sparsebert.cli", plan.experiment, "--run-name", run_name, "--resume",
-               "--output-dir", str(plan.output_root), "--experiments-dir", str(plan.experiments_dir)]
+    command = [sys.executable, "-m", "sparsebert", plan.experiment, "--run-name", run_name, "--resume",
+               "--output-dir", str(plan.output_root)]
+    for path in plan.experiment_paths:  # the user's own experiments, beside the built-in ones the package has
+        command += ["--experiments", str(path)]
     if plan.data_dir is not None:
         command += ["--data-dir", str(plan.data_dir)]
     for item in plan.trial_overrides(trial.params):
@@ -60,7 +62,8 @@ def start_trial(trial: optuna.Trial, plan: SearchPlan, gpu: str | None) -> Trial
 def trial_env(plan: SearchPlan, gpu: str | None) -> dict[str, str]:
     """The environment of a trial process: this one's, on ``gpu`` alone if given."""
     env = dict(os.environ)
-    # the trial imports this very sparsebert (run.py puts src/ on sys.path in its own process only)
+    # the trial imports this very sparsebert (run.py puts src/ on sys.path in its own process only): the same code
+    # and the same built-in experiments
     package_root = str(Path(sparsebert.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     if gpu is not None:
