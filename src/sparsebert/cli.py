@@ -108,6 +108,30 @@ def output_root(explicit: Path | None) -> Path:
 
 
 def main(argv: list[str] | None = None, experiments_dir: Path | None = None) -> int:
+    """Run the command line ``argv``; returns the exit status.
+
+    A reader that closes the pipe early (``run.py --list | head -1``) ends the output quietly, with the status a
+    process killed by SIGPIPE has (as ``yes | head`` does), instead of a BrokenPipeError traceback."""
+    try:
+        status = _main(argv, experiments_dir)
+        sys.stdout.flush()  # here, not at interpreter exit: a closed pipe fails this write where it is caught
+        return status
+    except BrokenPipeError:
+        _discard_stdout()
+        return 128 + signal.SIGPIPE
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not hit the closed pipe again (the
+    recipe of Python's signal docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+def _main(argv: list[str] | None, experiments_dir: Path | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
