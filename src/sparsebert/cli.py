@@ -176,6 +176,9 @@ def _main(argv: list[str] | None, experiments_dir: Path | None) -> int:
         from sparsebert.data.paths import resolve_data_dir
 
         data_dir = resolve_data_dir(args.data_dir)  # before the runner's imports (seconds): a wrong path fails at once
+        from sparsebert.console import quiet_progress_bars
+
+        quiet_progress_bars()
         from sparsebert.runner import RunOptions, run_experiment
 
         opts = RunOptions(output_root=output_root(args.output_dir), data_dir=data_dir, resume=args.resume,
@@ -265,7 +268,10 @@ def predict(args: argparse.Namespace) -> int:
         raise ConfigError("--predict needs --input FILE: the file to predict")
     if args.experiments:
         raise ConfigError(f"--predict runs no experiment; drop {' '.join(args.experiments)}")
+    from sparsebert.console import quiet_progress_bars
     from sparsebert.trainer.finetune.predict import predict as run_predict
+
+    quiet_progress_bars()
 
     result = run_predict(args.predict, args.input, args.output, output_root(args.output_dir),
                          sparse24_kernel=args.sparse24_kernel)

@@ -10,6 +10,7 @@ import torch
 from transformers import TrainingArguments
 
 from sparsebert.config.sections import TrainConfig
+from sparsebert.console import interactive
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.upstream.trainer import train_on_one_gpu
@@ -114,7 +115,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         remove_unused_columns=False,
         label_names=["labels"] if label_names is None else label_names,
         use_cpu=not torch.cuda.is_available(),
-        disable_tqdm=not os.isatty(2),
+        disable_tqdm=not interactive(),  # a log file gets one line per log, with the step and time left
     )
     one_gpu_per_process(args)
     if cfg.torch_compile:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
+from sparsebert.console import duration
 from sparsebert.errors import SparseBertError
 from sparsebert.models.ties import loaded_through_a_tie
 from sparsebert.trainer.clipping import ClipInOptimizer
@@ -68,8 +69,34 @@ class CompactProgressCallback(ProgressCallback):
 
 
 class CompactPrinterCallback(PrinterCallback):
+    """The log lines of a run without progress bars (piped into a log file, see ``sparsebert.console``): each one
+    starts with what the bar would have shown, the step, the time so far and the time left."""
+
+    def __init__(self) -> None:
+        self._began: tuple[float, int] | None = None  # (monotonic time, global step) when training (re)started
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._began = (time.monotonic(), state.global_step)  # a resumed run's rate counts from its resume step
+
     def on_log(self, args, state, control, logs=None, **kwargs):
-        super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
+        if state.is_local_process_zero:
+            shown = {k: (f"{v:.4g}" if isinstance(v, float) else v)
+                     for k, v in console_logs(logs or {}).items() if k != "total_flos"}
+            print(f"{self.progress(state)}: {shown}", flush=True)
+
+    def progress(self, state) -> str:
+        """``step 120/1000 (12%), 0:42 elapsed, 5:08 left``; the times once training has taken a step."""
+        text = f"step {state.global_step}"
+        if state.max_steps:
+            text += f"/{state.max_steps} ({100 * state.global_step / state.max_steps:.0f}%)"
+        if self._began is None:
+            return text
+        began, first_step = self._began
+        elapsed, done = time.monotonic() - began, state.global_step - first_step
+        text += f", {duration(elapsed)} elapsed"
+        if done > 0 and state.max_steps:
+            text += f", {duration(elapsed / done * max(state.max_steps - state.global_step, 0))} left"
+        return text
 
 
 class SkippedSteps(TrainerCallback):
