@@ -48,7 +48,7 @@ def parser() -> argparse.ArgumentParser:
                    help="plot runs named by --experiments (paths under the output root): MLM loss curves from "
                         "log_history.json, or density per layer from sparsity.json; written to --out")
     p.add_argument("--out", type=Path, default=None, help="with --plot: the image file (default <kind>.png)")
-    p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table or --runs (md, csv)")
+    p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table or --runs")
     p.add_argument("--agg", choices=["max", "mean"], default="max",
                    help="with --table: how runs of one task with different seeds combine")
     p.add_argument("--runs", action="store_true",
@@ -397,14 +397,12 @@ def export(args: argparse.Namespace) -> int:
 
 
 def list_runs(args: argparse.Namespace) -> int:
-    """``--runs [--status S] [--format md|csv]``: every run in the registry, oldest first."""
+    """``--runs [--status S] [--format md|csv|latex]``: every run in the registry, oldest first."""
     from sparsebert.results import REGISTRY_FILENAME, Registry
     from sparsebert.results.run_list import runs_table
 
     if not args.runs:
         raise SparseBertError("--status goes with --runs")
-    if args.format == "latex":
-        raise SparseBertError("--runs prints --format md or csv")
     root = output_root(args.output_dir)
     if not (root / REGISTRY_FILENAME).is_file():
         raise SparseBertError(f"no results registry at {root / REGISTRY_FILENAME}: run an experiment first, or "
