@@ -93,6 +93,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --predict: the file to predict (the task's format; labels optional: metrics if present)")
     p.add_argument("--output", type=Path, metavar="FILE",
                    help="with --predict: the predictions file (default <run>/predict/<input stem>.<ext>)")
+    p.add_argument("--long-rows", choices=["truncate", "skip", "error"], default=None,
+                   help="with --predict of a GAP run: a row whose pronoun and names do not fit one window is "
+                        "truncated around them (default: a submission needs every ID), left out, or an error")
     p.add_argument("--sparse24-kernel", action="store_true",
                    help="with --predict of a 2:4 run: its sparse encoder Linears through our CUTLASS 2:4 kernel, "
                         "in bf16 (an sm90 GPU; build once with python -m sparsebert.kernels.build)")
@@ -142,7 +145,7 @@ def _main(argv: list[str] | None, experiments_dir: Path | None) -> int:
             with terminate_on_sigterm() as raise_if_terminated:  # stops the trials: they record themselves failed
                 return search(args, registry, registry_dir, raise_if_terminated)
         _refuse_search_flags(args)
-        if args.predict or args.input or args.output or args.sparse24_kernel:
+        if args.predict or args.input or args.output or args.sparse24_kernel or args.long_rows:
             return predict(args)
         if args.gpus and "LOCAL_RANK" not in os.environ:
             return choose_gpus(args.gpus, argv, registry_dir)
@@ -262,7 +265,8 @@ def predict(args: argparse.Namespace) -> int:
     """``--predict RUN --input FILE [--output FILE]``: write the predictions, print the metrics of a labelled file."""
     if not args.predict:
         given = [flag for flag, value in (("--input", args.input), ("--output", args.output),
-                                          ("--sparse24-kernel", args.sparse24_kernel)) if value]
+                                          ("--sparse24-kernel", args.sparse24_kernel),
+                                          ("--long-rows", args.long_rows)) if value]
         raise ConfigError(f"{' and '.join(given)} {'goes' if len(given) == 1 else 'go'} with --predict RUN")
     if args.input is None:
         raise ConfigError("--predict needs --input FILE: the file to predict")
@@ -274,7 +278,7 @@ def predict(args: argparse.Namespace) -> int:
     quiet_progress_bars()
 
     result = run_predict(args.predict, args.input, args.output, output_root(args.output_dir),
-                         sparse24_kernel=args.sparse24_kernel)
+                         sparse24_kernel=args.sparse24_kernel, overrides=args.overrides, long_rows=args.long_rows)
     if result.kernel_layers is not None:
         print(f"2:4 kernel: {len(result.kernel_layers)} Linear layers converted (bf16)")
     for path in result.written:
