@@ -45,8 +45,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--experiments", dest="table_experiments", nargs="+", default=None, metavar="NAME",
                    help="with --table: only these experiments (rows); with --plot: the runs to plot")
     p.add_argument("--plot", choices=["loss", "density"],
-                   help="plot runs named by --experiments (paths under the output root): MLM loss curves from "
-                        "log_history.json, or density per layer from sparsity.json; written to --out")
+                   help="plot runs named by --experiments (paths under the output root): loss curves from "
+                        "log_history.json (a finetuning run's epochs.json), or density per tensor from sparsity.json; "
+                        "written to --out")
     p.add_argument("--out", type=Path, default=None, help="with --plot: the image file (default <kind>.png)")
     p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table or --runs")
     p.add_argument("--agg", choices=["max", "mean"], default="max",
@@ -433,7 +434,9 @@ def print_table(root: Path, experiments: list[str] | None, fmt: str, agg: str) -
     return 0
 
 
-PLOT_INPUTS = {"loss": ("log_history.json", "pretraining"), "density": ("sparsity.json", "sparse")}  # file, run kind
+# file(s) each plot reads, the first present of a run, and what kind of run writes them
+PLOT_INPUTS = {"loss": (("log_history.json", "epochs.json"), "pretraining or finetuning"),
+               "density": (("sparsity.json",), "sparse")}
 PLOT_FORMATS = ("png", "pdf", "svg")
 
 
@@ -462,12 +465,14 @@ def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
                               "(it picks the image format)")
     if not out.parent.is_dir():
         raise SparseBertError(f"--out {out}: the folder {out.parent} does not exist")
-    filename, writer = PLOT_INPUTS[kind]
+    filenames, writer = PLOT_INPUTS[kind]
     data = {}
     for run in runs:
-        source = root / run / filename
-        if not source.is_file():
-            raise SparseBertError(f"--plot {kind}: {source} does not exist (a finished {writer} run writes it)")
+        source = next((root / run / name for name in filenames if (root / run / name).is_file()), None)
+        if source is None:
+            raise SparseBertError(f"--plot {kind}: {root / run / filenames[0]} does not exist "
+                                  + (f"(nor {filenames[1]}) " if len(filenames) > 1 else "")
+                                  + f"(a finished {writer} run writes it)")
         try:
             data[run] = json.loads(source.read_text())
         except json.JSONDecodeError as e:
@@ -477,9 +482,15 @@ def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
         if not shape_ok:
             raise SparseBertError(f"--plot {kind}: {source} is not what a {writer} run writes "
                                   + ("(a list of log entries)" if kind == "loss" else "(no 'layers' list)"))
+        if source.name == "epochs.json":  # a finetuning run from before log_history.json: one row per epoch
+            data[run] = [{"epoch": row["epoch"], **({"loss": row["train_loss"]} if "train_loss" in row else {}),
+                          **({"eval_loss": row["eval_loss"]} if "eval_loss" in row else {})}
+                         for row in data[run] if isinstance(row, dict) and "epoch" in row]
     try:
         if kind == "loss":
-            plot_loss_curves(data, out, title=loss_title(root, runs))
+            # optimizer steps where every run has them; epochs where a run only has its epochs.json rows
+            x = "step" if all(any("step" in h for h in history) for history in data.values()) else "epoch"
+            plot_loss_curves(data, out, title=loss_title(root, runs), x=x)
         else:
             plot_density_per_layer(data, out)
     except OSError as e:
