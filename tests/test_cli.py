@@ -539,3 +539,20 @@ def test_runs_and_table_into_a_closed_pipe_exit_quietly(tmp_path, monkeypatch, c
         monkeypatch.setattr(sys, "stdout", stdout)
         assert main([*argv, "--output-dir", str(tmp_path)]) == 141
     assert capsys.readouterr().err == ""
+
+
+def test_only_the_main_process_logs_info(monkeypatch):
+    """Under a launcher every rank runs run.py: INFO on rank 0 (or outside a launcher), WARNING and up elsewhere."""
+    import logging
+
+    from sparsebert.cli import log_level
+    from sparsebert.distributed import RANK_VARIABLES
+
+    for name in RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert log_level() == logging.INFO
+    monkeypatch.setenv("RANK", "1")  # torchrun, accelerate launch
+    assert log_level() == logging.WARNING
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("PMI_RANK", "0")  # mpirun
+    assert log_level() == logging.INFO

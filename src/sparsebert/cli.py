@@ -135,10 +135,17 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
+def log_level() -> int:
+    """INFO on the job's main process, WARNING on the others: N ranks would print every INFO line N times."""
+    from sparsebert.distributed import global_rank
+
+    return logging.INFO if global_rank() == 0 else logging.WARNING
+
+
 def _main(argv: list[str] | None, experiments_dir: Path | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         registry_dir = args.experiments_dir or experiments_dir or Path("experiments")
         registry = Registry.from_directory(registry_dir)
