@@ -518,3 +518,54 @@ def test_a_swallowed_sigterm_stops_the_run_and_the_next_is_not_started(tmp_path,
     assert [type(e).__name__ for e in swallowed] == ["Terminated"]
     assert code == 143 and started == [EXPERIMENT]
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: terminated by SIGTERM"
+
+
+def _closed_pipe() -> int:
+    """The write end of a pipe whose reader is already gone: every write to it fails with EPIPE."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    return write_end
+
+
+def test_list_into_a_closed_pipe_exits_quietly():
+    """``run.py --list | head -1``: the reader leaves early; run.py stops without a traceback (status 141, as a
+    process SIGPIPE ends)."""
+    write_end = _closed_pipe()
+    try:
+        proc = subprocess.run([sys.executable, str(RUN), "--list"], stdout=write_end, stderr=subprocess.PIPE,
+                              text=True, timeout=120, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    finally:
+        os.close(write_end)
+    assert proc.stderr == "" and proc.returncode == 141, proc.stderr
+
+
+@pytest.mark.parametrize("argv", [["--runs"], ["--runs", "--format", "csv"], ["--table", "glue"]])
+def test_runs_and_table_into_a_closed_pipe_exit_quietly(tmp_path, monkeypatch, capsys, argv):
+    from sparsebert.results import Registry as Results
+    from sparsebert.results import RunRecord
+
+    Results.in_output_root(tmp_path).record(RunRecord(
+        run_dir=str(tmp_path / "exp/glue_rte/run0"), task="glue:rte", status="done", experiment="exp",
+        model="minilm", seed=42, metrics={"accuracy": 0.625, "score": 0.625}))
+    write_end = _closed_pipe()
+    with open(write_end, "w") as stdout:
+        monkeypatch.setattr(sys, "stdout", stdout)
+        assert main([*argv, "--output-dir", str(tmp_path)]) == 141
+    assert capsys.readouterr().err == ""
+
+
+def test_only_the_main_process_logs_info(monkeypatch):
+    """Under a launcher every rank runs run.py: INFO on rank 0 (or outside a launcher), WARNING and up elsewhere."""
+    import logging
+
+    from sparsebert.cli import log_level
+    from sparsebert.distributed import RANK_VARIABLES
+
+    for name in RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert log_level() == logging.INFO
+    monkeypatch.setenv("RANK", "1")  # torchrun, accelerate launch
+    assert log_level() == logging.WARNING
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("PMI_RANK", "0")  # mpirun
+    assert log_level() == logging.INFO

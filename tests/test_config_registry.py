@@ -492,3 +492,11 @@ def test_hidden_state_distillation_is_refused_where_the_model_returns_no_hidden_
     with pytest.raises(ConfigError, match="kd.hidden_weight needs hidden states from the model: the GAP heads"):
         registry.build("minilm_gap_mul", kd)
     assert registry.build("tiny_glue", ["kd.teacher=minilm", "kd.hidden_weight=1.0"]).kd.hidden_weight == 1.0
+
+
+def test_finetuning_reports_to_tensorboard_like_pretraining(registry):
+    """Every shipped experiment, finetuning too, writes TensorBoard logs unless it says otherwise (the finetuning
+    base once set report_to=[]: its runs logged nowhere)."""
+    silent = [name for name in registry.names() if not registry.build(name).train.report_to]
+    assert silent == []
+    assert registry.build("tiny_glue").train.report_to == ["tensorboard"]

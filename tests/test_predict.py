@@ -368,3 +368,51 @@ def test_an_unreadable_input_is_refused_before_the_model_loads(data_dir, tmp_pat
 
         monkeypatch.setattr(predict, "open", unreadable, raising=False)
     _refused(capsys, ["--predict", str(run), "--input", str(rte)], f"--input {rte}: cannot read it: Permission denied")
+
+
+def test_set_changes_how_the_input_is_read(csv_run, data_dir, tmp_path, capsys):
+    """--set csv.text_column=... reads a file whose text column the run did not train with; keys that are how the
+    run trained are refused in one line."""
+    rows = _tsv(data_dir / "glue/SST-2/dev.tsv")[1:9]
+    renamed, plain = tmp_path / "renamed.tsv", tmp_path / "plain.tsv"
+    renamed.write_text("review\n" + "".join(f"{s}\n" for s, _ in rows))
+    plain.write_text("sentence\n" + "".join(f"{s}\n" for s, _ in rows))
+    _refused(capsys, ["--predict", str(csv_run), "--input", str(renamed)], "'sentence'")
+    _predict(capsys, csv_run, renamed, "--set", "csv.text_column=review")
+    _predict(capsys, csv_run, plain)
+    predict_dir = csv_run / "predict"
+    assert (predict_dir / "renamed.csv").read_text() == (predict_dir / "plain.csv").read_text()
+    _refused(capsys, ["--predict", str(csv_run), "--input", str(plain), "--set", "train.learning_rate=0.1"],
+             "--set train.learning_rate: --predict takes only csv.*")
+
+
+def _far_apart(row: list[str], filler_words: int) -> list[str]:
+    """A GAP row (11 fields) with filler text inserted after its first mention: the others move that far away."""
+    offsets = {3: int(row[3]), 5: int(row[5]), 8: int(row[8])}
+    names = {3: row[2], 5: row[4], 8: row[7]}
+    first = min(offsets, key=offsets.get)
+    at = offsets[first] + len(names[first])
+    filler = " and so on" * filler_words
+    row = list(row)
+    row[1] = row[1][:at] + filler + row[1][at:]
+    for col, off in offsets.items():
+        row[col] = str(off + len(filler) if off >= at else off)
+    return row
+
+
+def test_gap_rows_with_mentions_too_far_apart(gap_run, data_dir, tmp_path, capsys):
+    """A Kaggle file needs every ID: a row whose mentions do not fit the run's 128 tokens is truncated around them
+    by default; --long-rows skip leaves it out, --long-rows error refuses the file in one line."""
+    rows = _tsv(data_dir / "gap/gap-validation.tsv")[:4]
+    rows[2] = _far_apart(rows[2], 150)
+    test = tmp_path / "gap_test.tsv"
+    test.write_text("".join("\t".join(r[:6] + r[7:9] + r[10:]) + "\n" for r in rows))
+    ids = [r[0] for r in rows[1:]]
+
+    _predict(capsys, gap_run, test, "--output", str(tmp_path / "all.csv"))
+    submission = (tmp_path / "all.csv").read_text().splitlines()
+    assert [line.split(",")[0] for line in submission[1:]] == ids
+    _predict(capsys, gap_run, test, "--output", str(tmp_path / "skip.csv"), "--long-rows", "skip")
+    assert (tmp_path / "skip.csv").read_text().splitlines() == [submission[0], submission[1], submission[3]]
+    _refused(capsys, ["--predict", str(gap_run), "--input", str(test), "--long-rows", "error"],
+             f"row {ids[1]} (1 row(s) in all)")

@@ -307,16 +307,45 @@ def test_plots_of_finished_runs(dense_run, kd_run, tmp_path):
 
 
 def test_trackers_write_locally_and_wandb_never_blocks(registry, data_dir, tmp_path, monkeypatch):
-    """tensorboard event files in the run dir; wandb without credentials runs offline instead of prompting."""
+    """tensorboard event files in the run dir; wandb without credentials runs offline instead of prompting. Both
+    get the experiment's own sections and the masks' density over time; the W&B project is the experiment's."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import sparsebert.trainer.tracking
+
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setattr(sparsebert.trainer.tracking, "USER_WANDB_PROJECT", None)
     monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))  # nor a `wandb login` of whoever runs the tests
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
+    monkeypatch.setenv("WANDB_PROJECT", "")  # restored after the test: training_arguments sets it
     (tmp_path / "wandb").mkdir()
-    run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=["train.report_to=tensorboard,wandb",
-                                                                "train.max_steps=4"])
-    assert list((tmp_path / "bert_tiny_quick").rglob("events.out.tfevents.*"))
-    assert list((tmp_path / "wandb").rglob("offline-run-*"))
+    run(registry, "sparse_tiny_rigl", tmp_path, data_dir, extra=["train.report_to=tensorboard,wandb",
+                                                                 "train.max_steps=4", "train.logging_steps=2",
+                                                                 "rigl.update_freq=2"])
+    import wandb
+
+    # what the run holds and sends: this wandb writes no files/config.yaml offline, and has no Python reader for
+    # its .wandb records (wandb-core writes them behind finish())
+    config, summary = dict(wandb.run.config), dict(wandb.run.summary)
+    names = (wandb.run.project, wandb.run.name)
+    wandb.finish()  # what the process's exit, or the next run's Trainer, does
+    (offline,) = (tmp_path / "wandb").rglob("offline-run-*")
+    experiment = config["experiment"]
+    assert experiment["name"] == "sparse_tiny_rigl" and experiment["sparsity"]["sparsity"] == 0.8
+    assert experiment["rigl"]["update_freq"] == 2
+    assert summary["train/density"] == pytest.approx(0.2, abs=0.01)
+    assert summary["train/density/layer_0_Q"] == pytest.approx(0.2, abs=0.05)
+    assert names == ("sparse_tiny_rigl", "sparse_tiny_rigl")  # not transformers' "huggingface"
+    assert list(offline.glob("run-*.wandb"))  # the records `wandb sync` uploads (wandb-core writes them)
+
+    (events,) = [p for p in (tmp_path / "sparse_tiny_rigl").rglob("events.out.tfevents.*")
+                 if p.parent.name != "experiment"]  # the training run's; experiment/ holds the hparams
+    tensorboard = EventAccumulator(str(events.parent)).Reload()
+    assert [e.step for e in tensorboard.Scalars("train/density")] == [1, 2, 4]
+    assert "train/density/layer_1_FFN_out" in tensorboard.Tags()["scalars"]
+    text = tensorboard.Tensors("experiment/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert json.loads(text.strip("`\n"))["rigl"]["update_freq"] == 2
 
 
 def test_profile_writes_a_trace_of_steps_after_warmup(registry, data_dir, tmp_path):

@@ -55,10 +55,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", dest="table_experiments", nargs="+", default=None, metavar="NAME",
                    help="with --table: only these experiments (rows); with --plot: the runs to plot")
     p.add_argument("--plot", choices=["loss", "density"],
-                   help="plot runs named by --only (paths under the output root): MLM loss curves from "
-                        "log_history.json, or density per layer from sparsity.json; written to --out")
+                   help="plot runs named by --only (paths under the output root): loss curves from "
+                        "log_history.json (a finetuning run's epochs.json), or density per tensor from sparsity.json; "
+                        "written to --out")
     p.add_argument("--out", type=Path, default=None, help="with --plot: the image file (default <kind>.png)")
-    p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table or --runs (md, csv)")
+    p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table or --runs")
     p.add_argument("--agg", choices=["max", "mean"], default="max",
                    help="with --table: how runs of one task with different seeds combine")
     p.add_argument("--runs", action="store_true",
@@ -106,6 +107,9 @@ def parser() -> argparse.ArgumentParser:
                    help="with --predict: the file to predict (the task's format; labels optional: metrics if present)")
     p.add_argument("--output", type=Path, metavar="FILE",
                    help="with --predict: the predictions file (default <run>/predict/<input stem>.<ext>)")
+    p.add_argument("--long-rows", choices=["truncate", "skip", "error"], default=None,
+                   help="with --predict of a GAP run: a row whose pronoun and names do not fit one window is "
+                        "truncated around them (default: a submission needs every ID), left out, or an error")
     p.add_argument("--sparse24-kernel", action="store_true",
                    help="with --predict of a 2:4 run: its sparse encoder Linears through our CUTLASS 2:4 kernel, "
                         "in bf16 (an sm90 GPU; build once with python -m sparsebert.kernels.build)")
@@ -120,17 +124,47 @@ def output_root(explicit: Path | None) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command line (``argv`` without the program name; default ``sys.argv[1:]``); returns the exit status."""
+    """Run the command line ``argv`` (without the program name; default ``sys.argv[1:]``); returns the exit status.
+
+    A reader that closes the pipe early (``run.py --list | head -1``) ends the output quietly, with the status a
+    process killed by SIGPIPE has (as ``yes | head`` does), instead of a BrokenPipeError traceback."""
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # here, not at interpreter exit: a closed pipe fails this write where it is caught
+        return status
+    except BrokenPipeError:
+        _discard_stdout()
+        return 128 + signal.SIGPIPE
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not hit the closed pipe again (the
+    recipe of Python's signal docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    finally:
+        os.close(devnull)
+
+
+def log_level() -> int:
+    """INFO on the job's main process, WARNING on the others: N ranks would print every INFO line N times."""
+    from sparsebert.distributed import global_rank
+
+    return logging.INFO if global_rank() == 0 else logging.WARNING
+
+
+def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         registry = load_registry(args)
         if args.search:
             with terminate_on_sigterm() as raise_if_terminated:  # stops the trials: they record themselves failed
                 return search(args, registry, raise_if_terminated)
         _refuse_search_flags(args)
-        if args.predict or args.input or args.output or args.sparse24_kernel:
+        if args.predict or args.input or args.output or args.sparse24_kernel or args.long_rows:
             return predict(args)
         if args.gpus and "LOCAL_RANK" not in os.environ:
             return choose_gpus(args.gpus, argv)
@@ -169,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
         from sparsebert.data.paths import resolve_data_dir
 
         data_dir = resolve_data_dir(args.data_dir)  # before the runner's imports (seconds): a wrong path fails at once
+        from sparsebert.console import quiet_progress_bars
+
+        quiet_progress_bars()
         from sparsebert.runner import RunOptions, run_experiment
 
         opts = RunOptions(output_root=output_root(args.output_dir), data_dir=data_dir, resume=args.resume,
@@ -252,16 +289,20 @@ def predict(args: argparse.Namespace) -> int:
     """``--predict RUN --input FILE [--output FILE]``: write the predictions, print the metrics of a labelled file."""
     if not args.predict:
         given = [flag for flag, value in (("--input", args.input), ("--output", args.output),
-                                          ("--sparse24-kernel", args.sparse24_kernel)) if value]
+                                          ("--sparse24-kernel", args.sparse24_kernel),
+                                          ("--long-rows", args.long_rows)) if value]
         raise ConfigError(f"{' and '.join(given)} {'goes' if len(given) == 1 else 'go'} with --predict RUN")
     if args.input is None:
         raise ConfigError("--predict needs --input FILE: the file to predict")
     if args.experiments:
         raise ConfigError(f"--predict runs no experiment; drop {' '.join(args.experiments)}")
+    from sparsebert.console import quiet_progress_bars
     from sparsebert.trainer.finetune.predict import predict as run_predict
 
+    quiet_progress_bars()
+
     result = run_predict(args.predict, args.input, args.output, output_root(args.output_dir),
-                         sparse24_kernel=args.sparse24_kernel)
+                         sparse24_kernel=args.sparse24_kernel, overrides=args.overrides, long_rows=args.long_rows)
     if result.kernel_layers is not None:
         print(f"2:4 kernel: {len(result.kernel_layers)} Linear layers converted (bf16)")
     for path in result.written:
@@ -444,14 +485,12 @@ def export(args: argparse.Namespace) -> int:
 
 
 def list_runs(args: argparse.Namespace) -> int:
-    """``--runs [--status S] [--format md|csv]``: every run in the registry, oldest first."""
+    """``--runs [--status S] [--format md|csv|latex]``: every run in the registry, oldest first."""
     from sparsebert.results import REGISTRY_FILENAME, Registry
     from sparsebert.results.run_list import runs_table
 
     if not args.runs:
         raise SparseBertError("--status goes with --runs")
-    if args.format == "latex":
-        raise SparseBertError("--runs prints --format md or csv")
     root = output_root(args.output_dir)
     if not (root / REGISTRY_FILENAME).is_file():
         raise SparseBertError(f"no results registry at {root / REGISTRY_FILENAME}: run an experiment first, or "
@@ -478,7 +517,9 @@ def print_table(root: Path, experiments: list[str] | None, fmt: str, agg: str) -
     return 0
 
 
-PLOT_INPUTS = {"loss": ("log_history.json", "pretraining"), "density": ("sparsity.json", "sparse")}  # file, run kind
+# file(s) each plot reads, the first present of a run, and what kind of run writes them
+PLOT_INPUTS = {"loss": (("log_history.json", "epochs.json"), "pretraining or finetuning"),
+               "density": (("sparsity.json",), "sparse")}
 PLOT_FORMATS = ("png", "pdf", "svg")
 
 
@@ -507,12 +548,14 @@ def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
                               "(it picks the image format)")
     if not out.parent.is_dir():
         raise SparseBertError(f"--out {out}: the folder {out.parent} does not exist")
-    filename, writer = PLOT_INPUTS[kind]
+    filenames, writer = PLOT_INPUTS[kind]
     data = {}
     for run in runs:
-        source = root / run / filename
-        if not source.is_file():
-            raise SparseBertError(f"--plot {kind}: {source} does not exist (a finished {writer} run writes it)")
+        source = next((root / run / name for name in filenames if (root / run / name).is_file()), None)
+        if source is None:
+            raise SparseBertError(f"--plot {kind}: {root / run / filenames[0]} does not exist "
+                                  + (f"(nor {filenames[1]}) " if len(filenames) > 1 else "")
+                                  + f"(a finished {writer} run writes it)")
         try:
             data[run] = json.loads(source.read_text())
         except json.JSONDecodeError as e:
@@ -522,9 +565,15 @@ def make_plot(root: Path, kind: str, runs: list[str] | None, out: Path) -> int:
         if not shape_ok:
             raise SparseBertError(f"--plot {kind}: {source} is not what a {writer} run writes "
                                   + ("(a list of log entries)" if kind == "loss" else "(no 'layers' list)"))
+        if source.name == "epochs.json":  # a finetuning run from before log_history.json: one row per epoch
+            data[run] = [{"epoch": row["epoch"], **({"loss": row["train_loss"]} if "train_loss" in row else {}),
+                          **({"eval_loss": row["eval_loss"]} if "eval_loss" in row else {})}
+                         for row in data[run] if isinstance(row, dict) and "epoch" in row]
     try:
         if kind == "loss":
-            plot_loss_curves(data, out, title=loss_title(root, runs))
+            # optimizer steps where every run has them; epochs where a run only has its epochs.json rows
+            x = "step" if all(any("step" in h for h in history) for history in data.values()) else "epoch"
+            plot_loss_curves(data, out, title=loss_title(root, runs), x=x)
         else:
             plot_density_per_layer(data, out)
     except OSError as e:

@@ -198,3 +198,26 @@ def test_truncation_keeps_all_mentions(gap_dev, tokenizer):
         assert cut["token_type_ids"][0].count(1) == 1
     with pytest.raises(SparseBertError, match="development-210"):
         featurize_gap([ex], tokenizer, 41, "concat")
+
+
+def test_mentions_too_far_apart_are_truncated_around_them(gap_dev, tokenizer):
+    """--predict's --long-rows truncate: a row whose pronoun, A and B span more than one window keeps every mention
+    with context around it, in text order, and leaves out text between them; the heads still find each mention."""
+    from sparsebert.data.gap import long_gap_rows
+
+    ex = next(e for e in gap_dev if e.id == "development-210")  # its mentions span 40 tokens
+    assert long_gap_rows([ex], tokenizer, 42) == [] and long_gap_rows([ex], tokenizer, 41) == [ex.id]
+    full = featurize_gap([ex], tokenizer, 512, "segment", pad_to_max_length=False)["input_ids"][0][1:-1]
+    for max_len in (16, 30):
+        cut = featurize_gap([ex], tokenizer, max_len, "segment", long_rows="truncate")
+        ids = cut["input_ids"][0]
+        assert len(ids) == max_len and sum(cut["attention_mask"][0]) == max_len
+        assert ids[0] == tokenizer.cls_token_id and ids[-1] == tokenizer.sep_token_id
+        kept = iter(full)
+        assert all(token in kept for token in ids[1:-1])  # a subsequence of the row's tokens, in order
+        for key, name, type_id in (("p", ex.pronoun, 1), ("a", ex.a, 2), ("b", ex.b, 3)):
+            s, e = cut[f"{key}_idx"][0], cut[f"{key}_end"][0]
+            assert tokenizer.decode(ids[s : e + 1]) == name.lower()
+            assert set(cut["token_type_ids"][0][s : e + 1]) == {type_id}
+    with pytest.raises(SparseBertError, match="development-210"):
+        featurize_gap([ex], tokenizer, 41, "concat", long_rows="error")

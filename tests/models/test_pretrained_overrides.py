@@ -35,3 +35,31 @@ def test_num_layers_keeps_the_checkpoints_first_layers(minilm_path):
     shared = [k for k in short.state_dict() if not k.startswith("classifier.")]
     assert any(k.startswith("bert.encoder.layer.1.") for k in shared)
     assert all(short.state_dict()[k].equal(kept[k]) for k in shared)
+
+
+def test_a_layer_cut_is_one_line_and_other_unexpected_keys_are_still_reported(tmp_path, caplog, monkeypatch):
+    """model.num_layers below the checkpoint's: one INFO line, not a table row per tensor of the dropped layers; a
+    checkpoint key the model has nowhere still reaches transformers' report."""
+    from safetensors.torch import load_file, save_file
+    from transformers import BertConfig, BertForSequenceClassification
+
+    import sparsebert.models.pretrained as pretrained
+
+    config = BertConfig(vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=32)
+    BertForSequenceClassification(config).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({**weights, "bert.stray.weight": weights["bert.pooler.dense.weight"].clone()}, tmp_path / "model.safetensors",
+              metadata={"format": "pt"})
+    reported = []
+    monkeypatch.setattr(pretrained, "_original_report", lambda model, source, ignore, info, logger=None:
+                        reported.append(set(info.unexpected_keys)))
+    with caplog.at_level("INFO", logger="sparsebert.models.pretrained"):
+        model = load_classifier(str(tmp_path), 2, regression=False,
+                                **pretrained_kwargs(ModelConfig(num_layers=1)))
+    assert len(model.bert.encoder.layer) == 1
+    assert reported == [{"bert.stray.weight"}]  # layers 1 and 2 left out of the report, the stray key kept
+    lines = [r.getMessage() for r in caplog.records if r.name == "sparsebert.models.pretrained"]
+    assert lines == [f"{tmp_path}: the first 1 of its 3 layers kept (num_hidden_layers=1)"]
+    assert pretrained.layers_cut({"bert.encoder.layer.0.x", "bert.stray"}, 1) == ({"bert.encoder.layer.0.x",
+                                                                                  "bert.stray"}, 1)

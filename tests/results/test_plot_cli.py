@@ -63,3 +63,24 @@ def test_the_loss_title_says_what_the_loss_is(root):
     assert loss_title(runs, ["dense", "sparse"]) == "loss"
     assert plot(root, "loss", "sparse", root / "upstream.svg") == 0
     assert b"task upstream" in (root / "upstream.svg").read_bytes()
+
+
+def test_a_finetuning_run_plots_its_loss_per_epoch_and_density_names_modules(root):
+    """A finetuning run from before log_history.json has its epochs.json: the loss per epoch. Density ticks name
+    each tensor's layer and module (Q, K, V, O, FFN in / out)."""
+    run = root / "runs" / "glue" / "glue_rte" / "run0"
+    run.mkdir(parents=True)
+    (run / "epochs.json").write_text(json.dumps([{"epoch": 1, "train_loss": 0.69, "eval_loss": 0.7},
+                                                 {"epoch": 2, "train_loss": 0.6, "eval_loss": 0.65}]))
+    (run / "config.json").write_text(json.dumps({"task": "glue:rte"}))
+    assert plot(root, "loss", "glue/glue_rte/run0", root / "finetune.svg") == 0
+    svg = (root / "finetune.svg").read_bytes()
+    assert b"epoch" in svg and b"optimizer step" not in svg and b"glue/glue_rte/run0 eval" in svg
+
+    report = {"layers": [{"name": f"bert.encoder.layer.{i}.{module}.weight", "sparsity": 0.8}
+                         for i in range(2) for module in ("attention.self.query", "attention.output.dense",
+                                                          "intermediate.dense", "output.dense")]}
+    (root / "runs" / "sparse" / "sparsity.json").write_text(json.dumps(report))
+    assert plot(root, "density", "sparse", root / "density.svg") == 0
+    svg = (root / "density.svg").read_bytes()
+    assert all(label in svg for label in (b"0 Q", b"0 O", b"0 FFN in", b"1 FFN out"))

@@ -193,12 +193,13 @@ def test_runs_listing_and_table_ignore_unfinished(tmp_path: Path, capsys) -> Non
 
     assert cli_main(["--runs", "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[0].startswith("| run | experiment | task | seed | status | metric | value | wall_time |")
-    assert "| pre | exp | mlm | 42 | done | eval_loss | 2.346 | 1:02:05 |" in out[2]
-    assert "| exp/glue_rte/run0 | exp | glue:rte | 42 | done | score | 0.625 | 1:05 |" in out[3]
-    assert "| running | score | 0.9 |" in out[4]
-    assert out[5].endswith("| RuntimeError: a \\| b |")  # a | in a cell does not split it
-    assert "| /elsewhere/squad/run0 |" in out[6] and "| f1 | 80.5 |" in out[6]
+    cells = [[cell.strip() for cell in line.strip()[1:-1].split(" | ")] for line in out]  # padded columns
+    assert cells[0][:8] == ["run", "experiment", "task", "seed", "status", "metric", "value", "wall_time"]
+    assert cells[2][:8] == ["pre", "exp", "mlm", "42", "done", "eval_loss", "2.346", "1:02:05"]
+    assert cells[3][:8] == ["exp/glue_rte/run0", "exp", "glue:rte", "42", "done", "score", "0.625", "1:05"]
+    assert cells[4][4:7] == ["running", "score", "0.9"]
+    assert cells[5][-1] == "RuntimeError: a \\| b" and len(cells[5]) == 10  # a | in a cell does not split it
+    assert cells[6][0] == "/elsewhere/squad/run0" and cells[6][5:7] == ["f1", "80.5"]
 
     assert cli_main(["--runs", "--status", "failed", "--output-dir", str(tmp_path), "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -207,10 +208,17 @@ def test_runs_listing_and_table_ignore_unfinished(tmp_path: Path, capsys) -> Non
     assert cli_main(["--table", "glue", "--output-dir", str(tmp_path)]) == 0
     table = capsys.readouterr().out
     assert "average_glue over: rte (1 task)" in table  # the running stsb and failed cola rows are left out
+    for fmt, rte in [("csv", ",62.5,"), ("latex", " & 62.5 & ")]:  # every format --help offers
+        assert cli_main(["--table", "glue", "--format", fmt, "--output-dir", str(tmp_path)]) == 0
+        assert rte in capsys.readouterr().out
 
-    for argv, message in [(["--runs", "--format", "latex"], "md or csv"), (["--status", "done"], "with --runs")]:
-        assert cli_main([*argv, "--output-dir", str(tmp_path)]) == 2
-        assert message in capsys.readouterr().err
+    assert cli_main(["--runs", "--format", "latex", "--output-dir", str(tmp_path)]) == 0  # every --help format
+    latex = capsys.readouterr().out.splitlines()
+    assert latex[0] == r"\begin{tabular}{lllrllrrll}" and latex[-1] == r"\end{tabular}"
+    assert any(line.startswith(r"exp/glue\_rte/run0 & exp & glue:rte & 42 & done & score & 0.625 & 1:05 & ")
+               for line in latex)
+    assert cli_main(["--status", "done", "--output-dir", str(tmp_path)]) == 2
+    assert "with --runs" in capsys.readouterr().err
     assert cli_main(["--runs", "--output-dir", str(tmp_path / "nowhere")]) == 2
     assert "no results registry" in capsys.readouterr().err
 

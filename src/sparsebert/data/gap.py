@@ -167,23 +167,72 @@ def _token_span(
     return hit[0], hit[-1]
 
 
+LONG_ROWS = ("truncate", "skip", "error")
+
+
+def _mention_spans(ex: GapExample, offsets: list[tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    return {
+        "p": _token_span(offsets, ex.pronoun_offset, ex.pronoun_offset + len(ex.pronoun), ex, "pronoun"),
+        "a": _token_span(offsets, ex.a_offset, ex.a_offset + len(ex.a), ex, "A"),
+        "b": _token_span(offsets, ex.b_offset, ex.b_offset + len(ex.b), ex, "B"),
+    }
+
+
+def long_gap_rows(examples: Sequence[GapExample], tokenizer: Any, max_seq_length: int) -> list[str]:
+    """The IDs of the rows whose pronoun, A and B lie too far apart for one window of ``max_seq_length``
+    tokens (what :func:`featurize_gap` truncates between the mentions, or refuses)."""
+    enc = tokenizer([ex.text for ex in examples], add_special_tokens=False, return_offsets_mapping=True)
+    long = []
+    for ex, offsets in zip(examples, enc["offset_mapping"]):
+        spans = _mention_spans(ex, offsets).values()
+        if max(e for _, e in spans) - min(s for s, _ in spans) + 1 > max_seq_length - 2:
+            long.append(ex.id)
+    return long
+
+
+def _around_mentions(spans: Sequence[tuple[int, int]], n_tokens: int, budget: int, ex: GapExample) -> list[int]:
+    """The token positions kept of a row whose mentions do not fit one window: every mention's tokens, and
+    context grown around each mention in turn (one token a side per round) until ``budget`` tokens are kept;
+    the text between the pieces is left out."""
+    kept = {i for s, e in spans for i in range(s, e + 1)}
+    if len(kept) > budget:
+        raise SparseBertError(f"GAP row {ex.id}: the pronoun, A and B alone are {len(kept)} tokens, more than "
+                              f"max_seq_length - 2 = {budget}")
+    edges = [[s, e] for s, e in spans]
+    moved = True
+    while len(kept) < budget and moved:
+        moved = False
+        for edge in edges:
+            for side, step in ((0, -1), (1, 1)):
+                i = edge[side] + step
+                if len(kept) < budget and 0 <= i < n_tokens:
+                    edge[side], moved = i, True
+                    kept.add(i)
+    return sorted(kept)
+
+
 def featurize_gap(
     examples: Sequence[GapExample],
     tokenizer: Any,
     max_seq_length: int,
     head: str,
     pad_to_max_length: bool = True,
+    long_rows: str = "error",
 ) -> dict[str, list]:
     """Token features for :class:`sparsebert.models.gap_heads.GapClassifier`.
 
     Keys: ``input_ids, attention_mask, token_type_ids, p_idx, a_idx, b_idx`` (first token of each mention,
     counting [CLS]), ``p_end, a_end, b_end`` (last token, inclusive) and ``labels``. A text longer than
-    ``max_seq_length`` is cut to a window of tokens that keeps all three mentions (roughly centred on them);
-    if they cannot fit, SparseBertError. For ``head="segment"`` token_type_ids are 1 on the pronoun's
-    tokens, 2 on A's, 3 on B's (0 elsewhere; the pronoun wins if mentions overlap); for other heads all 0.
+    ``max_seq_length`` is cut to a window of tokens that keeps all three mentions (roughly centred on them).
+    Mentions too far apart for one window: ``long_rows="error"`` raises SparseBertError; ``"truncate"`` keeps
+    each mention with context around it and leaves out text between them (a prediction needs every row).
+    For ``head="segment"`` token_type_ids are 1 on the pronoun's tokens, 2 on A's, 3 on B's (0 elsewhere; the
+    pronoun wins if mentions overlap); for other heads all 0.
     """
     if head not in HEADS:
         raise SparseBertError(f"featurize_gap: unknown head {head!r}; choose one of {', '.join(HEADS)}")
+    if long_rows not in ("truncate", "error"):  # "skip" leaves rows out before featurizing (long_gap_rows)
+        raise SparseBertError(f"featurize_gap: long_rows must be 'truncate' or 'error', got {long_rows!r}")
     if not getattr(tokenizer, "is_fast", False):
         raise SparseBertError("featurize_gap needs a fast tokenizer (offset mapping)")
     budget = max_seq_length - 2  # room for [CLS] and [SEP]
@@ -192,37 +241,37 @@ def featurize_gap(
         "input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "p_end", "a_end", "b_end", "labels"
     )}  # fmt: skip
     for ex, ids, offsets in zip(examples, enc["input_ids"], enc["offset_mapping"]):
-        spans = {
-            "p": _token_span(offsets, ex.pronoun_offset, ex.pronoun_offset + len(ex.pronoun), ex, "pronoun"),
-            "a": _token_span(offsets, ex.a_offset, ex.a_offset + len(ex.a), ex, "A"),
-            "b": _token_span(offsets, ex.b_offset, ex.b_offset + len(ex.b), ex, "B"),
-        }
+        spans = _mention_spans(ex, offsets)
         lo = min(s for s, _ in spans.values())
         hi = max(e for _, e in spans.values())
-        if hi - lo + 1 > budget:
+        if hi - lo + 1 <= budget:
+            # window [w0, w0 + budget): centred on the mentions, clamped to the text
+            w0 = 0
+            if len(ids) > budget:
+                w0 = max(0, min(lo - (budget - (hi - lo + 1)) // 2, len(ids) - budget))
+            kept = list(range(w0, min(w0 + budget, len(ids))))
+        elif long_rows == "truncate":
+            kept = _around_mentions(list(spans.values()), len(ids), budget, ex)
+        else:
             raise SparseBertError(
                 f"GAP row {ex.id}: pronoun, A and B span {hi - lo + 1} tokens, more than max_seq_length "
                 f"{max_seq_length} - 2 allows"
             )
-        # window [w0, w0 + budget): centred on the mentions, clamped to the text
-        w0 = 0
-        if len(ids) > budget:
-            w0 = max(0, min(lo - (budget - (hi - lo + 1)) // 2, len(ids) - budget))
-        window = ids[w0 : w0 + budget]
-        shift = 1 - w0  # +1 for [CLS]
-        input_ids = [tokenizer.cls_token_id, *window, tokenizer.sep_token_id]
+        position = {i: n + 1 for n, i in enumerate(kept)}  # +1 for [CLS]
+        spans = {key: (position[s], position[e]) for key, (s, e) in spans.items()}
+        input_ids = [tokenizer.cls_token_id, *(ids[i] for i in kept), tokenizer.sep_token_id]
         types = [0] * len(input_ids)
         if head == "segment":
             for key, type_id in (("a", 2), ("b", 3), ("p", 1)):
                 s, e = spans[key]
-                types[s + shift : e + shift + 1] = [type_id] * (e - s + 1)
+                types[s : e + 1] = [type_id] * (e - s + 1)
         pad = max_seq_length - len(input_ids) if pad_to_max_length else 0
         out["input_ids"].append(input_ids + [tokenizer.pad_token_id] * pad)
         out["attention_mask"].append([1] * len(input_ids) + [0] * pad)
         out["token_type_ids"].append(types + [0] * pad)
         for key, (s, e) in spans.items():
-            out[f"{key}_idx"].append(s + shift)
-            out[f"{key}_end"].append(e + shift)
+            out[f"{key}_idx"].append(s)
+            out[f"{key}_end"].append(e)
         out["labels"].append(ex.label)
     return out
 
@@ -236,15 +285,16 @@ def gap_dataset(examples: Sequence[GapExample]):
 
 
 def featurize_gap_batch(batch: dict[str, list], tokenizer: Any, max_seq_length: int, head: str,
-                        pad_to_max_length: bool = True) -> dict[str, list]:
+                        pad_to_max_length: bool = True, long_rows: str = "error") -> dict[str, list]:
     """:func:`featurize_gap` on one batch of :func:`gap_dataset` rows."""
     fields = [f.name for f in dataclasses.fields(GapExample)]
     examples = [GapExample(*values) for values in zip(*(batch[f] for f in fields))]
-    return featurize_gap(examples, tokenizer, max_seq_length, head, pad_to_max_length)
+    return featurize_gap(examples, tokenizer, max_seq_length, head, pad_to_max_length, long_rows)
 
 
 def gap_features(examples: Sequence[GapExample], tokenizer: Any, max_seq_length: int, head: str,
-                 pad_to_max_length: bool = True, *, num_proc: int | None = None, cache_dir=None):
+                 pad_to_max_length: bool = True, *, num_proc: int | None = None, cache_dir=None,
+                 long_rows: str = "error"):
     """:func:`featurize_gap` as a ``datasets.Dataset`` (one row per example, in order), through the
     featurizer: parallel and cached by the examples' content, the tokenizer and the settings."""
     from sparsebert.data.featurize import featurize
@@ -254,7 +304,7 @@ def gap_features(examples: Sequence[GapExample], tokenizer: Any, max_seq_length:
     raw = gap_dataset(examples)
     return featurize(raw, featurize_gap_batch, name=f"gap-{head}", tokenizer=tokenizer,
                      fn_kwargs={"tokenizer": tokenizer, "max_seq_length": max_seq_length, "head": head,
-                                "pad_to_max_length": pad_to_max_length},
+                                "pad_to_max_length": pad_to_max_length, "long_rows": long_rows},
                      num_proc=num_proc, remove_columns=raw.column_names, cache_dir=cache_dir)
 
 

@@ -19,6 +19,19 @@ def world_size() -> int:
     return 1
 
 
+# and the variable each sets to this process's rank in the job
+RANK_VARIABLES = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def global_rank() -> int:
+    """This process's rank in the job (0 outside a launcher), from the launcher's environment: known before
+    Python's logging is set up, unlike Accelerate's state."""
+    for name in RANK_VARIABLES:
+        if os.environ.get(name):
+            return int(os.environ[name])
+    return 0
+
+
 def process_state():
     """Accelerate's PartialState, with ``cpu=True`` on a machine without CUDA: otherwise a gloo job of N
     processes reports itself as N separate single-process runs, every rank its own main process, and

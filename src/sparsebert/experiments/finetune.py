@@ -8,7 +8,7 @@ MINILM_FINETUNE = {
     "model": {"init_from": "minilm"},
     "train": {
         "epochs": 3, "global_batch_size": 32, "learning_rate": 5e-5, "warmup_steps": 0, "weight_decay": 0.01,
-        "lr_scheduler": "linear", "logging_steps": 50, "eval_batch_size": 256, "report_to": [],
+        "lr_scheduler": "linear", "logging_steps": 50, "eval_batch_size": 256,
         "eval_at_start": False, "dataloader_workers": 2,
     },
     "finetune": {"max_seq_length": 128},

@@ -43,12 +43,13 @@ Formats
         two extra columns ``average_bert_tasks`` / ``average_glue_tasks`` (task names joined by spaces).
     ``latex``: a ``tabular`` (no package needed) with LaTeX special characters escaped and the coverage
         notes as full-width rows at the bottom.
+
+Rendering: md and csv through pandas (``to_markdown``: tabulate's "pipe" format; ``to_csv``). LaTeX is ours:
+pandas' ``to_latex`` draws booktabs rules (a package the document must load) and has no full-width note rows.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import math
 import statistics
 from collections.abc import Sequence
@@ -255,19 +256,26 @@ def _notes(rows: list[_Row], agg: str) -> list[tuple[str | None, str]]:
     return notes
 
 
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[str]], align_first_left: bool = True) -> str:
+    """A GitHub markdown table of text cells (pandas ``to_markdown``, i.e. tabulate's "pipe" format): the columns
+    padded so the raw text reads as a table, the first column left-aligned and the rest right-aligned (numbers).
+
+    Args:
+        columns: the header.
+        rows: the cells, already formatted (numbers are not re-parsed).
+        align_first_left: False aligns every column left (a listing of names and text).
+    Returns:
+        the table, without a trailing newline."""
+    import pandas as pd
+
+    # "|" in a cell would end it early; GitHub reads "\|" as a literal bar
+    frame = pd.DataFrame([[cell.replace("|", "\\|") for cell in row] for row in rows], columns=list(columns))
+    align = ["left"] + ["right" if align_first_left else "left"] * (len(columns) - 1)
+    return frame.to_markdown(index=False, tablefmt="pipe", colalign=align, disable_numparse=True)
+
+
 def _render_md(rows: list[_Row], notes: list[tuple[str | None, str]]) -> str:
-    # "|" in a label would end the cell early; GitHub reads "\|" as a literal bar
-    table = [list(COLUMNS), *([t.replace("|", "\\|") for t in _row_texts(row, "±")] for row in rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
-
-    def fmt_line(cells: list[str]) -> str:
-        # the label column is left-aligned, the numbers right-aligned (also in the rendered table)
-        padded = [c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))]
-        return "| " + " | ".join(padded) + " |"
-
-    rule = ["-" * (w + 1) + ":" if i else ":" + "-" * (w + 1) for i, w in enumerate(widths)]
-    lines = [fmt_line(table[0]), "|" + "|".join(rule) + "|"]
-    lines += [fmt_line(cells) for cells in table[1:]]
+    lines = [markdown_table(COLUMNS, [_row_texts(row, "±") for row in rows])]
     # A blank line ends the table; otherwise GitHub renders the next line as another table row.
     lines.append("")
     # Per-row notes form a list, so each keeps its own line when rendered; shared notes are paragraphs.
@@ -286,14 +294,18 @@ def _csv_header() -> list[str]:
     return [*header, "perplexity", "mlm_eval_loss", "average_bert_tasks", "average_glue_tasks"]
 
 
-def _render_csv(rows: list[_Row]) -> str:
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(_csv_header())
+def csv_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """CSV of text cells (pandas ``to_csv``: quoted only where a cell needs it), with a trailing newline."""
+    import pandas as pd
 
+    return pd.DataFrame([list(row) for row in rows], columns=list(columns)).to_csv(index=False, lineterminator="\n")
+
+
+def _render_csv(rows: list[_Row]) -> str:
     def blank(text: str) -> str:
         return "" if text == MISSING else text  # empty cells read as missing values (NaN in pandas)
 
+    lines = []
     for row in rows:
         values = [row.label, _pct(row.average(row.bert_tasks)), _pct(row.average(row.glue_tasks))]
         for task in TASKS:
@@ -301,10 +313,9 @@ def _render_csv(rows: list[_Row]) -> str:
             n = len(TASK_METRICS[task])
             values += [_pct(v) for v in cell.values] if cell else [MISSING] * n
         values += [_num(row.perplexity, 2), _num(row.eval_loss, 3)]
-        writer.writerow(
-            [values[0], *(blank(v) for v in values[1:]), " ".join(row.bert_tasks), " ".join(row.glue_tasks)]
-        )
-    return out.getvalue()
+        lines.append([values[0], *(blank(v) for v in values[1:]), " ".join(row.bert_tasks),
+                      " ".join(row.glue_tasks)])
+    return csv_table(_csv_header(), lines)
 
 
 _LATEX_ESCAPES = {
@@ -326,18 +337,35 @@ def latex_escape(text: str) -> str:
     return "".join(_LATEX_ESCAPES.get(ch, ch) for ch in text)
 
 
-def _render_latex(rows: list[_Row], notes: list[tuple[str | None, str]]) -> str:
-    pm = "\x00"  # placeholder for ±, swapped for $\pm$ after escaping so its $ and \ survive
+def latex_tabular(columns: Sequence[str], rows: Sequence[Sequence[str]], notes: Sequence[str] = (),
+                  column_format: str | None = None) -> str:
+    r"""A LaTeX ``tabular`` (no package needed: ``\hline`` rules, not booktabs') of text cells, LaTeX specials
+    escaped and ``±`` written ``$\pm$``; ``notes`` are full-width rows under the table.
 
-    def line(cells: list[str]) -> str:
-        return " & ".join(latex_escape(c).replace(pm, r"$\pm$") for c in cells) + r" \\"
+    Args:
+        columns: the header.
+        rows: the cells, already formatted.
+        notes: lines under the table.
+        column_format: the tabular's column spec (default: the first column left, the others right-aligned).
+    Returns:
+        the table with a trailing newline."""
 
-    lines = [r"\begin{tabular}{l" + "r" * (len(COLUMNS) - 1) + "}", r"\hline", line(list(COLUMNS)), r"\hline"]
-    lines += [line(_row_texts(row, pm)) for row in rows]
+    def escaped(text: str) -> str:
+        # ± is swapped for $\pm$ after escaping, so its $ and \ are not escaped themselves
+        return latex_escape(text.replace("±", "\x00")).replace("\x00", r"$\pm$")
+
+    def line(cells: Sequence[str]) -> str:
+        return " & ".join(escaped(c) for c in cells) + r" \\"
+
+    spec = column_format or "l" + "r" * (len(columns) - 1)
+    lines = [r"\begin{tabular}{" + spec + "}", r"\hline", line(columns), r"\hline"]
+    lines += [line(row) for row in rows]
     lines.append(r"\hline")
-    for label, text in notes:
-        text = text.replace("±", pm)
-        note = latex_escape(f"{label}: {text}" if label is not None else text).replace(pm, r"$\pm$")
-        lines.append(rf"\multicolumn{{{len(COLUMNS)}}}{{l}}{{{note}}} \\")
+    lines += [rf"\multicolumn{{{len(columns)}}}{{l}}{{{escaped(note)}}} \\" for note in notes]
     lines.append(r"\end{tabular}")
     return "\n".join(lines) + "\n"
+
+
+def _render_latex(rows: list[_Row], notes: list[tuple[str | None, str]]) -> str:
+    return latex_tabular(COLUMNS, [_row_texts(row, "±") for row in rows],
+                         [f"{label}: {text}" if label is not None else text for label, text in notes])

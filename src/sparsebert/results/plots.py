@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from sparsebert.io import atomic_path
+from sparsebert.sparsity.report import module_label
 
 
 def run_colors(n: int) -> list:
@@ -20,8 +21,10 @@ def run_colors(n: int) -> list:
     return [matplotlib.colormaps["turbo"](i / (n - 1)) for i in range(n)]
 
 
-def plot_loss_curves(histories: dict[str, list[dict]], path: str | os.PathLike, title: str = "MLM loss") -> None:
-    """Training loss (thin) and eval loss (markers) against optimizer steps, one colour per run."""
+def plot_loss_curves(histories: dict[str, list[dict]], path: str | os.PathLike, title: str = "MLM loss",
+                     x: str = "step") -> None:
+    """Training loss (thin) and eval loss (markers) against ``x`` (``"step"``: optimizer steps, or ``"epoch"``:
+    a finetuning run's epochs.json rows), one colour per run."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,13 +32,13 @@ def plot_loss_curves(histories: dict[str, list[dict]], path: str | os.PathLike, 
 
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for color, (name, history) in zip(run_colors(len(histories)), histories.items()):
-        train = [(h["step"], h["loss"]) for h in history if "loss" in h and "step" in h]
-        evals = [(h["step"], h["eval_loss"]) for h in history if "eval_loss" in h and "step" in h]
+        train = [(h[x], h["loss"]) for h in history if "loss" in h and x in h]
+        evals = [(h[x], h["eval_loss"]) for h in history if "eval_loss" in h and x in h]
         if train:
             ax.plot(*zip(*train), color=color, alpha=0.45, linewidth=1, label=f"{name} train")
         if evals:
             ax.plot(*zip(*evals), color=color, marker="o", linewidth=1.8, label=f"{name} eval")
-    ax.set_xlabel("optimizer step")
+    ax.set_xlabel("optimizer step" if x == "step" else x)
     ax.set_ylabel("loss")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
@@ -60,14 +63,16 @@ def plot_density_per_layer(reports: dict[str, dict], path: str | os.PathLike,
     for color, (name, report) in zip(run_colors(len(reports)), reports.items()):
         ax.plot(range(len(report["layers"])), [1.0 - layer["sparsity"] for layer in report["layers"]],
                 color=color, marker=".", linewidth=1.2, label=name)
-    # layer boundaries and tick labels from the deepest model's tensor names ("...layer.3.attention...")
+    # layer boundaries and a tick per tensor, named by module ("0 Q" ... "0 FFN out"), from the deepest model
     layers = max((report["layers"] for report in reports.values()), key=len)
     index = [re.search(r"layer\.(\d+)\.", layer["name"]) for layer in layers]
     starts = [k for k, m in enumerate(index) if m and (k == 0 or not index[k - 1]
                                                           or index[k - 1].group(1) != m.group(1))]
     for k in starts[1:]:
         ax.axvline(k - 0.5, color="grey", alpha=0.3, linewidth=0.8)
-    ax.set_xticks(starts, [f"layer {index[k].group(1)}" for k in starts], fontsize=7, rotation=45)
+    ax.set_xticks(range(len(layers)), [module_label(layer["name"]).removeprefix("layer ") for layer in layers],
+                  fontsize=6 if len(layers) <= 48 else 4, rotation=90)
+    ax.set_xlabel("encoder layer and module (Q K V O: attention; FFN in / out)")
     ax.set_ylabel("density (fraction of weights kept)")
     ax.set_ylim(0, max(0.3, ax.get_ylim()[1]))
     ax.grid(alpha=0.3, axis="y")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Sequence
 from pathlib import Path
 
 from sparsebert.config import PRETRAINING_TASKS
+from sparsebert.console import duration
+from sparsebert.errors import SparseBertError
+from sparsebert.results.glue_table import FORMATS, csv_table, latex_tabular, markdown_table
 from sparsebert.results.registry import RunRecord
 
 # the headline metric of a run: pretraining's eval loss, else the first of these a finetuning run reports
@@ -24,14 +25,6 @@ def headline(rec: RunRecord) -> tuple[str, float | None]:
     return keys[0], None
 
 
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    minutes, secs = divmod(round(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
-
-
 def _run_name(rec: RunRecord, root: Path) -> str:
     """The run directory relative to the output root where it is under it (what --export takes)."""
     try:
@@ -41,27 +34,26 @@ def _run_name(rec: RunRecord, root: Path) -> str:
 
 
 def runs_table(records: Sequence[RunRecord], root: Path, fmt: str = "md") -> str:
-    """The runs as a Markdown table (``fmt="md"``) or CSV (``"csv"``), oldest first.
+    """The runs as a Markdown table (``fmt="md"``), CSV (``"csv"``) or a LaTeX tabular (``"latex"``), oldest first.
 
     Args:
         records: registry rows (any status).
         root: the output root; run directories under it are shown relative to it.
-        fmt: ``"md"`` or ``"csv"``.
+        fmt: ``"md"``, ``"csv"`` or ``"latex"``.
     Returns:
         the table text (a header only when there are no runs).
     """
+    if fmt not in FORMATS:
+        raise SparseBertError(f"unknown table format {fmt!r}: use one of {', '.join(FORMATS)}")
     rows = []
     for rec in records:
         metric, value = headline(rec)
         rows.append([_run_name(rec, root), rec.experiment, rec.task, str(rec.seed), rec.status, metric,
-                     "" if value is None else f"{value:.4g}", _duration(rec.wall_time_s),
+                     "" if value is None else f"{value:.4g}",
+                     "" if rec.wall_time_s is None else duration(rec.wall_time_s),
                      rec.created_at[:19].replace("T", " "), rec.error or ""])
     if fmt == "csv":
-        out = io.StringIO()
-        writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(COLUMNS)
-        writer.writerows(rows)
-        return out.getvalue().rstrip("\n")
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
+        return csv_table(COLUMNS, rows).rstrip("\n")
+    if fmt == "latex":
+        return latex_tabular(COLUMNS, rows, column_format="lllrllrrll").rstrip("\n")
+    return markdown_table(COLUMNS, rows, align_first_left=False)

@@ -29,7 +29,7 @@ from .gmp import gmp_prune, gmp_prune_global, gmp_sparsity, gmp_update_due
 from .masks import apply_masks_, magnitude_mask, make_generator, nm_mask, nm_violations, random_mask
 from .optimizer_state import reset_optimizer_state, seed_second_moment
 from .persistence import load_sparsity_state, save_sparsity_state
-from .report import sparsity_report
+from .report import module_label, sparsity_report
 from .rigl import MaskChange, rigl_drop_fraction, rigl_global_change, rigl_layer_change, rigl_update_due
 from .scores import MagnitudeScore, PruningScore, make_score
 from .selection import select_parameters
@@ -186,6 +186,18 @@ class SparsityController:
             return None
         self.apply_masks()
         return stats
+
+    def density_logs(self) -> dict[str, float]:
+        """The masks' density: ``density`` over every selected weight, ``density/layer_0_Q`` ... per tensor (the
+        trackers' scalars over time). One host-device sync for all the tensors."""
+        if not self.masks:
+            return {}
+        active = torch.stack([m.sum() for m in self.masks.values()]).tolist()
+        sizes = [m.numel() for m in self.masks.values()]
+        logs = {"density": sum(active) / sum(sizes)}
+        for name, kept, size in zip(self.masks, active, sizes):
+            logs[f"density/{module_label(name).replace(' ', '_')}"] = kept / size
+        return logs
 
     def _observe_gradients(self) -> None:
         """Hand the score this step's gradients still in ``p.grad`` (the whole step's: accumulated, all-reduced,

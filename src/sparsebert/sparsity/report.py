@@ -39,6 +39,21 @@ def layer_type(name: str) -> str:
     return next((kind for kind, pattern in _LAYER_TYPES if pattern.search(name)), "other")
 
 
+# short names of the encoder Linears, as plots and tracker tags show them
+LAYER_LABELS = {"query": "Q", "key": "K", "value": "V", "attention_output": "O", "intermediate": "FFN in",
+                "output": "FFN out"}
+_LAYER_INDEX = re.compile(r"(?:^|\.)layer\.(\d+)\.")
+
+
+def module_label(name: str) -> str:
+    """``bert.encoder.layer.3.intermediate.dense.weight`` -> ``layer 3 FFN in``; a parameter that is no encoder
+    Linear keeps its name (without ``.weight``)."""
+    kind, index = layer_type(name), _LAYER_INDEX.search(name)
+    if kind in LAYER_LABELS and index:
+        return f"layer {index.group(1)} {LAYER_LABELS[kind]}"
+    return name.removesuffix(".weight")
+
+
 def sparsity_report(
     model: nn.Module, masks: Mapping[str, torch.Tensor], pattern: str = "unstructured"
 ) -> dict[str, Any]:

@@ -10,9 +10,11 @@ import torch
 from transformers import TrainingArguments
 
 from sparsebert.config.sections import TrainConfig
+from sparsebert.console import interactive
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.trainer.fp8 import fp8_unavailable_reason
+from sparsebert.trainer.tracking import wandb_project
 from sparsebert.upstream.trainer import train_on_one_gpu
 
 log = logging.getLogger(__name__)
@@ -73,8 +75,10 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         optim = "adamw_torch_fused" if torch.cuda.is_available() else "adamw_torch"
     log.info("global batch %d = %d per device x %d processes x %d accumulation steps; precision %s",
              cfg.global_batch_size, per_device, world, accumulation, precision)
-    if "wandb" in cfg.report_to and not wandb_has_credentials():
-        os.environ.setdefault("WANDB_MODE", "offline")  # never block a run on a login prompt
+    if "wandb" in cfg.report_to:
+        if not wandb_has_credentials():
+            os.environ.setdefault("WANDB_MODE", "offline")  # never block a run on a login prompt
+        os.environ["WANDB_PROJECT"] = wandb_project(run_name)  # transformers' WandbCallback reads it, else "huggingface"
     args = TrainingArguments(
         output_dir=str(run_dir),
         run_name=run_name,
@@ -117,7 +121,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         remove_unused_columns=False,
         label_names=["labels"] if label_names is None else label_names,
         use_cpu=not torch.cuda.is_available(),
-        disable_tqdm=not os.isatty(2),
+        disable_tqdm=not interactive(),  # a log file gets one line per log, with the step and time left
     )
     one_gpu_per_process(args)
     if cfg.torch_compile:

@@ -8,7 +8,7 @@ from typing import Any
 
 from torch import nn
 
-from sparsebert.config import ExperimentConfig
+from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.config.sections import FLAT_COMM_HOOKS
 from sparsebert.errors import SparseBertError
 from sparsebert.sparsity import SparsityController
@@ -31,7 +31,8 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
                              "compile_scope": cfg.train.torch_compile_scope if compiled else None,
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,
                              "drop_last_batch": cfg.train.drop_last_batch,
-                             "clip_in_optimizer": cfg.train.clip_in_optimizer}
+                             "clip_in_optimizer": cfg.train.clip_in_optimizer,
+                             "experiment": to_dict(cfg)}  # every section, for the W&B config / TensorBoard hparams
     if cfg.kd is not None:
         # the teacher first: a student that starts from it must hold its weights before magnitude masks are drawn
         hooks["distillation"] = (cfg.kd, _teacher(cfg, model, teacher_source, load_teacher))

@@ -13,6 +13,8 @@ Keyword arguments (None / False = off), from ``build_hooks`` (hooks.py):
 - ``clip_in_optimizer=``: the clip factor applied inside the fused AdamW step (clipping.py)
 - ``drop_last_batch=``: drop each epoch's short last training batch (train.drop_last_batch)
 - ``tokens_per_sample=``: tokens/s in the logs; always: samples/s, NaN guard, the stages' values in the logs
+  (with ``sparsity``: the masks' density, overall and per tensor)
+- ``experiment=``    the experiment config as a dict: the W&B run config and TensorBoard hparams (tracking.py)
 
 Model transforms (fast dropout, half-precision residual, kernel tuning) are applied before the Trainer is built
 (prepare.py).
@@ -26,6 +28,7 @@ from pathlib import Path
 
 from transformers import PrinterCallback, ProgressCallback, TrainerCallback
 
+from sparsebert.console import duration
 from sparsebert.errors import SparseBertError
 from sparsebert.models.ties import loaded_through_a_tie
 from sparsebert.trainer.clipping import ClipInOptimizer
@@ -35,6 +38,7 @@ from sparsebert.trainer.distillation import prepare_teacher, student_inputs
 from sparsebert.trainer.onecycle import onecycle_scheduler
 from sparsebert.trainer.sparse_training import SparsityCallback, rewound_lr_scheduler
 from sparsebert.trainer.step import StepCallback, TrainingStep
+from sparsebert.trainer.tracking import ExperimentTracking
 from sparsebert.upstream.trainer import UpstreamTrainer
 
 
@@ -53,7 +57,7 @@ class PendingLogs:
 
 
 # per-tensor log values: trackers (tensorboard, wandb) keep them, the console shows only their totals
-PER_TENSOR_PREFIXES = ("rigl/moved/",)
+PER_TENSOR_PREFIXES = ("rigl/moved/", "density/")
 
 
 def console_logs(logs: dict[str, float]) -> dict[str, float]:
@@ -68,8 +72,34 @@ class CompactProgressCallback(ProgressCallback):
 
 
 class CompactPrinterCallback(PrinterCallback):
+    """The log lines of a run without progress bars (piped into a log file, see ``sparsebert.console``): each one
+    starts with what the bar would have shown, the step, the time so far and the time left."""
+
+    def __init__(self) -> None:
+        self._began: tuple[float, int] | None = None  # (monotonic time, global step) when training (re)started
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self._began = (time.monotonic(), state.global_step)  # a resumed run's rate counts from its resume step
+
     def on_log(self, args, state, control, logs=None, **kwargs):
-        super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
+        if state.is_local_process_zero:
+            shown = {k: (f"{v:.4g}" if isinstance(v, float) else v)
+                     for k, v in console_logs(logs or {}).items() if k != "total_flos"}
+            print(f"{self.progress(state)}: {shown}", flush=True)
+
+    def progress(self, state) -> str:
+        """``step 120/1000 (12%), 0:42 elapsed, 5:08 left``; the times once training has taken a step."""
+        text = f"step {state.global_step}"
+        if state.max_steps:
+            text += f"/{state.max_steps} ({100 * state.global_step / state.max_steps:.0f}%)"
+        if self._began is None:
+            return text
+        began, first_step = self._began
+        elapsed, done = time.monotonic() - began, state.global_step - first_step
+        text += f", {duration(elapsed)} elapsed"
+        if done > 0 and state.max_steps:
+            text += f", {duration(elapsed / done * max(state.max_steps - state.global_step, 0))} left"
+        return text
 
 
 class SkippedSteps(TrainerCallback):
@@ -128,7 +158,7 @@ class SparseBertTrainer(UpstreamTrainer):
     def __init__(self, *args, sparsity=None, distillation=None, onecycle=None, ddp=None,
                  clip_in_optimizer: bool = False, compile_scope: str | None = None,
                  compile_dynamic: bool | None = None, drop_last_batch: bool = False, tokens_per_sample: int = 0,
-                 **kwargs):
+                 experiment: dict | None = None, **kwargs):
         self.onecycle = onecycle
         self.tokens_per_sample = tokens_per_sample
         self._non_embedding_parameters: int | None = None
@@ -162,6 +192,8 @@ class SparseBertTrainer(UpstreamTrainer):
         for plain, compact in ((ProgressCallback, CompactProgressCallback), (PrinterCallback, CompactPrinterCallback)):
             if self.pop_callback(plain) is not None:
                 self.add_callback(compact)
+        if experiment is not None:
+            self.add_callback(ExperimentTracking(experiment, self))
 
     @property
     def gradient_sync(self):
@@ -239,6 +271,8 @@ class SparseBertTrainer(UpstreamTrainer):
                     logs["tokens_per_second"] = round(samples * self.tokens_per_sample / seconds, 1)
             self._last_log = (now, step)
             logs.update(self.pending_logs.drain())
+            if self.sparsity is not None:  # the masks' density over time, overall and per layer (one sync per log)
+                logs.update(self.sparsity.density_logs())
         super().log(logs, *args, **kwargs)
 
     def floating_point_ops(self, inputs) -> int:

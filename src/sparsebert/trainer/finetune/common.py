@@ -168,6 +168,7 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
     if report is not None:
         atomic_write_json(run_dir / "sparsity.json", report)
     atomic_write_json(run_dir / "epochs.json", epoch_stats(trainer))
+    atomic_write_json(run_dir / "log_history.json", trainer.state.log_history)  # --plot loss, per logged step
     run_cfg = to_dict(cfg)
     run_cfg.update({"task": task, "seed": seed, "experiment": cfg.name, "model_source": ctx.model_source})
     atomic_write_json(run_dir / "config.json", run_cfg)

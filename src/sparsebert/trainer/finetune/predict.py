@@ -13,7 +13,9 @@ library is a one-line error before the model loads.
 
 from __future__ import annotations
 
+import copy
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +40,7 @@ from sparsebert.data.csv_task import (
     fold_dataset,
     read_csv_task,
 )
-from sparsebert.data.gap import gap_features, read_gap
+from sparsebert.data.gap import LONG_ROWS, gap_features, long_gap_rows, read_gap
 from sparsebert.data.glue import featurize_glue, glue_dataset, read_glue_file
 from sparsebert.data.squad import postprocess_predictions, read_squad
 from sparsebert.data.tokenizer import load_tokenizer
@@ -58,6 +60,8 @@ from sparsebert.trainer.finetune.gap import (
 from sparsebert.trainer.finetune.glue import glue_metrics, write_glue_test_predictions
 from sparsebert.trainer.finetune.squad import squad_features, squad_metrics, write_predictions_json
 
+log = logging.getLogger(__name__)
+
 EXTENSIONS = {"glue": "tsv", "csv": "csv", "squad_v1": "json", "squad_v2": "json", "gap": "csv"}
 
 
@@ -70,6 +74,7 @@ class FinishedRun:
     kind: str  # a key of PREDICTORS
     glue_task: str | None  # "rte" for a run of task glue:rte
     sparse24_kernel: bool = False  # run the sparse encoder Linears through the 2:4 kernel (prepare)
+    long_rows: str = "truncate"  # GAP rows whose mentions do not fit one window (predict_gap)
     kernel_layers: list[str] | None = None  # what prepare converted
 
     @property
@@ -210,8 +215,32 @@ def convert_to_sparse24(run: FinishedRun, model: nn.Module) -> list[str]:
         raise SparseBertError(f"--sparse24-kernel: {' '.join(str(e).split())}") from None
 
 
+# what --set may change for a prediction: how the input is read and featurized, and the batch size; the rest of
+# the config is how the run trained (its model, head and labels), which a prediction must keep
+PREDICT_KEYS = ("csv.", "finetune.max_seq_length", "finetune.pad_to_multiple_of", "finetune.doc_stride",
+                "finetune.max_query_length", "finetune.n_best_size", "finetune.max_answer_length",
+                "finetune.null_score_diff_threshold", "train.eval_batch_size")
+
+
+def with_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """The run's config.json with ``--set key=value`` items applied (each key one of ``PREDICT_KEYS``), checked
+    against the experiment schema."""
+    from sparsebert.config import ConfigError
+    from sparsebert.config.registry import apply_override
+
+    config = copy.deepcopy(config)
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in PREDICT_KEYS):
+            raise ConfigError(f"--set {key}: --predict takes only csv.*, {', '.join(PREDICT_KEYS[1:])} (the rest "
+                              "is how the run trained)")
+        apply_override(config, item)
+    return config
+
+
 def predict(run: str | Path, input_file: str | Path, output: str | Path | None = None,
-            output_root: Path = Path("runs"), sparse24_kernel: bool = False) -> Prediction:
+            output_root: Path = Path("runs"), sparse24_kernel: bool = False, overrides: Sequence[str] = (),
+            long_rows: str | None = None) -> Prediction:
     """Predict ``input_file`` with the finished finetuning run ``run``.
 
     Args:
@@ -220,11 +249,21 @@ def predict(run: str | Path, input_file: str | Path, output: str | Path | None =
         output: the predictions file; default ``<run>/predict/<input stem>.<ext>``.
         output_root: where relative run paths are looked up.
         sparse24_kernel: run a 2:4 run's sparse Linears through our 2:4 kernel (an sm90 GPU, the built library).
+        overrides: ``--set key=value`` items for how the input is read (``PREDICT_KEYS``).
+        long_rows: GAP runs only: truncate (None: the default), skip or error for rows whose mentions do not fit.
 
     Returns:
         The files written and, when the input has labels, the metrics (and the Linears the kernel ran).
     """
     finished = open_run(run, output_root)
+    finished.config = with_overrides(finished.config, overrides)
+    if long_rows is not None:
+        if finished.kind != "gap":
+            raise SparseBertError(f"--long-rows is for GAP runs; run {finished.path} is of task "
+                                  f"{finished.config['task']} (its long inputs are windowed or folded)")
+        if long_rows not in LONG_ROWS:
+            raise SparseBertError(f"--long-rows {long_rows}: use one of {', '.join(LONG_ROWS)}")
+        finished.long_rows = long_rows
     if sparse24_kernel:
         check_two_four_run(finished)
         finished.sparse24_kernel = True
@@ -373,13 +412,33 @@ def predict_squad(run: FinishedRun, input_file: Path, output: Path) -> Predictio
 
 def predict_gap(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
     """A GAP TSV (the 11 labelled columns, or the Kaggle test file's 9) -> the Kaggle submission CSV and the GAP
-    scorer's system file ``<stem>_gap_system.tsv``."""
+    scorer's system file ``<stem>_gap_system.tsv``.
+
+    A row whose pronoun, A and B do not fit one window of the run's sequence length is, by ``run.long_rows``:
+    truncated around them (the default: a submission lists every ID), left out (skip), or refused (error)."""
     fcfg = run.finetune
     # every row must be predicted (a submission lists every ID), so a bad row is an error, never skipped
     examples = read_gap(input_file, allow_unlabelled=True)
     if not examples:
         raise SparseBertError(f"--input {input_file}: no data rows")
-    features = gap_features(examples, run.tokenizer(), fcfg.max_seq_length, fcfg.gap_head)
+    tokenizer = run.tokenizer()
+    long = long_gap_rows(examples, tokenizer, fcfg.max_seq_length)
+    if long and run.long_rows == "error":
+        raise SparseBertError(f"--input {input_file}: row {long[0]} ({len(long)} row(s) in all): its pronoun, A and "
+                              f"B lie too far apart for max_seq_length {fcfg.max_seq_length}; --long-rows truncate "
+                              "keeps each mention with its context, --long-rows skip leaves such rows out")
+    if long and run.long_rows == "skip":
+        skipped = set(long)
+        examples = [ex for ex in examples if ex.id not in skipped]
+        log.warning("--long-rows skip: %d row(s) left out of the predictions (their mentions lie too far apart for "
+                    "max_seq_length %d): %s", len(long), fcfg.max_seq_length, ", ".join(long[:5])
+                    + (", ..." if len(long) > 5 else ""))
+        if not examples:
+            raise SparseBertError(f"--input {input_file}: --long-rows skip left no row to predict")
+    elif long:
+        log.info("--long-rows truncate: %d row(s) keep each mention with context, the text between left out: %s",
+                 len(long), ", ".join(long[:5]) + (", ..." if len(long) > 5 else ""))
+    features = gap_features(examples, tokenizer, fcfg.max_seq_length, fcfg.gap_head, long_rows="truncate")
     inputs = [c for c in MODEL_INPUTS if c != "labels"]
     model = run.prepare(load_gap_model(run.model_dir, fcfg.gap_head, str(run.config.get("model_source", ""))))
     (logits,) = infer(model, features, default_data_collator, run.eval_batch_size, inputs)

@@ -1,0 +1,35 @@
+"""What the trackers get beyond the Trainer's logs: project names, flattened hparams, one W&B run per run."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+from transformers import TrainerControl, TrainerState, TrainingArguments
+
+import sparsebert.trainer.tracking as tracking
+
+
+def test_the_wandb_project_is_the_experiments_unless_the_user_named_one(monkeypatch):
+    monkeypatch.setattr(tracking, "USER_WANDB_PROJECT", None)
+    assert tracking.wandb_project("tiny_glue/glue_rte/run0") == "tiny_glue"
+    assert tracking.wandb_project("glue_from=a:b") == "glue_from=a-b"  # W&B refuses ':' in a project name
+    monkeypatch.setattr(tracking, "USER_WANDB_PROJECT", "mine")
+    assert tracking.wandb_project("tiny_glue/glue_rte/run0") == "mine"
+
+
+def test_hparams_are_flat_values_tensorboard_takes():
+    flat = tracking.flatten({"sparsity": {"sparsity": 0.8, "include": ["query"], "layers": None}, "seed": 3})
+    assert flat == {"sparsity.sparsity": 0.8, "sparsity.include": '["query"]', "sparsity.layers": "none", "seed": 3}
+
+
+def test_a_new_trainer_finishes_the_previous_wandb_run(monkeypatch, tmp_path):
+    """transformers' WandbCallback reuses an open W&B run: each finetuning run of a process must start its own."""
+    finished = []
+    fake = types.SimpleNamespace(run=object(), finish=lambda: finished.append(True))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    callback = tracking.ExperimentTracking({}, trainer=None)
+    for report_to, count in ((["tensorboard"], 0), (["wandb"], 1)):
+        args = TrainingArguments(output_dir=str(tmp_path), report_to=report_to)
+        callback.on_init_end(args, TrainerState(), TrainerControl())
+        assert len(finished) == count
