@@ -321,14 +321,14 @@ def ours(callbacks: list, experiment: str, tokenizer_path: str, batch: int, step
     from sparse_overhead import random_blocks, time_variant, timing_overrides
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from sparsebert.config import Registry
+    from sparsebert.config import ExperimentRegistry
     from sparsebert.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path)
     overrides = [*timing_overrides(steps, batch, tokenizer_path), f"train.torch_compile={str(compiled).lower()}",
                  *extra]
     data = random_blocks(steps * batch, SEQ, len(tokenizer), tokenizer, seed=0)
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     import torch._inductor.config
 
     backends = (sdpa_kernel([getattr(SDPBackend, name) for name in sdpa_backends]) if sdpa_backends

@@ -200,7 +200,7 @@ def worker(args: argparse.Namespace) -> None:
     from gpu_clocks import ClockSampler
     from sparse_overhead import random_blocks, time_variant, timing_overrides
 
-    from sparsebert.config import Registry
+    from sparsebert.config import ExperimentRegistry
     from sparsebert.data.tokenizer import load_tokenizer
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -208,7 +208,7 @@ def worker(args: argparse.Namespace) -> None:
     global_batch = args.batch * world
     overrides = timing_overrides(args.steps, global_batch, args.tokenizer, args.size)
     data = random_blocks(args.steps * global_batch, 128, len(tokenizer), tokenizer, seed=0)
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     results = []
 
     def overrides_of(variant: str) -> tuple[str, list[str]]:
@@ -342,9 +342,9 @@ def check_variants(args: argparse.Namespace) -> None:
     (inside torchrun it would end as a worker traceback)."""
     from sparse_overhead import timing_overrides, variant_config
 
-    from sparsebert.config import Registry
+    from sparsebert.config import ExperimentRegistry
 
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     compile_items = ["train.torch_compile=true"] if args.compile else []
     for variant in (v for v in args.variants.split(",") if v != PLAIN_DDP):
         experiment, extra = VARIANTS[variant]

@@ -32,7 +32,7 @@ from transformers import TrainerCallback
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from sparsebert.config import Registry  # noqa: E402
+from sparsebert.config import ExperimentRegistry  # noqa: E402
 from sparsebert.data.pretrain import MLMCollator  # noqa: E402
 from sparsebert.data.tokenizer import load_tokenizer  # noqa: E402
 from sparsebert.env_info import git_commit  # noqa: E402
@@ -86,7 +86,7 @@ def timing_overrides(steps: int, global_batch: int, tokenizer: str, size: str = 
             f"model.tokenizer={tokenizer}", f"model.size={size}", *NAMED_SETTINGS_OFF]
 
 
-def variant_config(registry: Registry, name: str, overrides: list[str]):
+def variant_config(registry: ExperimentRegistry, name: str, overrides: list[str]):
     """The config a timed run of experiment ``name`` trains with (a ConfigError if the registry refuses it)."""
     if registry.resolve(name).get("rigl") is not None:
         # a real run updates masks through its first 75 %; this short one must too, inside the timed window
@@ -96,7 +96,7 @@ def variant_config(registry: Registry, name: str, overrides: list[str]):
     return registry.build(name, overrides)
 
 
-def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer, data, warmup: int,
+def time_variant(registry: ExperimentRegistry, name: str, overrides: list[str], tokenizer, data, warmup: int,
                  callbacks: list | None = None) -> dict:
     cfg = variant_config(registry, name, overrides)
     torch.manual_seed(cfg.seed)
@@ -144,7 +144,7 @@ def time_variant(registry: Registry, name: str, overrides: list[str], tokenizer,
     return out
 
 
-def time_upkeep(registry: Registry, tokenizer, size: str, repeats: int = 5) -> dict:
+def time_upkeep(registry: ExperimentRegistry, tokenizer, size: str, repeats: int = 5) -> dict:
     """ms of each part of the mask upkeep of ``sparse_80_rigl`` on BERT-``size`` (median of ``repeats``)."""
     cfg = registry.build("sparse_80_rigl", [f"model.size={size}", "train.max_steps=100000"])
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -205,7 +205,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
 
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     tokenizer = load_tokenizer(args.tokenizer)
     if args.upkeep:
         r = time_upkeep(registry, tokenizer, args.size)

@@ -15,7 +15,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from sparsebert.results import Registry, RunRecord, glue_table
+from sparsebert.results import RunRecord, RunRegistry, glue_table
 from sparsebert.results.stats import sample_std
 
 # dense, dense + KD, downstream pruning to 80 / 90 % + KD, and the fixed-mask transfers from upstream pruning
@@ -37,7 +37,7 @@ TARGETS = {suffix: AT_90 if "90" in suffix else AT_80 for suffix in VARIANTS if 
 def records(root: Path) -> list[RunRecord]:
     found = []
     for path in sorted(root.glob("**/registry.sqlite")):
-        found += Registry(path, read_only=True).runs()
+        found += RunRegistry(path, read_only=True).runs()
     return found
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from sparsebert.results import Registry, glue_table  # noqa: E402
+from sparsebert.results import RunRegistry, glue_table  # noqa: E402
 from sparsebert.results.glue_table import TASK_METRICS  # noqa: E402
 
 SPARSITY_SECTIONS = ("sparsity", "rigl", "gmp")  # what a sparse run may differ in from its dense twin
@@ -85,7 +85,7 @@ def _model_and_lr(experiment: str) -> tuple[str, str | None]:
     return model, lr or None
 
 
-def study_glue_records(registry: Registry):
+def study_glue_records(registry: RunRegistry):
     """The study's GLUE rows at the default learning rate, each labelled with the pretraining run it started from."""
     records = registry.runs(task_prefix="glue:")
     return [dataclasses.replace(r, group=_model_and_lr(r.experiment)[0]) for r in records
@@ -97,7 +97,7 @@ def _rate(lr: str | None) -> str:
     return f"{float(lr or DEFAULT_LR):.0e}"
 
 
-def lr_grid_records(registry: Registry):
+def lr_grid_records(registry: RunRegistry):
     """(the grid: each model's runs of the tasks finetuned at several rates, labelled ``MODEL lr=LR``; each model's
     every task at its best rate, labelled ``MODEL best lr``): the best is the highest mean score over seeds on the
     dev set, so optimistic, and chosen the same way for every model."""
@@ -132,7 +132,7 @@ def main() -> int:
     parser.add_argument("root", type=Path)
     parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
     args = parser.parse_args()
-    registry = Registry.in_output_root(args.root, read_only=True)
+    registry = RunRegistry.in_output_root(args.root, read_only=True)
     parts = ["## MLM", "", mlm_table(registry.runs(task_prefix="mlm"), args.root), ""]
     glue = study_glue_records(registry)
     if glue:

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from sparsebert.cli import main
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "run.py"
@@ -149,7 +149,7 @@ def assert_no_run(case: Case) -> None:
 def test_list_from_another_directory(cases):
     case = cases["list"].wait()
     assert case.returncode == 0, case.stderr
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     listed = {}
     for line in case.stdout.strip().splitlines():
         name, _, description = line.partition("  ")
@@ -541,10 +541,9 @@ def test_list_into_a_closed_pipe_exits_quietly():
 
 @pytest.mark.parametrize("argv", [["--runs"], ["--runs", "--format", "csv"], ["--table", "glue"]])
 def test_runs_and_table_into_a_closed_pipe_exit_quietly(tmp_path, monkeypatch, capsys, argv):
-    from sparsebert.results import Registry as Results
-    from sparsebert.results import RunRecord
+    from sparsebert.results import RunRecord, RunRegistry
 
-    Results.in_output_root(tmp_path).record(RunRecord(
+    RunRegistry.in_output_root(tmp_path).record(RunRecord(
         run_dir=str(tmp_path / "exp/glue_rte/run0"), task="glue:rte", status="done", experiment="exp",
         model="minilm", seed=42, metrics={"accuracy": 0.625, "score": 0.625}))
     write_end = _closed_pipe()

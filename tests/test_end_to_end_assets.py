@@ -13,7 +13,7 @@ import pytest
 from tiny_glue_checks import check_tiny_glue_outputs
 
 from sparsebert.cli import main as cli_main
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.runner import RunOptions, run_experiment
 
 pytestmark = pytest.mark.slow
@@ -28,8 +28,8 @@ FAST = [
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 def test_tiny_pretraining_on_the_asset_corpus(registry, asset_data_dir, tmp_path):

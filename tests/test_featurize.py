@@ -44,7 +44,7 @@ from sparsebert.data.pretrain import (
     pack_documents,
 )
 from sparsebert.data.squad import prepare_train_features, read_squad
-from sparsebert.trainer.finetune.squad import squad_features
+from sparsebert.jobs.finetune.squad import squad_features
 
 CORPUS = "wikipedia-enwiki-2015-wikiextractor"
 BATCH = 64

@@ -31,8 +31,8 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from sparsebert.cli import main as cli_main
-from sparsebert.config import Registry
-from sparsebert.results import Registry as Results
+from sparsebert.config import ExperimentRegistry
+from sparsebert.results import RunRegistry
 from sparsebert.runner import RunOptions, run_experiment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,8 +56,8 @@ TIMINGS = ("train_samples_per_second", "train_runtime_s", "wall_time_s")
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 def run(registry, experiment: tuple[str, list[str]], root: Path, data_dir: Path, resume: bool = False,
@@ -165,7 +165,7 @@ def assert_same_pretraining(root: Path, kind: str, reference: Path) -> None:
     run_dir = root / name
     assert (run_dir / "DONE").is_file()
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == [f"checkpoint-{STEPS}"]  # none past the end
-    (row,) = Results.in_output_root(root).runs(status=None)
+    (row,) = RunRegistry.in_output_root(root).runs(status=None)
     assert (row.status, row.error, row.steps) == ("done", None, STEPS)
     metrics, expected = read_json(run_dir / "metrics.json"), read_json(reference / "metrics.json")
     assert metrics["global_step"] == expected["global_step"] == STEPS
@@ -187,10 +187,10 @@ def test_a_killed_then_terminated_pretraining_run_resumes_to_the_uninterrupted_r
     root, run_dir = tmp_path / "runs", tmp_path / "runs" / experiment[0]
     killed(experiment, root, data_dir, tmp_path, step=3, after_save=True)
     assert (run_dir / "checkpoint-3" / "trainer_state.json").is_file()
-    assert Results.in_output_root(root).runs(status=None)[0].status == "running"  # SIGKILL leaves it so
+    assert RunRegistry.in_output_root(root).runs(status=None)[0].status == "running"  # SIGKILL leaves it so
     terminated(experiment, root, data_dir, capsys, step=6, after_save=True)
     assert sorted(p.name for p in run_dir.glob("checkpoint-*")) == ["checkpoint-6"]
-    (row,) = Results.in_output_root(root).runs(status=None)
+    (row,) = RunRegistry.in_output_root(root).runs(status=None)
     assert (row.status, row.error) == ("failed", "terminated by SIGTERM")
     assert cli_main(["--export", str(run_dir), "--to", str(tmp_path / "export")]) == 2  # says why, not "no model/"
     assert "did not finish: terminated by SIGTERM; finish it with --resume" in capsys.readouterr().err
@@ -234,7 +234,7 @@ def assert_same_finetuning(root: Path, kind: str, reference: Path) -> None:
     assert (experiment_dir / "DONE").is_file()
     summary = read_json(experiment_dir / "metrics.json")
     assert without_timings(summary) == without_timings(read_json(reference / "metrics.json"))
-    rows = Results.in_output_root(root).runs(status=None)
+    rows = RunRegistry.in_output_root(root).runs(status=None)
     assert sorted((r.seed, r.status, r.error) for r in rows) == [(seed, "done", None) for seed in SEEDS]
     for k in range(len(SEEDS)):
         run_dir, expected_dir = experiment_dir / "glue_rte" / f"run{k}", reference / "glue_rte" / f"run{k}"
@@ -251,10 +251,10 @@ def test_a_killed_then_terminated_finetuning_run_resumes_to_the_uninterrupted_re
     experiment = FINETUNING["dense"]
     root = tmp_path / "runs"
     killed(experiment, root, data_dir, tmp_path, step=1, seed=SEEDS[1])
-    statuses = {r.seed: r.status for r in Results.in_output_root(root).runs(status=None)}
+    statuses = {r.seed: r.status for r in RunRegistry.in_output_root(root).runs(status=None)}
     assert statuses == {SEEDS[0]: "done", SEEDS[1]: "running"}
     terminated(experiment, root, data_dir, capsys, step=1, seed=SEEDS[1])
-    statuses = {r.seed: (r.status, r.error) for r in Results.in_output_root(root).runs(status=None)}
+    statuses = {r.seed: (r.status, r.error) for r in RunRegistry.in_output_root(root).runs(status=None)}
     assert statuses == {SEEDS[0]: ("done", None), SEEDS[1]: ("failed", "terminated by SIGTERM")}
     assert cli_main(cli(experiment, root, data_dir, "--resume")) == 0
     assert_same_finetuning(root, "dense", finetuned("dense"))
@@ -279,7 +279,7 @@ def crash_in_summary(runs):
 @pytest.mark.parametrize("kind", FINETUNING)
 def test_a_finetuning_run_stopped_anywhere_resumes_to_the_uninterrupted_result(
         registry, data_dir, finetuned, tmp_path, monkeypatch, kind):
-    from sparsebert.trainer import finetune
+    from sparsebert.jobs.finetune import job as finetune
 
     steps = StepsTrained()
     for k, seed in enumerate(FINETUNING_STOPS[kind]):

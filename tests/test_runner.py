@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparsebert import runner
-from sparsebert.config import Registry, to_dict
+from sparsebert.config import ExperimentRegistry, to_dict
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json
 from sparsebert.runner import DONE, RunOptions, run_experiment
@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def finished_run(root: Path, overrides: list[str]):
-    cfg = Registry.builtin().build("bert_tiny_quick", overrides)
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", overrides)
     run_dir = root / cfg.name
     run_dir.mkdir(parents=True)
     atomic_write_json(run_dir / "config.json", to_dict(cfg))
@@ -34,7 +34,7 @@ def test_a_finished_run_is_skipped_only_with_the_same_settings(tmp_path):
     cfg = finished_run(tmp_path, ["train.max_steps=20"])
     opts = RunOptions(output_root=tmp_path, data_dir=tmp_path)
     assert run_experiment(cfg, opts) is None  # the same settings: nothing to do
-    changed = Registry.builtin().build("bert_tiny_quick", ["train.max_steps=30"])
+    changed = ExperimentRegistry.builtin().build("bert_tiny_quick", ["train.max_steps=30"])
     with pytest.raises(SparseBertError, match=r"holds a finished run of bert_tiny_quick with other settings "
                                               r"\(train.max_steps\); use --overwrite"):
         run_experiment(changed, opts)
@@ -68,7 +68,7 @@ def test_overwrite_trains_a_finished_run_again_in_an_emptied_directory(tmp_path,
 def test_a_run_made_before_a_setting_existed_still_counts_as_the_same(tmp_path, experiment, section, key):
     """config.json of an older version lacks the settings added since: at their default (None for
     stop_after_steps, "zeros" for grow_init) that is no change; at another value it is."""
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     cfg = registry.build(experiment, ["train.max_steps=20"])
     run_dir = tmp_path / cfg.name
     run_dir.mkdir(parents=True)

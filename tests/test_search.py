@@ -18,9 +18,9 @@ import psutil
 import pytest
 
 from sparsebert.cli import main
-from sparsebert.config import ConfigError, Registry
+from sparsebert.config import ConfigError, ExperimentRegistry
 from sparsebert.errors import SparseBertError
-from sparsebert.results import Registry as Results
+from sparsebert.results import RunRegistry
 from sparsebert.search import plan_search, run_search
 from sparsebert.search.metrics import check_metric, default_direction, metric_keys, metric_value
 from sparsebert.search.space import parse_space
@@ -34,11 +34,11 @@ FEW_ROWS = ["--set", "finetune.max_train_samples=32"]
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
-def plan(registry: Registry, root: Path, data_dir: Path, space: str = "tiny", **kwargs):
+def plan(registry: ExperimentRegistry, root: Path, data_dir: Path, space: str = "tiny", **kwargs):
     return plan_search(registry, "tiny_search", space, 2, output_root=root, data_dir=data_dir,
                        **kwargs)
 
@@ -93,7 +93,7 @@ def test_specs_become_the_distributions_they_describe():
      ["finetune.gap_head=sum", "finetune.gap_head must be one of"]),
 ])
 def test_every_key_and_value_of_a_space_is_built_before_any_trial(asset_data_dir, tmp_path, params, words):
-    registry = Registry.builtin()  # its own: the space added here stays in this test
+    registry = ExperimentRegistry.builtin()  # its own: the space added here stays in this test
     registry.add_space("typo", {"params": params})
     with pytest.raises(ConfigError) as e:
         plan(registry, tmp_path, asset_data_dir, space="typo")
@@ -117,7 +117,7 @@ def test_space_names_are_unique_and_looked_up_with_close_names(tmp_path, registr
     for name in ("a.py", "b.py"):
         (tmp_path / name).write_text('SEARCH_SPACES = {"s": {"params": {}}}\n')
     with pytest.raises(ConfigError, match="search space 's'.*twice"):
-        Registry.from_directory(tmp_path)
+        ExperimentRegistry.from_directory(tmp_path)
     with pytest.raises(ConfigError, match="'tinny'.*tiny"):
         registry.space("tinny")
 
@@ -217,7 +217,7 @@ def test_a_users_experiment_file_reaches_the_trials(asset_data_dir, tmp_path, mo
 
     mine = tmp_path / "mine.yaml"
     mine.write_text("my_search: {parent: tiny_search, train: {learning_rate: 5.0e-5}}\n")
-    p = plan_search(Registry.builtin([mine]), "my_search", "tiny", 2, output_root=tmp_path / "out",
+    p = plan_search(ExperimentRegistry.builtin([mine]), "my_search", "tiny", 2, output_root=tmp_path / "out",
                     data_dir=asset_data_dir, experiment_paths=[mine])
     assert p.command_line({}) == f"python run.py my_search --experiments {mine}"
     p.study_dir.mkdir(parents=True)  # (run_search makes it)
@@ -382,7 +382,7 @@ def test_every_trial_is_an_ordinary_run(resumed):
         assert config["name"] == f"search/{STUDY}/trial{k:03d}"
         assert config["finetune"]["max_train_samples"] == 32  # the command's own --set reaches every trial
         assert (run / "glue_rte" / "run0" / "DONE").is_file()
-    records = Results.in_output_root(root, read_only=True).runs()
+    records = RunRegistry.in_output_root(root, read_only=True).runs()
     assert sorted((r.experiment, r.task, r.status) for r in records) == [
         (f"search/{STUDY}/trial{k:03d}", "glue:rte", "done") for k in range(2)]
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparsebert.cli import main as cli_main
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.runner import RunOptions, run_experiment
 
@@ -32,7 +32,7 @@ def test_trained_vocab_is_a_bert_wordpiece_tokenizer(trained):
 
 
 def test_pretraining_runs_with_the_trained_vocab(trained, data_dir, tmp_path):
-    cfg = Registry.builtin().build("bert_tiny_quick", [
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", [
         f"model.tokenizer={trained}", "data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=16",
         "data.max_seq_length=64", "train.global_batch_size=8", "train.max_steps=4", "train.eval_steps=4",
         "train.save_steps=4", "train.report_to=[]"])

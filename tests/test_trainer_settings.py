@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForQuestionAnswering, BertForSequenceClassification, BertModel
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.config.schema import ConfigError
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.gap_heads import HEADS, GapClassifier
@@ -28,8 +28,8 @@ TINY = dict(vocab_size=60, hidden_size=32, num_hidden_layers=2, num_attention_he
 
 
 @pytest.fixture
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 def test_train_ddp_section_reaches_training_arguments(registry, tmp_path):
@@ -216,7 +216,7 @@ def test_cached_flop_count_equals_the_trainers(registry, tmp_path):
 MATMUL_PRECISION_SCENARIO = """
 import sys
 import torch
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.trainer.arguments import training_arguments
 
 # what transformers does for a compiled bf16 run on a GPU (enable_tf32 through the new API); Inductor's matmul
@@ -227,7 +227,7 @@ try:
     print("getter readable before")
 except RuntimeError as e:
     print("getter raised before:", "mix of the legacy and new APIs" in str(e))
-cfg = Registry.builtin().build("bert_tiny_quick", ["train.torch_compile=true"])
+cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", ["train.torch_compile=true"])
 training_arguments(cfg.train, sys.argv[1], cfg.seed, "x")
 print("after:", torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision)
 """

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from transformers import BertForMaskedLM, TrainerCallback
 
 from sparsebert.cli import main
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.errors import SparseBertError
 from sparsebert.export import load_compressed
 from sparsebert.models.bert import BertForMaskedLMAtMasked
@@ -48,8 +48,8 @@ class StopAt(TrainerCallback):
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 def run(registry, name, out: Path, data_dir: Path, extra=(), resume=False, callbacks=None, overwrite=False):
@@ -221,7 +221,7 @@ def test_sparse_resume_skips_a_checkpoint_without_trainer_state(registry, data_d
     assert (run_dir / "checkpoint-20" / "masks.safetensors").is_file()
     assert not (run_dir / "checkpoint-20" / "trainer_state.json").exists()
     steps = CountSparsityUpdates()
-    with caplog.at_level("WARNING", logger="sparsebert.trainer.pretrain"):
+    with caplog.at_level("WARNING", logger="sparsebert.jobs.pretrain"):
         resumed = run(registry, "sparse_tiny_rigl", tmp_path, data_dir, resume=True, callbacks=[steps])
     assert "skipping the incomplete checkpoint" in caplog.text and "checkpoint-20" in caplog.text
     assert steps.steps == list(range(11, 21))  # continued from checkpoint-10

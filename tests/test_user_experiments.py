@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from sparsebert.cli import main
-from sparsebert.config import Registry
-from sparsebert.config.registry import builtin_experiments_dir, origin_of
+from sparsebert.config import ExperimentRegistry
+from sparsebert.config.experiment_registry import builtin_experiments_dir, origin_of
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def test_user_files_derive_from_built_in_parents_and_show_the_origin_of_each_val
     assert rows["seed"] == ("42", "default")
     assert rows["sparsity.distribution"][1] == "default"  # a section the experiment sets: its other keys are defaults
     # the values --show prints are those the run would get
-    cfg = Registry.builtin([user_dir]).build("my_yaml", ["train.epochs=2"])
+    cfg = ExperimentRegistry.builtin([user_dir]).build("my_yaml", ["train.epochs=2"])
     assert (cfg.kd.temperature, cfg.train.learning_rate, cfg.sparsity.sparsity) == (4.0, 3e-5, 0.5)
     assert repr(cfg.sparsity.distribution) == rows["sparsity.distribution"][0]
 
@@ -101,14 +101,14 @@ def test_a_folder_adds_its_experiments_and_search_spaces_to_the_built_in_ones(us
     assert code == 0, err
     listed = dict(line.split(None, 1) for line in out.splitlines())
     assert listed["my_glue"] == "my sparse recipe" and listed["my_yaml"] == "my_glue, hotter KD"
-    assert set(Registry.builtin().names()) < set(listed)
-    assert "my_space" in Registry.builtin([user_dir]).space_names()
+    assert set(ExperimentRegistry.builtin().names()) < set(listed)
+    assert "my_space" in ExperimentRegistry.builtin([user_dir]).space_names()
 
 
 def test_origins_follow_the_merge(tmp_path):
     """A section set to None and then again key by key, a mapping replaced whole, NAME=<run>, --set into a section
     that was None."""
-    reg = Registry({
+    reg = ExperimentRegistry({
         "a": {"kd": {"teacher": "t", "alpha": 0.5}, "finetune": {"runs_per_task": {"rte": 3, "mrpc": 3}}},
         "b": {"parent": "a", "kd": None, "finetune": {"runs_per_task": {"cola": 1}}},
         "c": {"parent": "b", "kd": {"teacher": "u"}},

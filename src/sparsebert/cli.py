@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sparsebert.config import ConfigError, Registry
+from sparsebert.config import ConfigError, ExperimentRegistry
 from sparsebert.errors import SparseBertError, Terminated
 
 OUTPUT_ENV = "SPARSEBERT_OUTPUT"
@@ -297,7 +297,7 @@ def predict(args: argparse.Namespace) -> int:
     if args.experiments:
         raise ConfigError(f"--predict runs no experiment; drop {' '.join(args.experiments)}")
     from sparsebert.console import quiet_progress_bars
-    from sparsebert.trainer.finetune.predict import predict as run_predict
+    from sparsebert.predict import predict as run_predict
 
     quiet_progress_bars()
 
@@ -322,30 +322,30 @@ def _refuse_search_flags(args: argparse.Namespace) -> None:
         raise ConfigError(f"{', '.join(given)}: only with --search EXPERIMENT")
 
 
-def load_registry(args: argparse.Namespace) -> Registry:
+def load_registry(args: argparse.Namespace) -> ExperimentRegistry:
     """The built-in experiments and those of ``--experiments PATH ...``."""
     paths = [path.resolve() for path in args.experiment_paths]  # a trial or torchrun worker may run elsewhere
     missing = [path for path in args.experiment_paths if not path.exists()]
     if missing and (args.table or args.plot):  # --experiments named --table/--plot's rows before it was --only
         raise ConfigError(f"--experiments {missing[0]}: no such file or folder (--table and --plot take their "
                           "experiments or runs with --only NAME ...)")
-    return Registry.builtin(paths)
+    return ExperimentRegistry.builtin(paths)
 
 
-def show_experiment(registry: Registry, args: argparse.Namespace) -> int:
+def show_experiment(registry: ExperimentRegistry, args: argparse.Namespace) -> int:
     """``--show NAME [--set ...]``: every setting of the experiment as built, with its origin (see
-    :meth:`Registry.origins`): first those its parent chain or --set set, then the schema defaults."""
+    :meth:`ExperimentRegistry.origins`): first those its parent chain or --set set, then the schema defaults."""
     if args.experiments:
         raise ConfigError(f"--show prints one experiment and runs none; drop {' '.join(args.experiments)}")
     print(format_experiment(registry, args.show, args.overrides))
     return 0
 
 
-def format_experiment(registry: Registry, name: str, overrides: list[str]) -> str:
+def format_experiment(registry: ExperimentRegistry, name: str, overrides: list[str]) -> str:
     """The text of ``--show``: a header (name, file, parents, description), then one ``key  value  origin`` row
     per setting, the set ones before the defaults."""
     from sparsebert.config import to_dict
-    from sparsebert.config.registry import DEFAULT_ORIGIN, origin_of
+    from sparsebert.config.experiment_registry import DEFAULT_ORIGIN, origin_of
 
     cfg = registry.build(name, overrides)  # validates: a bad --set fails before anything prints
     origins = registry.origins(name, overrides)
@@ -367,7 +367,7 @@ def format_experiment(registry: Registry, name: str, overrides: list[str]) -> st
 
 def _flat_settings(data: dict, schema: type, prefix: str = "") -> list[tuple[str, object]]:
     """(dotted key, value) of every setting in ``data`` (a config's plain form), sections walked into."""
-    from sparsebert.config.registry import section_type
+    from sparsebert.config.experiment_registry import section_type
 
     rows: list[tuple[str, object]] = []
     for key, value in data.items():
@@ -379,7 +379,7 @@ def _flat_settings(data: dict, schema: type, prefix: str = "") -> list[tuple[str
     return rows
 
 
-def search(args: argparse.Namespace, registry: Registry, raise_if_terminated: Callable[[], None]) -> int:
+def search(args: argparse.Namespace, registry: ExperimentRegistry, raise_if_terminated: Callable[[], None]) -> int:
     """``--search``: check the request in full, then run the study's missing trials (see sparsebert.search)."""
     if args.experiments:
         raise ConfigError(f"--search runs one experiment, named by --search; drop {' '.join(args.experiments)}")
@@ -486,7 +486,7 @@ def export(args: argparse.Namespace) -> int:
 
 def list_runs(args: argparse.Namespace) -> int:
     """``--runs [--status S] [--format md|csv|latex]``: every run in the registry, oldest first."""
-    from sparsebert.results import REGISTRY_FILENAME, Registry
+    from sparsebert.results import REGISTRY_FILENAME, RunRegistry
     from sparsebert.results.run_list import runs_table
 
     if not args.runs:
@@ -495,18 +495,18 @@ def list_runs(args: argparse.Namespace) -> int:
     if not (root / REGISTRY_FILENAME).is_file():
         raise SparseBertError(f"no results registry at {root / REGISTRY_FILENAME}: run an experiment first, or "
                               "point --output-dir at the output root that holds it")
-    records = Registry.in_output_root(root, read_only=True).runs(status=args.status)
+    records = RunRegistry.in_output_root(root, read_only=True).runs(status=args.status)
     print(runs_table(records, root, args.format))
     return 0
 
 
 def print_table(root: Path, experiments: list[str] | None, fmt: str, agg: str) -> int:
-    from sparsebert.results import REGISTRY_FILENAME, Registry, glue_table
+    from sparsebert.results import REGISTRY_FILENAME, RunRegistry, glue_table
 
     if not (root / REGISTRY_FILENAME).is_file():
         raise SparseBertError(f"no results registry at {root / REGISTRY_FILENAME}: run a finetuning experiment "
                               "first, or point --output-dir at the output root that holds it")
-    records = Registry.in_output_root(root, read_only=True).runs(experiments=experiments, task_prefix="glue:")
+    records = RunRegistry.in_output_root(root, read_only=True).runs(experiments=experiments, task_prefix="glue:")
     if not records:
         raise SparseBertError(f"the registry in {root} has no finished GLUE runs"
                               + (f" of {', '.join(experiments)}" if experiments else ""))

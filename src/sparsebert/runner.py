@@ -29,7 +29,7 @@ from sparsebert.env_info import environment
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
 from sparsebert.locks import FileLock, LockHeld
-from sparsebert.results import Registry
+from sparsebert.results import RunRegistry
 from sparsebert.results.recording import finished, recorded_run, run_record
 from sparsebert.results.runs import resolve_pretrained
 
@@ -52,14 +52,14 @@ def is_finished(run_dir: Path) -> bool:
 
 def make_job(cfg: ExperimentConfig, opts: RunOptions, callbacks: list | None = None):
     if cfg.task == "mlm":
-        from sparsebert.trainer.pretrain import PretrainJob
+        from sparsebert.jobs.pretrain import PretrainJob
 
         return PretrainJob(cfg, opts.data_dir, opts.output_root, callbacks=list(callbacks or []))
     if cfg.task == "upstream":
-        from sparsebert.trainer.upstream_pruning import UpstreamPruningJob
+        from sparsebert.jobs.upstream_pruning import UpstreamPruningJob
 
         return UpstreamPruningJob(cfg, opts.data_dir, opts.output_root, callbacks=list(callbacks or []))
-    from sparsebert.trainer.finetune import FinetuneJob
+    from sparsebert.jobs.finetune.job import FinetuneJob
 
     return FinetuneJob(cfg, opts.data_dir, opts.output_root, callbacks=list(callbacks or []))
 
@@ -146,7 +146,7 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
         if state.is_main_process:
             atomic_write_json(run_dir / "metrics.json", metrics)
             if row is not None:  # before DONE, as finetuning runs do: a finished run is never missing from it
-                Registry.in_output_root(opts.output_root).record(finished(row, metrics))
+                RunRegistry.in_output_root(opts.output_root).record(finished(row, metrics))
             atomic_write_text(run_dir / DONE, time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
     state.wait_for_everyone()
     return metrics

@@ -19,7 +19,7 @@ from sparsebert.data.squad import (
     split_by_article,
 )
 from sparsebert.errors import SparseBertError
-from sparsebert.trainer.finetune.squad import (
+from sparsebert.jobs.finetune.squad import (
     squad_metrics,
 )
 

@@ -33,13 +33,12 @@ from sparsebert.export import (
 )
 from sparsebert.export.compressed import MASK_SUFFIX, VALUES_SUFFIX, WEIGHTS_NAME
 from sparsebert.io import _UMASK
+from sparsebert.jobs.finetune.gap import load_gap_model
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.gap_heads import HEADS as GAP_HEADS
 from sparsebert.models.gap_heads import GapClassifier
-from sparsebert.results import Registry as Results
-from sparsebert.results import RunRecord
+from sparsebert.results import RunRecord, RunRegistry
 from sparsebert.results.recording import run_key
-from sparsebert.trainer.finetune.gap import load_gap_model
 
 ENCODER_LINEAR = ("attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense",
                   "intermediate.dense", "output.dense")
@@ -220,7 +219,7 @@ def test_an_unfinished_run_is_refused_saying_why_and_to_resume_it(tmp_path: Path
     (run / "checkpoint-50").mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({"task": "mlm"}))
     if status is not None:
-        Results.in_output_root(root).record(RunRecord(run_dir=run_key(run), experiment="bert_tiny_quick", task="mlm",
+        RunRegistry.in_output_root(root).record(RunRecord(run_dir=run_key(run), experiment="bert_tiny_quick", task="mlm",
                                                       model="tiny", seed=42, status=status, error=error))
     for name in ("bert_tiny_quick", str(run)):  # by its name under the output root, and by its path
         assert cli_main(["--export", name, "--to", str(tmp_path / "out"), "--output-dir", str(root)]) == 2
@@ -241,16 +240,16 @@ def test_a_finished_run_without_a_model_is_refused_naming_the_setting(tmp_path: 
 @pytest.mark.slow
 def test_export_of_a_real_sparse_finetuning_run(data_dir, tmp_path: Path, capsys) -> None:
     """A real tiny run (MiniLM on 32 RTE rows, 80 % unstructured sparse) exported through the CLI."""
-    from sparsebert.config import Registry
-    from sparsebert.results import Registry as Results
+    from sparsebert.config import ExperimentRegistry
+    from sparsebert.results import RunRegistry
     from sparsebert.runner import RunOptions, run_experiment
 
-    cfg = Registry.builtin().build("tiny_glue_2to4", [
+    cfg = ExperimentRegistry.builtin().build("tiny_glue_2to4", [
         "finetune.max_train_samples=32", "finetune.max_eval_samples=16", "sparsity.sparsity=0.8", "sparsity.pattern=unstructured"])
     root = tmp_path / "runs"
     run_experiment(cfg, RunOptions(output_root=root, data_dir=data_dir))
     run = root / "tiny_glue_2to4" / "glue_rte" / "run0"
-    (record,) = Results.in_output_root(root).runs(status=None)
+    (record,) = RunRegistry.in_output_root(root).runs(status=None)
     assert (record.status, record.run_dir) == ("done", str(run.resolve()))
     # the run saves its task's labels, and its weights readable as the umask allows (safetensors writes 0600)
     assert json.loads((run / "model" / "config.json").read_text())["id2label"] == {"0": "entailment",

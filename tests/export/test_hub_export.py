@@ -21,7 +21,7 @@ from transformers import (
 from sparsebert.cli import main as cli_main
 from sparsebert.export import onnx as onnx_export
 from sparsebert.io import _UMASK
-from sparsebert.trainer.finetune.glue import load_classifier
+from sparsebert.jobs.finetune.glue import load_classifier
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64}

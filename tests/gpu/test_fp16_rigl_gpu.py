@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import TrainerCallback
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.runner import RunOptions, run_experiment
 from sparsebert.sparsity import rigl_update_due
 from sparsebert.trainer.sparse_training import SparsityCallback
@@ -54,7 +54,7 @@ class ForceOverflow(TrainerCallback):
 
 def test_fp16_overflow_skips_the_rigl_update_and_keeps_masks_exact(data_dir, tmp_path, monkeypatch, tokenizer_dir):
     tokenizer = tokenizer_dir
-    cfg = Registry.builtin().build("sparse_tiny_rigl", [
+    cfg = ExperimentRegistry.builtin().build("sparse_tiny_rigl", [
         f"model.tokenizer={tokenizer}", "train.precision=fp16", f"train.max_steps={STEPS}", "rigl.update_freq=4",
         "data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=32", "data.max_seq_length=64",
         "train.global_batch_size=8", "train.warmup_steps=0", "train.logging_steps=1", "train.eval_steps=1000",

@@ -75,10 +75,10 @@ def test_sparse_pretraining_and_dynamic_padding_finetuning_run_in_fp8(data_dir, 
 
     from safetensors.torch import load_file
 
-    from sparsebert.config import Registry
+    from sparsebert.config import ExperimentRegistry
     from sparsebert.runner import RunOptions, run_experiment
 
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     opts = RunOptions(output_root=tmp_path, data_dir=data_dir)
     fp8 = ["train.precision=fp8", "train.torch_compile=true"]
     run_experiment(registry.build("sparse_tiny_rigl", fp8), opts)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.data.pretrain import MLMCollator
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.models.bert import build_mlm_model
@@ -33,7 +33,7 @@ def _syncs_per_step(async_copy: bool, tokenizer: str) -> dict:
     path = tokenizer
     tokenizer = load_tokenizer(path)
     # a tiny sparse model (the mask hooks run every step) on full-length random blocks
-    cfg = Registry.builtin().build("sparse_80_static", [
+    cfg = ExperimentRegistry.builtin().build("sparse_80_static", [
         "model.size=tiny", f"model.tokenizer={path}", "data.static_mask_count=true",
         f"train.async_batch_copy={str(async_copy).lower()}", "train.max_steps=16", "train.global_batch_size=32",
         "train.warmup_steps=2", "train.eval_at_start=false", "train.eval_steps=1000", "train.save_steps=1000",

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 C
 
 
 def test_one_process_trains_on_one_gpu_with_the_experiment_s_batch(tmp_path):
-    cfg = Registry.builtin().build("bert_tiny_quick", ["train.global_batch_size=8"])
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", ["train.global_batch_size=8"])
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
     assert args.n_gpu == 1 and args.train_batch_size == 8
     model = nn.Linear(4, 4)

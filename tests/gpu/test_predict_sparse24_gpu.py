@@ -17,9 +17,9 @@ import torch
 from kernel_helpers import sparse24_kernel_missing
 from torch import nn
 
-import sparsebert.trainer.finetune.predict as predict_module
+import sparsebert.predict.tasks as predict_module
 from sparsebert.cli import main as cli_main
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.export.sparse24_kernel import Sparse24Linear
 from sparsebert.runner import RunOptions, run_experiment
 
@@ -30,7 +30,7 @@ ROWS = 256  # RTE train rows: trained on, so most are far from a tie
 
 def test_predict_through_the_2to4_kernel_matches_the_masked_dense_model(data_dir, tmp_path, capsys, monkeypatch, minilm_dir):
     path = minilm_dir
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     cfg = registry.build("tiny_glue_2to4", [
         f"model.init_from={path}", "model.num_layers=null", f"model.tokenizer={path}",  # all 6 layers
         f"finetune.max_train_samples={ROWS}",

@@ -25,7 +25,7 @@ from transformers import TrainerCallback
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from sparsebert.config import Registry  # noqa: E402
+from sparsebert.config import ExperimentRegistry  # noqa: E402
 from sparsebert.runner import RunOptions, run_experiment  # noqa: E402
 
 # every Trainer.train starts with a full gc.collect (accelerate's free_memory): keep what the imports made out of
@@ -129,7 +129,7 @@ def reset_records() -> None:
 def run_one(out: str, data_dir: str, name: str, overrides: list[str]) -> None:
     reset_records()
     out_root = Path(out)
-    cfg = Registry.builtin().build(name, overrides)
+    cfg = ExperimentRegistry.builtin().build(name, overrides)
     run_experiment(cfg, RunOptions(output_root=out_root, data_dir=Path(data_dir)),
                    callbacks=[RankDigest(out_root), KillRank()])
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from transformers import BertConfig
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.fast_dropout import HashDropout, _keep_mask, hash_dropout, use_hash_dropout
 from sparsebert.trainer.arguments import training_arguments
@@ -134,7 +134,7 @@ def test_compiled_model_is_one_graph_and_every_weight_gets_its_gradient():
 @pytest.mark.parametrize("on", [True, False])
 def test_the_trainer_converts_the_model_it_trains(tmp_path, on):
     flag = str(on).lower()
-    cfg = Registry.builtin().build("bert_tiny_quick", [f"model.fast_dropout={flag}"])
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", [f"model.fast_dropout={flag}"])
     model, _, _ = _tiny_mlm(0.1)
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)
     SparseBertTrainer(model=prepare_model(model, cfg), args=args, **build_hooks(cfg, model, 10, cfg.seed))

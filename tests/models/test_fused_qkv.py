@@ -10,7 +10,7 @@ import torch
 from transformers import BertConfig, BertForMaskedLM
 from transformers.models.bert.modeling_bert import BertSelfAttention
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.fused_qkv import FusedQKVSelfAttention, use_fused_qkv
 from sparsebert.trainer.prepare import prepare_model
@@ -119,7 +119,7 @@ def test_projections_without_bias_keep_transformers_forward():
 
 @pytest.mark.parametrize("on", [True, False])
 def test_the_experiment_setting_swaps_the_trained_model(on):
-    cfg = Registry.builtin().build("bert_tiny_quick", [f"model.fused_qkv={str(on).lower()}"])
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", [f"model.fused_qkv={str(on).lower()}"])
     model, _ = _pair()
     prepare_model(model, cfg)
     assert any(type(m) is FusedQKVSelfAttention for m in model.modules()) == on

@@ -179,7 +179,7 @@ def test_real_minilm_learns_four_rows(head, minilm, real_batch):
 def test_a_saved_run_with_fewer_layers_than_its_encoder_source_loads_back(minilm_path, tmp_path):
     """A GAP run with model.num_layers=2 saves a 2-layer state dict; the loader builds the encoder from the
     6-layer source's config with as many layers as the weights have, and every weight comes back."""
-    from sparsebert.trainer.finetune.gap import load_gap_model
+    from sparsebert.jobs.finetune.gap import load_gap_model
 
     model = GapClassifier.from_pretrained_encoder(minilm_path, "mul", encoder_kwargs={"num_hidden_layers": 2})
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / "model.safetensors"))

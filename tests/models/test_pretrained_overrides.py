@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from sparsebert.config.sections import ModelConfig
+from sparsebert.jobs.finetune.glue import load_classifier
 from sparsebert.models.pretrained import pretrained_kwargs
-from sparsebert.trainer.finetune.glue import load_classifier
 
 
 def test_dropouts_and_attention_reach_a_pretrained_classifier(minilm_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from module_loading import load_module
 
-from sparsebert.results import Registry, RunRecord
+from sparsebert.results import RunRecord, RunRegistry
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "pretrain_study_table.py"
 
@@ -19,7 +19,7 @@ def _script():
 
 
 def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):
-    registry = Registry.in_output_root(tmp_path)
+    registry = RunRegistry.in_output_root(tmp_path)
     registry.record(RunRecord(run_dir="/elsewhere/out/dense", experiment="dense", task="mlm", model="medium", seed=42,
                               status="done", metrics={"eval_loss": 3.0, "global_step": 8000, "masked_accuracy": 0.5,
                                                       "train_samples_per_second": 9000.0,
@@ -47,7 +47,7 @@ def test_one_glue_row_per_pretrained_model_and_every_mlm_run(tmp_path):
         [{"eval_loss": 10.4, "step": 0}, {"loss": 7.0, "step": 50}, {"eval_loss": 6.1, "step": 500},
          {"eval_loss": 5.2, "step": 1000}, {"eval_loss": 4.0, "step": 1500}]))
     script = _script()
-    reader = Registry.in_output_root(tmp_path, read_only=True)
+    reader = RunRegistry.in_output_root(tmp_path, read_only=True)
     mlm = script.mlm_table(reader.runs(task_prefix="mlm"), tmp_path)  # the run copied here from elsewhere
     assert "| `dense` | 8000 | 3.000 | – | 20.1 | 50.0 % | dense | 9000 | 0 | 1000 |" in mlm
     glue = script.study_glue_records(reader)
@@ -72,13 +72,13 @@ def test_a_sparse_run_is_compared_with_the_dense_run_that_differs_in_sparsity_al
     sparse = {"sparsity": {"sparsity": 0.8}, "gmp": {"end_fraction": 0.9}}
     runs = {"dense": (base, None, 2.661), "dense_nokd": ({**base, "kd": None}, None, 3.0),
             "gmp": ({**base, **sparse}, 0.8, 2.758), "gmp_seed43": ({**base, **sparse, "seed": 43}, 0.8, 2.624)}
-    registry = Registry.in_output_root(tmp_path)
+    registry = RunRegistry.in_output_root(tmp_path)
     for name, (config, sparsity, loss) in runs.items():
         (tmp_path / name).mkdir()
         (tmp_path / name / "config.json").write_text(json.dumps({"name": name, "description": name, **config}))
         registry.record(RunRecord(run_dir=str(tmp_path / name), experiment=name, task="mlm", model="medium",
                                   seed=config["seed"], status="done", sparsity=sparsity,
                                   metrics={"eval_loss": loss, "global_step": 8000}))
-    mlm = _script().mlm_table(Registry.in_output_root(tmp_path, read_only=True).runs(task_prefix="mlm"), tmp_path)
+    mlm = _script().mlm_table(RunRegistry.in_output_root(tmp_path, read_only=True).runs(task_prefix="mlm"), tmp_path)
     gap = {line.split(" | ")[0].strip("| `"): line.split(" | ")[3] for line in mlm.splitlines()[2:]}
     assert gap == {"dense": "–", "dense_nokd": "–", "gmp": "+0.097", "gmp_seed43": "no twin"}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from trainer_helpers import TrainLogs
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.runner import RunOptions, run_experiment
 
 NO_DROPOUT = ["model.hidden_dropout=0", "model.attention_dropout=0"]
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 
 def first_step(data_dir: Path, out: Path, name: str, overrides: list[str]) -> dict:
-    cfg = Registry.builtin().build(name, overrides)
+    cfg = ExperimentRegistry.builtin().build(name, overrides)
     log = TrainLogs()
     run_experiment(cfg, RunOptions(output_root=out, data_dir=data_dir), callbacks=[log])
     return log.logs[0]
@@ -46,7 +46,7 @@ def test_distillation_term_does_not_grow_with_accumulation(data_dir, tmp_path):
     fast = [*NO_DROPOUT, "data.max_files=1", "data.eval_documents=4", "data.max_eval_samples=16",
             "data.max_seq_length=64", "train.eval_at_start=false", "train.eval_steps=100", "train.save_steps=100",
             "train.report_to=[]", "train.logging_steps=1", "train.warmup_steps=0", "train.max_steps=2"]
-    run_experiment(Registry.builtin().build("bert_tiny_quick", fast),
+    run_experiment(ExperimentRegistry.builtin().build("bert_tiny_quick", fast),
                    RunOptions(output_root=tmp_path / "teacher", data_dir=data_dir))
     teacher = str(tmp_path / "teacher" / "bert_tiny_quick")
     kd = [*fast, f"kd.teacher={teacher}", "kd.alpha=1.0", "train.global_batch_size=16"]

@@ -8,7 +8,7 @@ import torch
 from trainer_helpers import TrainLogs
 from transformers import BertConfig
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.clipping import total_norm
@@ -34,7 +34,7 @@ def sentences(data_dir, tokenizer) -> list[dict]:
 
 
 def _train(tmp_path, sentences, vocab: int, *overrides: str):
-    cfg = Registry.builtin().build("bert_tiny_quick", [
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", [
         f"train.max_steps={STEPS}", "train.global_batch_size=8", "train.logging_steps=1", "train.report_to=[]",
         "train.dataloader_workers=0", "train.learning_rate=1e-3", *overrides])
     torch.manual_seed(0)

@@ -12,7 +12,7 @@ import accelerate.accelerator
 import pytest
 from trainer_helpers import TrainLogs
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.runner import RunOptions, run_experiment
 
 TINY = [
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 def train_losses(data_dir: Path, out: Path, extra: list[str]) -> list[float]:
-    cfg = Registry.builtin().build("bert_tiny_quick", TINY + extra)
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", TINY + extra)
     log = TrainLogs()
     run_experiment(cfg, RunOptions(output_root=out, data_dir=data_dir), callbacks=[log])
     return log.losses
@@ -73,7 +73,7 @@ def finetune_compiles(data_dir: Path, out: Path, monkeypatch, extra: list[str]) 
     monkeypatch.setattr(torch, "compile", eager_backend_compile)
     torch._dynamo.reset()
     counters.clear()
-    cfg = Registry.builtin().build("tiny_glue", [
+    cfg = ExperimentRegistry.builtin().build("tiny_glue", [
         'finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=44",
         "finetune.max_eval_samples=8", "finetune.save_model=false", "train.global_batch_size=8", "train.epochs=1",
         "train.torch_compile=true", *extra])
@@ -98,7 +98,7 @@ def test_drop_last_batch_makes_every_batch_one_size(data_dir, tmp_path, monkeypa
     steps = {}
     for drop in (False, True):
         logs = TrainLogs()
-        cfg = Registry.builtin().build("tiny_glue", [
+        cfg = ExperimentRegistry.builtin().build("tiny_glue", [
             'finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=44",
             "finetune.max_eval_samples=8", "finetune.save_model=false", "train.global_batch_size=8",
             "train.epochs=1", "train.logging_steps=1", f"train.drop_last_batch={str(drop).lower()}"])
@@ -116,7 +116,7 @@ def test_one_shape_compiled_finetuning_matches_eager(data_dir, tmp_path):
     the same run in eager mode. Dropout is off, as above."""
     def losses(extra: list[str], out: Path) -> list[float]:
         logs = TrainLogs()
-        cfg = Registry.builtin().build("tiny_glue", [
+        cfg = ExperimentRegistry.builtin().build("tiny_glue", [
             'finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=44",
             "finetune.max_eval_samples=8", "finetune.save_model=false", "train.global_batch_size=8",
             "train.epochs=1", "train.logging_steps=1", "finetune.pad_to_multiple_of=128",
@@ -133,7 +133,7 @@ def test_one_shape_compiled_finetuning_matches_eager(data_dir, tmp_path):
 def test_drop_last_batch_refuses_a_training_set_smaller_than_one_batch(data_dir, tmp_path):
     from sparsebert.errors import SparseBertError
 
-    cfg = Registry.builtin().build("tiny_glue", [
+    cfg = ExperimentRegistry.builtin().build("tiny_glue", [
         'finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=4",
         "finetune.max_eval_samples=8", "finetune.save_model=false", "train.global_batch_size=8",
         "train.drop_last_batch=true"])
@@ -145,7 +145,7 @@ def test_drop_last_batch_refuses_pretraining_data_smaller_than_one_batch(data_di
     """Without the check the Trainer runs no step, logs a warning and the run reports success."""
     from sparsebert.errors import SparseBertError
 
-    cfg = Registry.builtin().build("bert_tiny_quick", [
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", [
         *TINY, "data.max_documents=3", "data.eval_documents=1", "train.global_batch_size=512",
         "train.drop_last_batch=true"])
     with pytest.raises(SparseBertError, match=r"training rows are fewer than one batch of 512 per device x 1"):
@@ -167,7 +167,7 @@ def test_static_mask_count_pretrains_like_the_exact_decoder(data_dir, tmp_path):
 def test_static_mask_count_distills_like_the_exact_decoder(data_dir, tmp_path):
     """With kd the student's filler rows have no teacher row: only the masked rows are distilled, so the losses
     equal the exact decoder's (alpha 1: the logged loss is the distillation term alone)."""
-    teacher_cfg = Registry.builtin().build("bert_tiny_quick", [*TINY, "train.max_steps=2"])
+    teacher_cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", [*TINY, "train.max_steps=2"])
     run_experiment(teacher_cfg, RunOptions(output_root=tmp_path / "teacher", data_dir=data_dir))
     kd = [f"kd.teacher={tmp_path / 'teacher' / 'bert_tiny_quick'}", "kd.alpha=1.0"]
     exact = train_losses(data_dir, tmp_path / "exact", kd)
@@ -181,10 +181,10 @@ def test_static_mask_count_distills_like_the_exact_decoder(data_dir, tmp_path):
 def test_schedule_length_is_the_trainers_step_count(data_dir, tmp_path, per_device, drop):
     """RigL / GMP lay their schedules over total_optimizer_steps: it must count what the Trainer runs, also when
     the short last micro-batch is dropped under gradient accumulation (44 rows, global batch 8)."""
-    from sparsebert.trainer.finetune.common import total_optimizer_steps
+    from sparsebert.jobs.finetune.common import total_optimizer_steps
 
     logs = TrainLogs()
-    cfg = Registry.builtin().build("tiny_glue", [
+    cfg = ExperimentRegistry.builtin().build("tiny_glue", [
         'finetune.glue_tasks=["rte"]', "finetune.runs_per_task={}", "finetune.max_train_samples=44",
         "finetune.max_eval_samples=8", "finetune.save_model=false", "train.global_batch_size=8",
         f"train.per_device_batch_size={per_device}", "train.epochs=1", "train.logging_steps=1",

@@ -12,7 +12,7 @@ from torchao.float8.float8_linear import Float8Linear
 from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
 import sparsebert.trainer.prepare as prepare
-from sparsebert.config import ConfigError, Registry
+from sparsebert.config import ConfigError, ExperimentRegistry
 from sparsebert.errors import SparseBertError
 from sparsebert.models.fused_qkv import FusedQKVSelfAttention
 from sparsebert.runner import check_train_settings
@@ -20,8 +20,8 @@ from sparsebert.trainer.fp8 import use_fp8_matmuls
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 def tiny_bert(cls=BertForMaskedLM, seed: int = 0, hidden: int = 32, intermediate: int = 64, layers: int = 2):

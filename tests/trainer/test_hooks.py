@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 from transformers import BertConfig, BertForMaskedLM
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.errors import SparseBertError
 from sparsebert.trainer.hooks import build_hooks
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from transformers import BertConfig
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
@@ -74,7 +74,7 @@ def test_without_autocast_nothing_changes():
 
 @pytest.mark.parametrize("on", [True, False])
 def test_the_trainer_converts_the_model_it_trains(tmp_path, on):
-    cfg = Registry.builtin().build(
+    cfg = ExperimentRegistry.builtin().build(
         "bert_tiny_quick", [f"model.half_precision_residual={str(on).lower()}"])
     model, _, _ = _model_and_batch()
     args = training_arguments(cfg.train, tmp_path, cfg.seed, "x", finetune=True, evaluate=False)

@@ -13,10 +13,10 @@ from safetensors.torch import save_file
 from transformers import BertConfig, BertForMaskedLM, TrainingArguments
 
 from sparsebert.errors import SparseBertError
+from sparsebert.jobs.pretrain import last_complete_checkpoint, load_masks
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.sparsity import SparsityConfig, SparsityController
 from sparsebert.sparsity.persistence import MASKS_FILE, STATE_FILE
-from sparsebert.trainer.pretrain import last_complete_checkpoint, load_masks
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.errors import SparseBertError
 from sparsebert.trainer.hooks import build_hooks
 
@@ -18,7 +18,7 @@ TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_att
 @pytest.fixture(scope="module")
 def cfg():
 
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     return registry.build("tiny_glue_sparse80")
 
 
@@ -45,7 +45,7 @@ def test_a_teacher_of_another_shape_is_one_error(cfg):
 
 def test_hidden_state_distillation_checks_the_teacher_s_shape_before_training():
 
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     cfg = registry.build("tiny_glue_sparse80", ["kd.hidden_weight=1.0"])
     deeper = BertConfig(**{**TINY.to_dict(), "num_hidden_layers": 3})
     with pytest.raises(SparseBertError, match=r"kd.hidden_weight needs a teacher of the student's shape .*\(2, 32\)"):

@@ -54,7 +54,7 @@ PIPELINE_LOAD = """from transformers import pipeline
 classify = pipeline("text-classification", model="{name}")
 classify("a charming and often affecting journey")  # [{{'label': ..., 'score': ...}}]
 """
-GAP_LOAD = """from sparsebert.trainer.finetune.gap import load_gap_model
+GAP_LOAD = """from sparsebert.jobs.finetune.gap import load_gap_model
 model = load_gap_model("{name}", "{head}", "{name}")  # the GAP head takes span indices: no pipeline
 """
 COMPRESSED_USAGE = """## Use
@@ -100,13 +100,13 @@ def resolve_run(run: str, root: Path) -> Path:
 def why_unfinished(run_dir: Path, root: Path) -> str:
     """What the results registry says about a run without ``DONE``: failed with its error (``terminated by
     SIGTERM``), or running (still training, or killed); "has not finished" where no registry has it."""
-    from sparsebert.results import REGISTRY_FILENAME, Registry
+    from sparsebert.results import REGISTRY_FILENAME, RunRegistry
     from sparsebert.results.recording import run_key
 
     # the output root's registry, or the one of the output root the run lies in (a run named by its path)
     for registry in [root / REGISTRY_FILENAME, *(p / REGISTRY_FILENAME for p in run_dir.resolve().parents)]:
         try:
-            record = Registry(registry, read_only=True).get(run_key(run_dir)) if registry.is_file() else None
+            record = RunRegistry(registry, read_only=True).get(run_key(run_dir)) if registry.is_file() else None
         except SparseBertError:  # an unreadable registry says nothing about the run
             continue
         if record is not None and record.status == "failed":

@@ -2,6 +2,6 @@
 lookup (``runs``: a run name -> the model it exported)."""
 
 from sparsebert.results.glue_table import glue_table
-from sparsebert.results.registry import REGISTRY_FILENAME, Registry, RunRecord
+from sparsebert.results.run_registry import REGISTRY_FILENAME, RunRecord, RunRegistry
 
-__all__ = ["REGISTRY_FILENAME", "Registry", "RunRecord", "glue_table"]
+__all__ = ["REGISTRY_FILENAME", "RunRegistry", "RunRecord", "glue_table"]

@@ -56,7 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparsebert.errors import SparseBertError
-from sparsebert.results.registry import RunRecord
+from sparsebert.results.run_registry import RunRecord
 from sparsebert.results.stats import sample_std
 
 TASKS = ("cola", "mnli", "mrpc", "qnli", "qqp", "rte", "sst2", "stsb", "wnli")

@@ -1,4 +1,4 @@
-"""Registry rows over a run's life: ``running`` from its start, then ``done`` or ``failed`` with the error.
+"""RunRegistry rows over a run's life: ``running`` from its start, then ``done`` or ``failed`` with the error.
 
 A run killed outright (SIGKILL, a node lost) cannot record anything and stays ``running``; ``--runs`` shows it so,
 and ``--resume`` or ``--overwrite`` records it again when it restarts. Only the main process of a multi-process
@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sparsebert.results.registry import Registry, RunRecord
+from sparsebert.results.run_registry import RunRecord, RunRegistry
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def recorded_run(output_root: Path, record: RunRecord, write: bool = True) -> It
     if not write:
         yield
         return
-    registry = Registry.in_output_root(output_root)
+    registry = RunRegistry.in_output_root(output_root)
     registry.record(dataclasses.replace(record, status="running", error=None))
     try:
         yield

@@ -9,7 +9,7 @@ from sparsebert.config import PRETRAINING_TASKS
 from sparsebert.console import duration
 from sparsebert.errors import SparseBertError
 from sparsebert.results.glue_table import FORMATS, csv_table, latex_tabular, markdown_table
-from sparsebert.results.registry import RunRecord
+from sparsebert.results.run_registry import RunRecord
 
 # the headline metric of a run: pretraining's eval loss, else the first of these a finetuning run reports
 FINETUNE_HEADLINES = ("score", "f1", "accuracy", "matthews_corr")

@@ -11,7 +11,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution
 
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.errors import SparseBertError
 from sparsebert.search.metrics import check_metric, default_direction, default_metric
 from sparsebert.search.space import check_space_keys, parse_space, set_item
@@ -72,7 +72,7 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def plan_search(registry: Registry, experiment: str, space: str, trials: int, *, output_root: Path,
+def plan_search(registry: ExperimentRegistry, experiment: str, space: str, trials: int, *, output_root: Path,
                 data_dir: Path | None, experiment_paths: list[Path] | None = None, overrides: list[str] | None = None,
                 metric: str | None = None, direction: str | None = None, parallel: int | None = None,
                 study: str | None = None) -> SearchPlan:
@@ -107,7 +107,7 @@ def plan_search(registry: Registry, experiment: str, space: str, trials: int, *,
         raise SparseBertError(f"--parallel {parallel}: need at least 1")
     metric = metric or default_metric(cfg)
     if cfg.is_finetuning:
-        from sparsebert.trainer.finetune import task_list
+        from sparsebert.jobs.finetune.job import task_list
 
         check_metric(metric, cfg, task_list(cfg, data_dir))
     else:

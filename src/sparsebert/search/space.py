@@ -6,7 +6,7 @@ from typing import Any
 
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 
-from sparsebert.config import ConfigError, Registry
+from sparsebert.config import ConfigError, ExperimentRegistry
 
 SPEC_KEYS = {
     "float": {"type", "low", "high", "log"},
@@ -95,7 +95,7 @@ def set_item(key: str, value: Any) -> str:
     return f"{key}={text}"
 
 
-def check_space_keys(registry: Registry, experiment: str, space: str, overrides: list[str],
+def check_space_keys(registry: ExperimentRegistry, experiment: str, space: str, overrides: list[str],
                      distributions: dict[str, BaseDistribution]) -> None:
     """Build the experiment with each parameter at its ends (and every choice) so that a misspelled or
     misplaced key, or a range the experiment refuses, fails now in the registry's words, not in every trial.

@@ -115,7 +115,7 @@ class RunRecord:
         return self.group or self.experiment
 
 
-class Registry:
+class RunRegistry:
     """The run registry stored in one SQLite file; see the module docstring for the concurrency design."""
 
     def __init__(
@@ -144,7 +144,7 @@ class Registry:
         self._with_retry(self._initialize)
 
     @classmethod
-    def in_output_root(cls, output_root: str | os.PathLike, **kwargs: Any) -> Registry:
+    def in_output_root(cls, output_root: str | os.PathLike, **kwargs: Any) -> RunRegistry:
         """The registry of an output root: ``<output_root>/registry.sqlite``."""
         return cls(Path(output_root) / REGISTRY_FILENAME, **kwargs)
 

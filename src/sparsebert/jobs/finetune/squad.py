@@ -27,7 +27,7 @@ from sparsebert.data.squad import (
     split_by_article,
 )
 from sparsebert.io import atomic_write_json
-from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, make_trainer
+from sparsebert.jobs.finetune.common import FinetuneContext, finish_run, make_trainer
 
 logger = logging.getLogger(__name__)
 

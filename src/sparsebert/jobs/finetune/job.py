@@ -23,15 +23,15 @@ from sparsebert.data.glue import available_glue_tasks, get_glue_task
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
+from sparsebert.jobs.finetune.common import FinetuneContext, read_metrics
+from sparsebert.jobs.finetune.csv_task import load_csv, run_csv
+from sparsebert.jobs.finetune.gap import load_gap, run_gap
+from sparsebert.jobs.finetune.glue import load_glue_task, run_glue
+from sparsebert.jobs.finetune.squad import load_squad, run_squad
 from sparsebert.results.recording import recorded_run, run_record
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.results.stats import sample_std
 from sparsebert.sparsity import SparsityConfig
-from sparsebert.trainer.finetune.common import FinetuneContext, read_metrics
-from sparsebert.trainer.finetune.csv_task import load_csv, run_csv
-from sparsebert.trainer.finetune.gap import load_gap, run_gap
-from sparsebert.trainer.finetune.glue import load_glue_task, run_glue
-from sparsebert.trainer.finetune.squad import load_squad, run_squad
 
 log = logging.getLogger(__name__)
 

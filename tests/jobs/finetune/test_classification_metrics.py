@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import f1_score, matthews_corrcoef, precision_score, recall_score
 
-from sparsebert.trainer.finetune.classification_metrics import classification_metrics, plot_confusion_matrix
+from sparsebert.jobs.finetune.classification_metrics import classification_metrics, plot_confusion_matrix
 
 
 def test_binary_by_hand():
@@ -84,7 +84,7 @@ def test_gap_and_csv_runs_import_matplotlib_only_to_plot():
     from pathlib import Path
 
     src = str(Path(__file__).resolve().parents[3] / "src")
-    code = (f"import sys; sys.path.insert(0, {src!r}); import sparsebert.trainer.finetune.gap, sparsebert.trainer.finetune.csv_task; "
+    code = (f"import sys; sys.path.insert(0, {src!r}); import sparsebert.jobs.finetune.gap, sparsebert.jobs.finetune.csv_task; "
             "print(sorted(m for m in sys.modules if m.startswith('matplotlib')))")
     # without WANDB_MODE, which an earlier test's training_arguments may have left set (transformers then prints
     # "Running in WANDB offline mode" on import)

@@ -11,8 +11,8 @@ import pytest
 from tiny_glue_checks import check_tiny_glue_outputs
 
 from sparsebert.cli import main as cli_main
-from sparsebert.config import Registry
-from sparsebert.results import Registry as Results
+from sparsebert.config import ExperimentRegistry
+from sparsebert.results import RunRegistry
 from sparsebert.runner import RunOptions, run_experiment
 
 pytestmark = pytest.mark.slow
@@ -24,8 +24,8 @@ FEW_TRAIN_ROWS = ["finetune.max_train_samples=32"]
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_tiny_glue_writes_every_run_and_registers_it(glue_root, data_dir):
     seeds = [json.loads((root / r / "config.json").read_text())["seed"]
              for r in ("glue_rte/run0", "glue_rte/run1", "glue_stsb/run0")]
     assert seeds == [42, 43, 42]
-    records = Results.in_output_root(glue_root).runs(experiments=["tiny_glue"])
+    records = RunRegistry.in_output_root(glue_root).runs(experiments=["tiny_glue"])
     assert sorted((r.task, r.seed) for r in records) == [("glue:rte", 42), ("glue:rte", 43), ("glue:stsb", 42)]
     summary = json.loads((root / "metrics.json").read_text())
     assert summary["glue:rte"]["runs"] == 2 and (root / "DONE").is_file()
@@ -276,7 +276,7 @@ def test_sparse_recipe_prunes_the_teacher_and_rewinds_the_learning_rate(registry
 
 
 def test_finetuning_a_run_pretrained_with_rescale_init_reads_its_masks_from_zeros(tmp_path):
-    from sparsebert.trainer.finetune import sparsity_of_run
+    from sparsebert.jobs.finetune.job import sparsity_of_run
 
     run = tmp_path / "small_wiki_sparse_80_rigl_rescaled"
     run.mkdir()

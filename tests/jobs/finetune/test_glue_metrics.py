@@ -8,12 +8,12 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 
 from sparsebert.errors import SparseBertError
-from sparsebert.trainer.finetune import summarize
-from sparsebert.trainer.finetune.glue import (
+from sparsebert.jobs.finetune.glue import (
     glue_leaderboard_filename,
     glue_metrics,
     write_glue_test_predictions,
 )
+from sparsebert.jobs.finetune.job import summarize
 
 
 def test_metrics_cola_against_sklearn_and_by_hand():

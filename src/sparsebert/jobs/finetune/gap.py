@@ -17,9 +17,9 @@ from transformers import default_data_collator
 from sparsebert.data.gap import GapExample, gap_features, read_gap
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_text
+from sparsebert.jobs.finetune.classification_metrics import plot_confusion_matrix
+from sparsebert.jobs.finetune.common import FinetuneContext, finish_run, make_trainer, softmax
 from sparsebert.models.gap_heads import GapClassifier, encoder_config
-from sparsebert.trainer.finetune.classification_metrics import plot_confusion_matrix
-from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, make_trainer, softmax
 
 MODEL_INPUTS = ["input_ids", "attention_mask", "token_type_ids", "p_idx", "a_idx", "b_idx", "labels"]
 

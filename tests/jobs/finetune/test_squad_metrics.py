@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 
-from sparsebert.trainer.finetune.squad import (
+from sparsebert.jobs.finetune.squad import (
     best_null_thresholds,
     normalize_answer,
     squad_metrics,

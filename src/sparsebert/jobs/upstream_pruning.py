@@ -23,12 +23,12 @@ from sparsebert.data.pretrain import build_pretrain_data
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
+from sparsebert.jobs.pretrain import PretrainJob
 from sparsebert.models.pretrained import pretrained_kwargs
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.trainer.distillation import attention_loss, hidden_state_loss, prepare_teacher
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.prepare import prepare_model
-from sparsebert.trainer.pretrain import PretrainJob
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 

@@ -11,7 +11,7 @@ from sklearn.metrics import accuracy_score, confusion_matrix, log_loss, precisio
 
 from sparsebert.data.gap import GapExample
 from sparsebert.errors import SparseBertError
-from sparsebert.trainer.finetune.gap import gap_metrics, write_gap_system_file, write_kaggle_submission
+from sparsebert.jobs.finetune.gap import gap_metrics, write_gap_system_file, write_kaggle_submission
 
 
 def _raw_rows(path) -> list[list[str]]:

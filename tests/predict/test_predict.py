@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparsebert.cli import main as cli_main
-from sparsebert.config import Registry
+from sparsebert.config import ExperimentRegistry
 from sparsebert.data.csv_task import CsvTaskConfig, read_csv_task
 from sparsebert.data.gap import read_gap
 from sparsebert.data.squad import read_squad
@@ -26,7 +26,7 @@ FEW_TRAIN_ROWS = ["finetune.max_train_samples=32"]  # as in test_finetune: nothi
 def _finished(experiment: str, overrides: list[str], run: str, data_dir: Path, tmp_path_factory) -> Path:
     """The run directory ``run`` of ``experiment`` trained once with FEW_TRAIN_ROWS."""
     out = tmp_path_factory.mktemp(experiment)
-    registry = Registry.builtin()
+    registry = ExperimentRegistry.builtin()
     run_experiment(registry.build(experiment, [*FEW_TRAIN_ROWS, *overrides]),
                    RunOptions(output_root=out, data_dir=data_dir))
     return out / experiment / run
@@ -299,7 +299,7 @@ def no_model(monkeypatch):
     """Every loader and featurizer --predict calls fails the test if called."""
     from transformers import AutoModelForQuestionAnswering
 
-    import sparsebert.trainer.finetune.predict as predict
+    import sparsebert.predict.tasks as predict
 
     def loaded(*args, **kwargs):
         raise AssertionError("the model or the tokenizer was loaded, or the input featurized")
@@ -356,7 +356,7 @@ def test_a_squad_question_that_is_not_text_is_refused_before_the_model_loads(tmp
 def test_an_unreadable_input_is_refused_before_the_model_loads(data_dir, tmp_path, capsys, no_model, monkeypatch):
     import os
 
-    import sparsebert.trainer.finetune.predict as predict
+    import sparsebert.predict.finished_run as predict
 
     run = _run_without_a_model(tmp_path, "glue:rte")
     rte = tmp_path / "rte.tsv"
@@ -416,3 +416,10 @@ def test_gap_rows_with_mentions_too_far_apart(gap_run, data_dir, tmp_path, capsy
     assert (tmp_path / "skip.csv").read_text().splitlines() == [submission[0], submission[1], submission[3]]
     _refused(capsys, ["--predict", str(gap_run), "--input", str(test), "--long-rows", "error"],
              f"row {ids[1]} (1 row(s) in all)")
+
+
+def test_every_task_with_a_predictor_has_an_output_format():
+    from sparsebert.predict.finished_run import EXTENSIONS
+    from sparsebert.predict.tasks import PREDICTORS
+
+    assert PREDICTORS.keys() == EXTENSIONS.keys()

@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import BertConfig, BertModel
 
-from sparsebert.config import ConfigError, Registry
-from sparsebert.results import Registry as Results
+from sparsebert.config import ConfigError, ExperimentRegistry
+from sparsebert.jobs.upstream_pruning import EncoderDistillation
+from sparsebert.results import RunRegistry
 from sparsebert.runner import RunOptions, run_experiment
 from sparsebert.sparsity import DEFAULT_INCLUDE
 from sparsebert.trainer.distillation import attention_loss
-from sparsebert.trainer.upstream_pruning import EncoderDistillation
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,8 @@ def selected(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +91,7 @@ def test_transfer_keeps_the_upstream_zeros_bit_for_bit(root):
         config = json.loads((model_dir / "config.json").read_text())
         assert (config["hidden_dropout_prob"], config["attention_probs_dropout_prob"]) == (dropout, dropout)
     # the upstream run's eval loss is a distance to its teacher: not recorded as the model's MLM loss
-    (row,) = Results.in_output_root(root).runs(experiments=["tiny_glue_from_upstream"])
+    (row,) = RunRegistry.in_output_root(root).runs(experiments=["tiny_glue_from_upstream"])
     assert row.pretrain_metrics == {}
 
 

@@ -18,17 +18,17 @@ import pytest
 
 from sparsebert import runner
 from sparsebert.cli import main as cli_main
-from sparsebert.config import Registry as Experiments
+from sparsebert.config import ExperimentRegistry
 from sparsebert.errors import SparseBertError
-from sparsebert.results import REGISTRY_FILENAME, Registry, RunRecord
-from sparsebert.results.registry import _MIGRATIONS, SCHEMA_VERSION
+from sparsebert.results import REGISTRY_FILENAME, RunRecord, RunRegistry
+from sparsebert.results.run_registry import _MIGRATIONS, SCHEMA_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def experiments() -> Experiments:
-    return Experiments.builtin()
+def experiments() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 class FakePretrainJob:
@@ -41,7 +41,7 @@ class FakePretrainJob:
         pass
 
     def train(self, run_dir: Path, resume: bool) -> dict:
-        record = Registry.in_output_root(run_dir.parent).get(str(run_dir.resolve()))
+        record = RunRegistry.in_output_root(run_dir.parent).get(str(run_dir.resolve()))
         self.seen.append(record.status if record else None)  # the row as it is while training
         if self.fail is not None:
             raise self.fail
@@ -54,7 +54,7 @@ def test_pretraining_run_is_running_then_done(experiments, tmp_path: Path, monke
     cfg = experiments.build("bert_tiny_quick")
     runner.run_experiment(cfg, runner.RunOptions(output_root=tmp_path, data_dir=None))
     assert seen == ["running"]
-    rec = Registry.in_output_root(tmp_path).get(str((tmp_path / cfg.name).resolve()))
+    rec = RunRegistry.in_output_root(tmp_path).get(str((tmp_path / cfg.name).resolve()))
     assert (rec.status, rec.task, rec.experiment, rec.steps, rec.error) == ("done", "mlm", cfg.name, 7, None)
     assert rec.metrics["eval_loss"] == 2.5 and rec.samples_per_second == 3.0 and rec.wall_time_s is not None
 
@@ -65,20 +65,20 @@ def test_failed_pretraining_run_records_the_one_line_error(experiments, tmp_path
     cfg = experiments.build("bert_tiny_quick")
     with pytest.raises(RuntimeError):
         runner.run_experiment(cfg, runner.RunOptions(output_root=tmp_path, data_dir=None))
-    (rec,) = Registry.in_output_root(tmp_path).runs(status=None)
+    (rec,) = RunRegistry.in_output_root(tmp_path).runs(status=None)
     assert (rec.status, rec.error) == ("failed", "RuntimeError: CUDA out of memory. Tried to allocate 2 GiB")
     assert not (tmp_path / cfg.name / "DONE").exists()
     # --resume records it again: running while it trains, done at the end, the old error cleared
     seen: list[str | None] = []
     monkeypatch.setattr(runner, "make_job", lambda cfg, opts, callbacks=None: FakePretrainJob(seen))
     runner.run_experiment(cfg, runner.RunOptions(output_root=tmp_path, data_dir=None, resume=True))
-    (rec,) = Registry.in_output_root(tmp_path).runs(status=None)
+    (rec,) = RunRegistry.in_output_root(tmp_path).runs(status=None)
     assert seen == ["running"] and (rec.status, rec.error) == ("done", None)
 
 
 def test_each_finetuning_run_is_recorded_and_a_failure_names_its_error(experiments, tmp_path: Path,
                                                                        monkeypatch) -> None:
-    from sparsebert.trainer import finetune
+    from sparsebert.jobs.finetune import job as finetune
 
     cfg = experiments.build("tiny_glue")
     job = finetune.FinetuneJob(cfg, None, tmp_path)
@@ -87,10 +87,10 @@ def test_each_finetuning_run_is_recorded_and_a_failure_names_its_error(experimen
     seen = []
 
     def run_glue(ctx, inputs, seed, run_dir):  # run0 finishes (finish_run's record), run1 fails
-        seen.append(Registry.in_output_root(tmp_path).get(str(run_dir.resolve())).status)
+        seen.append(RunRegistry.in_output_root(tmp_path).get(str(run_dir.resolve())).status)
         if seed == cfg.seed + 1:
             raise SparseBertError("glue/RTE/train.tsv row 3: no label")
-        Registry.in_output_root(tmp_path).record(RunRecord(
+        RunRegistry.in_output_root(tmp_path).record(RunRecord(
             run_dir=str(run_dir.resolve()), experiment=cfg.name, task="glue:rte", model="", seed=seed,
             status="done", metrics={"accuracy": 0.5, "score": 0.5}))
         return {"accuracy": 0.5, "score": 0.5}
@@ -99,7 +99,7 @@ def test_each_finetuning_run_is_recorded_and_a_failure_names_its_error(experimen
     with pytest.raises(SparseBertError):
         job.train(tmp_path / cfg.name, resume=False)
     assert seen == ["running", "running"]
-    rows = {Path(r.run_dir).name: r for r in Registry.in_output_root(tmp_path).runs(status=None)}
+    rows = {Path(r.run_dir).name: r for r in RunRegistry.in_output_root(tmp_path).runs(status=None)}
     assert (rows["run0"].status, rows["run1"].status) == ("done", "failed")
     assert rows["run1"].error == "glue/RTE/train.tsv row 3: no label"  # our own errors need no type in front
     assert rows["run1"].pretrain_metrics == {"eval_loss": 1.5} and rows["run1"].seed == cfg.seed + 1
@@ -158,7 +158,7 @@ def test_a_run_terminated_mid_way_is_recorded_as_failed(tmp_path: Path) -> None:
     stderr = proc.stderr.read()
     assert "Traceback" not in stderr and stderr.strip().splitlines()[-1] == "error: terminated by SIGTERM", stderr
     assert stderr.count("error:") == 1 and not Path(f"{started}.unwound").exists()  # the helper just died
-    (rec,) = Registry.in_output_root(root).runs(status=None)
+    (rec,) = RunRegistry.in_output_root(root).runs(status=None)
     assert (rec.status, rec.task, rec.error) == ("failed", "mlm", "terminated by SIGTERM")
     assert not (root / "bert_tiny_quick" / "DONE").exists()
 
@@ -167,9 +167,9 @@ def test_a_running_row_is_listed_as_running(tmp_path: Path, capsys) -> None:
     """The row a run writes as it starts, as ``--runs`` lists it (a run killed by SIGKILL stays so: nothing can
     run after that signal)."""
     root = tmp_path / "runs"
-    Registry.in_output_root(root).record(runner.run_record(root / "bert_tiny_quick", "bert_tiny_quick", "mlm", 42,
+    RunRegistry.in_output_root(root).record(runner.run_record(root / "bert_tiny_quick", "bert_tiny_quick", "mlm", 42,
                                                            "tiny"))
-    (rec,) = Registry.in_output_root(root).runs(status=None)
+    (rec,) = RunRegistry.in_output_root(root).runs(status=None)
     assert (rec.status, rec.task, rec.error) == ("running", "mlm", None)
     assert cli_main(["--runs", "--output-dir", str(root), "--format", "csv"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -178,7 +178,7 @@ def test_a_running_row_is_listed_as_running(tmp_path: Path, capsys) -> None:
 
 
 def test_runs_listing_and_table_ignore_unfinished(tmp_path: Path, capsys) -> None:
-    reg = Registry.in_output_root(tmp_path)
+    reg = RunRegistry.in_output_root(tmp_path)
     base = dict(experiment="exp", model="minilm", seed=42)
     reg.record(RunRecord(run_dir=str(tmp_path / "pre"), task="mlm", status="done", wall_time_s=3725.0,
                          metrics={"eval_loss": 2.345678, "perplexity": 10.4}, **base))
@@ -233,9 +233,9 @@ def test_a_version_1_registry_is_read_as_is_and_migrated_on_write(tmp_path: Path
     con.execute("PRAGMA user_version = 1")
     con.commit()
     con.close()
-    (old,) = Registry(path, read_only=True).runs()  # read without writing: no error column yet
+    (old,) = RunRegistry(path, read_only=True).runs()  # read without writing: no error column yet
     assert (old.run_dir, old.error) == ("old", None)
-    reg = Registry(path)  # read-write: migrated in place
+    reg = RunRegistry(path)  # read-write: migrated in place
     reg.record(RunRecord(run_dir="new", experiment="exp", task="mlm", model="m", seed=1, status="failed",
                          error="boom"))
     assert [(r.run_dir, r.error) for r in reg.runs(status=None)] == [("old", None), ("new", "boom")]

@@ -18,7 +18,7 @@ from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text, publish_tree
 from sparsebert.models.pretrained import pretrained_kwargs
-from sparsebert.results import Registry
+from sparsebert.results import RunRegistry
 from sparsebert.results.recording import finished, run_record
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.trainer.arguments import batch_layout, training_arguments
@@ -175,7 +175,7 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
     atomic_write_json(run_dir / "metrics.json", metrics)
     # the registry row first (an upsert by run_dir): a crash before DONE leaves a run that --resume redoes,
     # never a finished run the results table misses
-    Registry.in_output_root(ctx.output_root).record(finished(
+    RunRegistry.in_output_root(ctx.output_root).record(finished(
         run_record(run_dir, cfg.name, task, seed, cfg.model.init_from or "", ctx.pretrain_metrics), metrics))
     atomic_write_text(run_dir / "DONE", time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
     return metrics

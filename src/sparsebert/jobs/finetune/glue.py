@@ -23,7 +23,7 @@ from sparsebert.data.glue import (
 )
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_text
-from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, limit, make_trainer
+from sparsebert.jobs.finetune.common import FinetuneContext, finish_run, limit, make_trainer
 
 
 def load_classifier(source: str, num_labels: int, regression: bool, label_names: Sequence[str] | None = None,

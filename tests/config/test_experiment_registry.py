@@ -11,7 +11,7 @@ from sparsebert.config import (
     ConfigError,
     DataConfig,
     ExperimentConfig,
-    Registry,
+    ExperimentRegistry,
     deep_update,
     from_dict,
     to_dict,
@@ -19,8 +19,8 @@ from sparsebert.config import (
 
 
 @pytest.fixture(scope="module")
-def registry() -> Registry:
-    return Registry.builtin()
+def registry() -> ExperimentRegistry:
+    return ExperimentRegistry.builtin()
 
 
 # --- the shipped experiments --------------------------------------------------------------------------------
@@ -129,7 +129,7 @@ def test_deep_update_mutates_neither_input_and_shares_no_objects():
 
 
 def test_parent_cycle_is_an_error():
-    reg = Registry({"a": {"parent": "b"}, "b": {"parent": "c"}, "c": {"parent": "a"}})
+    reg = ExperimentRegistry({"a": {"parent": "b"}, "b": {"parent": "c"}, "c": {"parent": "a"}})
     with pytest.raises(ConfigError, match="cycle") as e:
         reg.resolve("a")
     assert "a -> b -> c -> a" in str(e.value)
@@ -139,11 +139,11 @@ def test_parent_cycle_is_an_error():
 
 def test_self_parent_is_a_cycle():
     with pytest.raises(ConfigError, match="cycle"):
-        Registry({"a": {"parent": "a"}}).resolve("a")
+        ExperimentRegistry({"a": {"parent": "a"}}).resolve("a")
 
 
 def test_unknown_parent_is_an_error_naming_both():
-    reg = Registry({"child": {"parent": "no_such_base", "train": {"max_steps": 1}}})
+    reg = ExperimentRegistry({"child": {"parent": "no_such_base", "train": {"max_steps": 1}}})
     with pytest.raises(ConfigError) as e:
         reg.build("child")
     assert "child" in str(e.value) and "no_such_base" in str(e.value)
@@ -163,7 +163,7 @@ def test_duplicate_names_across_files_is_an_error(tmp_path):
     (tmp_path / "one.py").write_text('EXPERIMENTS = {"dup": {"description": "first"}}\n')
     (tmp_path / "two.py").write_text('EXPERIMENTS = {"dup": {"description": "second"}, "other": {}}\n')
     with pytest.raises(ConfigError) as e:
-        Registry.from_directory(tmp_path)
+        ExperimentRegistry.from_directory(tmp_path)
     msg = str(e.value)
     assert "'dup'" in msg
     assert str(tmp_path / "one.py") in msg and str(tmp_path / "two.py") in msg
@@ -173,19 +173,19 @@ def test_from_directory_skips_private_modules_and_files_without_experiments(tmp_
     (tmp_path / "_helpers.py").write_text('EXPERIMENTS = {"x": {"description": "private copy"}}\n')
     (tmp_path / "plain.py").write_text("VALUE = 1\n")
     (tmp_path / "real.py").write_text('EXPERIMENTS = {"x": {"description": "the real one"}}\n')
-    reg = Registry.from_directory(tmp_path)
+    reg = ExperimentRegistry.from_directory(tmp_path)
     assert reg.names() == ["x"]
     assert reg.description("x") == "the real one"
 
 
 def test_missing_experiments_directory_is_an_error(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
-        Registry.from_directory(tmp_path / "nope")
+        ExperimentRegistry.from_directory(tmp_path / "nope")
 
 
 def test_experiment_that_is_not_a_dict_is_an_error():
     with pytest.raises(ConfigError, match="'bad'.*must be a dict"):
-        Registry({"bad": ["not", "a", "dict"]})
+        ExperimentRegistry({"bad": ["not", "a", "dict"]})
 
 
 # --- --set overrides ----------------------------------------------------------------------------------------
@@ -297,7 +297,7 @@ def test_set_without_equals_is_an_error(registry):
     (["data.eval_documents=0"], ["data.eval_documents"]),
     (["data.max_files=0"], ["data.max_files"]),
     (["data.format=xml"], ["data.format"]),
-    (["train.precision=fp8"], ["train.precision"]),
+    (["train.precision=fp4"], ["train.precision", "fp8"]),
     (["train.report_to=tensorboard,mlflow"], ["train.report_to", "mlflow"]),
     (["train.learning_rate=0"], ["train.learning_rate"]),
     (["train.learning_rate=nan"], ["train.learning_rate", "finite"]),
@@ -415,22 +415,22 @@ def test_init_from_lifts_the_size_check(registry):
 
 def test_from_dict_rejects_unknown_and_mistyped_keys_in_experiment_dicts():
     with pytest.raises(ConfigError) as e:
-        Registry({"x": {"train": {"max_stpes": 1}}}).build("x")
+        ExperimentRegistry({"x": {"train": {"max_stpes": 1}}}).build("x")
     assert "'train.max_stpes'" in str(e.value) and "'train.max_steps'" in str(e.value)
     with pytest.raises(ConfigError, match="train.max_steps"):
-        Registry({"x": {"train": {"max_steps": "10"}}}).build("x")
+        ExperimentRegistry({"x": {"train": {"max_steps": "10"}}}).build("x")
     with pytest.raises(ConfigError, match="train.max_steps"):
-        Registry({"x": {"train": {"max_steps": True}}}).build("x")  # a bool is not an int here
+        ExperimentRegistry({"x": {"train": {"max_steps": True}}}).build("x")  # a bool is not an int here
     with pytest.raises(ConfigError, match="train.torch_compile"):
-        Registry({"x": {"train": {"torch_compile": 1}}}).build("x")
+        ExperimentRegistry({"x": {"train": {"torch_compile": 1}}}).build("x")
     with pytest.raises(ConfigError, match="model"):
-        Registry({"x": {"model": "base"}}).build("x")
+        ExperimentRegistry({"x": {"model": "base"}}).build("x")
     with pytest.raises(ConfigError, match="train.report_to"):
-        Registry({"x": {"train": {"report_to": "wandb"}}}).build("x")
+        ExperimentRegistry({"x": {"train": {"report_to": "wandb"}}}).build("x")
 
 
 def test_from_dict_turns_ints_into_floats_for_float_fields():
-    cfg = Registry({"x": {"train": {"learning_rate": 1}}}).build("x")
+    cfg = ExperimentRegistry({"x": {"train": {"learning_rate": 1}}}).build("x")
     assert cfg.train.learning_rate == 1.0 and isinstance(cfg.train.learning_rate, float)
 
 
@@ -458,7 +458,7 @@ def test_default_seed_is_fixed(registry):
     assert ExperimentConfig(name="x").seed == 42
     for name in registry.names():
         assert registry.build(name).seed == 42
-    assert Registry({"x": {}}).build("x").seed == 42
+    assert ExperimentRegistry({"x": {}}).build("x").seed == 42
 
 
 def test_static_mask_count_refuses_finetuning(registry):

@@ -77,7 +77,7 @@ class PretrainJob:
         self.hooks = build_hooks(cfg, self.model, cfg.train.max_steps, cfg.seed, teacher,
                                  lambda source: load_mlm_model(source, cfg.model.attn_implementation))
 
-    # what a task trained on the corpus by another objective (trainer/upstream_pruning.py) replaces
+    # what a task trained on the corpus by another objective (jobs/upstream_pruning.py) replaces
     label_names: ClassVar[list[str] | None] = None  # the Trainer's default: "labels"
 
     def collator(self):

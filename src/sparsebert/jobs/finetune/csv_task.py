@@ -17,9 +17,9 @@ from transformers import DataCollatorWithPadding
 
 from sparsebert.data.csv_task import CsvData, aggregate_folded, build_csv_datasets
 from sparsebert.io import atomic_write_text
-from sparsebert.trainer.finetune.classification_metrics import classification_metrics, plot_confusion_matrix
-from sparsebert.trainer.finetune.common import FinetuneContext, finish_run, limit, make_trainer, softmax
-from sparsebert.trainer.finetune.glue import load_classifier
+from sparsebert.jobs.finetune.classification_metrics import classification_metrics, plot_confusion_matrix
+from sparsebert.jobs.finetune.common import FinetuneContext, finish_run, limit, make_trainer, softmax
+from sparsebert.jobs.finetune.glue import load_classifier
 
 
 @dataclass

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sparsebert.errors import SparseBertError
-from sparsebert.results import REGISTRY_FILENAME, Registry, RunRecord
-from sparsebert.results.registry import SCHEMA_VERSION
+from sparsebert.results import REGISTRY_FILENAME, RunRecord, RunRegistry
+from sparsebert.results.run_registry import SCHEMA_VERSION
 
 
 def _rec(run_dir: str, **overrides) -> RunRecord:
@@ -29,7 +29,7 @@ def _rec(run_dir: str, **overrides) -> RunRecord:
 
 
 def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
-    reg = Registry.in_output_root(tmp_path)
+    reg = RunRegistry.in_output_root(tmp_path)
     assert (tmp_path / REGISTRY_FILENAME).is_file()
     rec = RunRecord(
         run_dir="runs/exp/rte-s1",
@@ -70,8 +70,8 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
 
 def test_schema_version_and_wal(tmp_path: Path) -> None:
     path = tmp_path / "reg.sqlite"
-    Registry(path)
-    Registry(path)  # reopening an existing registry is a no-op
+    RunRegistry(path)
+    RunRegistry(path)  # reopening an existing registry is a no-op
     con = sqlite3.connect(path)
     try:
         assert con.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
@@ -81,11 +81,11 @@ def test_schema_version_and_wal(tmp_path: Path) -> None:
     finally:
         con.close()
     with pytest.raises(SparseBertError, match="newer"):
-        Registry(path)
+        RunRegistry(path)
 
 
 def test_upsert_by_run_dir_keeps_created_at(tmp_path: Path) -> None:
-    reg = Registry(tmp_path / "reg.sqlite")
+    reg = RunRegistry(tmp_path / "reg.sqlite")
     reg.record(_rec("r1", status="running", metrics={}))
     first = reg.runs(status=None)
     assert [r.status for r in first] == ["running"]
@@ -99,7 +99,7 @@ def test_upsert_by_run_dir_keeps_created_at(tmp_path: Path) -> None:
 
 
 def test_filters(tmp_path: Path) -> None:
-    reg = Registry(tmp_path / "reg.sqlite")
+    reg = RunRegistry(tmp_path / "reg.sqlite")
     reg.record(_rec("a1", experiment="a", task="glue:rte"))
     reg.record(_rec("a2", experiment="a", task="squad_v1", status="failed"))
     reg.record(_rec("a3", experiment="a", task="mlm", status="running"))
@@ -122,7 +122,7 @@ def test_filters(tmp_path: Path) -> None:
 
 
 def test_sql_injection_is_stored_verbatim(tmp_path: Path) -> None:
-    reg = Registry(tmp_path / "reg.sqlite")
+    reg = RunRegistry(tmp_path / "reg.sqlite")
     evil = "x'; DROP TABLE runs; --"
     reg.record(_rec(f"runs/{evil}", experiment=evil, task=evil, model=evil, group=evil, git_commit=evil))
     reg.record(_rec("other"))
@@ -144,7 +144,7 @@ def test_sql_injection_is_stored_verbatim(tmp_path: Path) -> None:
     ],
 )
 def test_bad_records_are_rejected(tmp_path: Path, overrides: dict, match: str) -> None:
-    reg = Registry(tmp_path / "reg.sqlite")
+    reg = RunRegistry(tmp_path / "reg.sqlite")
     with pytest.raises(SparseBertError, match=match):
         reg.record(_rec(**{"run_dir": "r", **overrides}))
     assert reg.runs(status=None) == []
@@ -152,7 +152,7 @@ def test_bad_records_are_rejected(tmp_path: Path, overrides: dict, match: str) -
 
 def test_numpy_scalars_are_stored_as_plain_numbers(tmp_path: Path) -> None:
     np = pytest.importorskip("numpy")
-    reg = Registry(tmp_path / "reg.sqlite")
+    reg = RunRegistry(tmp_path / "reg.sqlite")
     reg.record(_rec("r", metrics={"accuracy": np.float32(0.5)}, steps=np.int64(7), sparsity=np.float64(0.8)))
     got = reg.get("r")
     assert got.metrics == {"accuracy": 0.5} and type(got.metrics["accuracy"]) is float
@@ -166,10 +166,10 @@ N_PER_PROC = 50
 
 
 def _writer(db: str, worker: int, barrier, busy_timeout_s: float) -> None:
-    # Each process opens its own Registry (on a not-yet-created file, so schema creation races too) and
+    # Each process opens its own RunRegistry (on a not-yet-created file, so schema creation races too) and
     # records runs one transaction at a time, starting together to maximise lock contention.
     barrier.wait()
-    reg = Registry(db, busy_timeout_s=busy_timeout_s, max_attempts=60)
+    reg = RunRegistry(db, busy_timeout_s=busy_timeout_s, max_attempts=60)
     for i in range(N_PER_PROC):
         reg.record(
             _rec(
@@ -194,7 +194,7 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path, busy_timeout_s: float) 
         p.join(timeout=120)
     assert [p.exitcode for p in procs] == [0] * N_PROCS
 
-    runs = Registry(db).runs()
+    runs = RunRegistry(db).runs()
     assert len(runs) == N_PROCS * N_PER_PROC
     assert {r.run_dir for r in runs} == {f"runs/w{w}/r{i}" for w in range(N_PROCS) for i in range(N_PER_PROC)}
     assert all(r.metrics["score"] == r.seed / 100 for r in runs)
@@ -208,9 +208,9 @@ def test_concurrent_writers_lose_nothing(tmp_path: Path, busy_timeout_s: float) 
 
 def test_read_only_registry_reads_and_never_writes(tmp_path: Path) -> None:
     path = tmp_path / REGISTRY_FILENAME
-    Registry(path).record(_rec("runs/a"))
+    RunRegistry(path).record(_rec("runs/a"))
     before = {p.name: p.stat().st_mtime_ns for p in tmp_path.iterdir()}
-    reader = Registry(path, read_only=True)
+    reader = RunRegistry(path, read_only=True)
     assert [r.run_dir for r in reader.runs()] == ["runs/a"]
     with pytest.raises(SparseBertError, match="readonly"):
         reader.record(_rec("runs/b"))
@@ -220,12 +220,12 @@ def test_read_only_registry_reads_and_never_writes(tmp_path: Path) -> None:
 
 def test_read_only_registry_must_exist_and_be_current(tmp_path: Path) -> None:
     with pytest.raises(SparseBertError, match="no results registry"):
-        Registry(tmp_path / "missing.sqlite", read_only=True)
+        RunRegistry(tmp_path / "missing.sqlite", read_only=True)
     assert not (tmp_path / "missing.sqlite").exists()
     old = tmp_path / "old.sqlite"
     sqlite3.connect(old).close()  # an empty database: schema version 0
     with pytest.raises(SparseBertError, match="schema version 0"):
-        Registry(old, read_only=True)
+        RunRegistry(old, read_only=True)
 
 
 @pytest.mark.parametrize("read_only", [True, False])
@@ -233,7 +233,7 @@ def test_a_file_that_is_not_a_database_is_a_one_line_error(tmp_path: Path, read_
     path = tmp_path / REGISTRY_FILENAME
     path.write_bytes(b"these are not the bytes of a SQLite database\n" * 100)
     with pytest.raises(SparseBertError, match=f"run registry {path}: file is not a database"):
-        Registry(path, read_only=read_only).runs()
+        RunRegistry(path, read_only=read_only).runs()
 
 
 # -- reading never writes ---------------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_table_reads_a_registry_in_a_read_only_folder_and_writes_nothing(tmp_pat
     from sparsebert.cli import main
 
     root = tmp_path / "results"
-    Registry.in_output_root(root).record(_rec("runs/a"))
+    RunRegistry.in_output_root(root).record(_rec("runs/a"))
     before = sorted(p.name for p in root.iterdir())
     root.chmod(0o555)
     try:
@@ -258,22 +258,22 @@ def test_table_reads_a_registry_in_a_read_only_folder_and_writes_nothing(tmp_pat
 
 def test_a_reader_sees_rows_still_in_a_writers_log(tmp_path: Path) -> None:
     path = tmp_path / REGISTRY_FILENAME
-    Registry(path).record(_rec("runs/a"))
+    RunRegistry(path).record(_rec("runs/a"))
     holder = sqlite3.connect(path)  # an open connection: the log is not folded into the file when a writer closes
     try:
         holder.execute("SELECT count(*) FROM runs").fetchone()
-        Registry(path).record(_rec("runs/b"))
+        RunRegistry(path).record(_rec("runs/b"))
         assert (tmp_path / f"{REGISTRY_FILENAME}-wal").stat().st_size > 0
-        assert [r.run_dir for r in Registry(path, read_only=True).runs()] == ["runs/a", "runs/b"]
+        assert [r.run_dir for r in RunRegistry(path, read_only=True).runs()] == ["runs/a", "runs/b"]
     finally:
         holder.close()
 
 
 def test_a_read_during_which_a_writer_changed_the_file_is_repeated(tmp_path: Path) -> None:
     path = tmp_path / REGISTRY_FILENAME
-    Registry(path).record(_rec("runs/a"))
-    reader = Registry(path, read_only=True)
-    writes = [lambda: Registry(path).record(_rec("runs/b"))]
+    RunRegistry(path).record(_rec("runs/a"))
+    reader = RunRegistry(path, read_only=True)
+    writes = [lambda: RunRegistry(path).record(_rec("runs/b"))]
 
     def read(conn: sqlite3.Connection) -> list[str]:
         rows = [row["run_dir"] for row in conn.execute("SELECT run_dir FROM runs ORDER BY run_dir")]

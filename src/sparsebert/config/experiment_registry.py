@@ -66,7 +66,7 @@ def section_type(schema: type, key: str) -> type | None:
     return inner if dataclasses.is_dataclass(inner) else None
 
 
-class Registry:
+class ExperimentRegistry:
     def __init__(self, experiments: dict[str, Experiment] | None = None):
         self._raw: dict[str, Experiment] = {}
         self._origin: dict[str, str] = {}
@@ -76,14 +76,14 @@ class Registry:
             self.add(name, exp, origin="<code>")
 
     @classmethod
-    def from_directory(cls, directory: str | Path) -> Registry:
+    def from_directory(cls, directory: str | Path) -> ExperimentRegistry:
         """Load every experiment file in ``directory`` (see :meth:`load_directory`)."""
         reg = cls()
         reg.load_directory(Path(directory))
         return reg
 
     @classmethod
-    def builtin(cls, extra: Iterable[str | Path] = ()) -> Registry:
+    def builtin(cls, extra: Iterable[str | Path] = ()) -> ExperimentRegistry:
         """The built-in experiments, plus a user's own from ``extra`` (files or folders, see :meth:`load_path`).
 
         A user's experiment may name a built-in parent; a name both define is an error (one line), so that a name

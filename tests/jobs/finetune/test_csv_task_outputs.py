@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sparsebert.trainer.finetune.csv_task import write_csv_predictions
+from sparsebert.jobs.finetune.csv_task import write_csv_predictions
 
 
 def test_write_csv_predictions(tmp_path):

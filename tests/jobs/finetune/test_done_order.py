@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-import sparsebert.trainer.finetune.common as common
-from sparsebert.config import Registry
-from sparsebert.results import Registry as Results
+import sparsebert.jobs.finetune.common as common
+from sparsebert.config import ExperimentRegistry
+from sparsebert.results import RunRegistry
 from sparsebert.runner import RunOptions, run_experiment
 
 # one optimizer step (16 rows at tiny_glue's batch of 16): what is written when, not what is learned, is tested
@@ -24,7 +24,7 @@ class Crash(Exception):
 
 
 def test_crash_before_done_leaves_a_recorded_run_that_resume_finishes(data_dir, tmp_path, monkeypatch):
-    cfg = Registry.builtin().build("tiny_glue", ONE_RUN)
+    cfg = ExperimentRegistry.builtin().build("tiny_glue", ONE_RUN)
     write = common.atomic_write_text
 
     def crash_on_done(path, text):
@@ -39,13 +39,13 @@ def test_crash_before_done_leaves_a_recorded_run_that_resume_finishes(data_dir, 
     assert not (run_dir / "DONE").exists()
     # recorded done before DONE, then failed by the crash: never a finished run without a row, nor a row that
     # claims a run DONE does not mark as finished
-    (row,) = Results.in_output_root(tmp_path).runs(status=None)
+    (row,) = RunRegistry.in_output_root(tmp_path).runs(status=None)
     assert (row.run_dir, row.status, row.error) == (str(run_dir.resolve()), "failed", "Crash: (no message)")
 
     monkeypatch.setattr(common, "atomic_write_text", write)
     run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir, resume=True))
     assert (run_dir / "DONE").is_file()
-    assert len(Results.in_output_root(tmp_path).runs()) == 1  # the row was updated, not duplicated
+    assert len(RunRegistry.in_output_root(tmp_path).runs()) == 1  # the row was updated, not duplicated
 
 
 def test_only_the_main_process_writes_the_run_files(data_dir, tmp_path, monkeypatch):
@@ -53,7 +53,7 @@ def test_only_the_main_process_writes_the_run_files(data_dir, tmp_path, monkeypa
     and DONE), after the model is saved. Simulated in one process: a rank that is not the main one."""
     from sparsebert.trainer.trainer import SparseBertTrainer
 
-    cfg = Registry.builtin().build("tiny_glue", ONE_RUN)
+    cfg = ExperimentRegistry.builtin().build("tiny_glue", ONE_RUN)
     monkeypatch.setattr(SparseBertTrainer, "is_world_process_zero", lambda self: False)
     run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
     run_dir = tmp_path / "tiny_glue" / "glue_rte" / "run0"

@@ -1,0 +1,223 @@
+"""A finished finetuning run as ``--predict`` opens it, and every check of the run, the input and the output
+that happens before the model loads (2:4 kernel checks included)."""
+
+
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from sparsebert.config import PRETRAINING_TASKS, from_dict
+from sparsebert.config.sections import FinetuneConfig
+from sparsebert.data.tokenizer import load_tokenizer
+from sparsebert.errors import SparseBertError
+from sparsebert.io import unwritable_reason
+from sparsebert.sparsity.config import SparsityConfig
+
+log = logging.getLogger(__name__)
+
+
+# the tasks --predict serves (predict/tasks.py: PREDICTORS), each with its output file's extension
+EXTENSIONS = {"glue": "tsv", "csv": "csv", "squad_v1": "json", "squad_v2": "json", "gap": "csv"}
+
+
+@dataclass
+class FinishedRun:
+    """A finished finetuning run directory and what its config.json says about it."""
+
+    path: Path
+    config: dict[str, Any]
+    kind: str  # a key of PREDICTORS
+    glue_task: str | None  # "rte" for a run of task glue:rte
+    sparse24_kernel: bool = False  # run the sparse encoder Linears through the 2:4 kernel (prepare)
+    long_rows: str = "truncate"  # GAP rows whose mentions do not fit one window (predict_gap)
+    kernel_layers: list[str] | None = None  # what prepare converted
+
+    @property
+    def finetune(self) -> FinetuneConfig:
+        return from_dict(FinetuneConfig, self.config.get("finetune", {}), prefix="finetune")
+
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+    @property
+    def eval_batch_size(self) -> int:
+        return int(self.config.get("train", {}).get("eval_batch_size", 128))
+
+    def tokenizer(self):
+        return load_tokenizer(str(self.model_dir))  # the runner saves the tokenizer beside the model
+
+    def prepare(self, model: nn.Module) -> nn.Module:
+        """The loaded model as predictions run it: as it is, or with ``--sparse24-kernel`` in bf16 on the GPU with
+        its sparse Linears converted to the 2:4 kernel (their names kept in ``kernel_layers``)."""
+        if not self.sparse24_kernel:
+            return model
+        model = model.to(device="cuda", dtype=torch.bfloat16).eval()
+        self.kernel_layers = convert_to_sparse24(self, model)
+        return model
+
+
+def open_run(run: str | Path, output_root: Path) -> FinishedRun:
+    """The finished finetuning run ``run`` names: a run directory, or its path under ``output_root``."""
+    candidates = [Path(run)] + ([output_root / run] if not Path(run).is_absolute() else [])
+    path = next((p for p in candidates if p.is_dir()), None)
+    if path is None:
+        raise SparseBertError(f"--predict {run}: no run directory {run}" + (
+            f" (nor {output_root / run})" if len(candidates) > 1 else ""))
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        config = None
+    if not (path / "DONE").is_file():
+        raise SparseBertError(f"--predict: run {path} has not finished (no DONE marker)")
+    if not isinstance(config, dict) or "task" not in config:
+        raise SparseBertError(f"--predict: {path} is not a finetuning run (no config.json with a task)")
+    task = str(config["task"])
+    kind, _, name = task.partition(":")
+    if task in PRETRAINING_TASKS:
+        raise SparseBertError(f"--predict: {path} is a pretraining run, not a finetuning run")
+    if "experiment" not in config:  # finish_run adds it to a run's config; an experiment's own lacks it
+        raise SparseBertError(f"--predict: {path} is an experiment directory; name one of its runs "
+                              "(e.g. <experiment>/glue_rte/run0, <experiment>/gap/run0)")
+    if kind not in EXTENSIONS:
+        raise SparseBertError(f"--predict: run {path} is of task {task}, which has no predict "
+                              f"(tasks with one: {', '.join(sorted(EXTENSIONS))})")
+    if not (path / "model" / "model.safetensors").is_file():
+        raise SparseBertError(f"--predict: run {path} exported no model (finetune.save_model=false?)")
+    return FinishedRun(path, config, kind, name or None)
+
+
+def default_output(run: FinishedRun, input_file: Path) -> Path:
+    """``<run>/predict/<input stem>.<the task's extension>``."""
+    return run.path / "predict" / f"{input_file.stem}.{EXTENSIONS[run.kind]}"
+
+
+def sibling(output: Path, suffix: str) -> Path:
+    """A second output beside ``output``: ``<stem>_<suffix>``, e.g. dev_nbest_predictions.json."""
+    return output.with_name(f"{output.stem}_{suffix}")
+
+
+KERNEL_HINT = "predict without --sparse24-kernel"
+
+
+def check_two_four_run(run: FinishedRun) -> None:
+    """``--sparse24-kernel`` needs a run trained with ``sparsity.pattern`` "2:4"."""
+    sparsity = run.config.get("sparsity")
+    if not isinstance(sparsity, dict):
+        raise SparseBertError(f"--sparse24-kernel: run {run.path} is dense (no sparsity section); the kernel runs "
+                              f"2:4 runs only (sparsity.pattern \"2:4\", e.g. tiny_glue_2to4); {KERNEL_HINT}")
+    pattern = sparsity.get("pattern", "unstructured")
+    if pattern != "2:4":
+        raise SparseBertError(f"--sparse24-kernel: run {run.path} has sparsity.pattern {pattern!r}, not \"2:4\"; "
+                              f"the kernel runs 2:4 runs only (e.g. tiny_glue_2to4); {KERNEL_HINT}")
+
+
+def check_sparse24_device() -> None:
+    """An sm90 GPU and the built kernel library, or the one-line error that says which is missing."""
+    from sparsebert.export.sparse24_kernel import Library, Sparse24Error
+
+    if not torch.cuda.is_available():
+        raise SparseBertError("--sparse24-kernel needs an sm90 GPU (H100/H200); this machine has no CUDA device; "
+                              + KERNEL_HINT)
+    capability = torch.cuda.get_device_capability()
+    if capability != (9, 0):
+        raise SparseBertError(f"--sparse24-kernel needs an sm90 GPU (H100/H200); {torch.cuda.get_device_name()} "
+                              f"is sm{capability[0]}{capability[1]}; {KERNEL_HINT}")
+    try:
+        Library.get()
+    except Sparse24Error as e:  # not built, or built from another sparse24.cu
+        raise SparseBertError(f"--sparse24-kernel: {' '.join(str(e).split())}") from None
+
+
+def convert_to_sparse24(run: FinishedRun, model: nn.Module) -> list[str]:
+    """Convert the run's sparse Linears (its ``sparsity`` selection) of ``model`` (bf16, on the GPU) to the 2:4
+    kernel; every one must be 2:4 with dimensions the kernel takes. Returns the converted names."""
+    from sparsebert.export import is_two_four, to_sparse24_kernel
+    from sparsebert.export.sparse24_kernel import ALIGNMENT, Sparse24Error
+    from sparsebert.sparsity.selection import select_parameters
+
+    try:
+        selected = select_parameters(model, from_dict(SparsityConfig, run.config["sparsity"], prefix="sparsity"))
+    except ValueError as e:
+        raise SparseBertError(f"--sparse24-kernel: run {run.path}: {e}") from None
+    names = []
+    for param_name, weight in selected.items():
+        name = param_name.removesuffix(".weight")
+        layer = model.get_submodule(name) if name != param_name else None
+        if type(layer) is not nn.Linear:
+            raise SparseBertError(f"--sparse24-kernel: {param_name} of run {run.path} is not an nn.Linear weight; "
+                                  f"the kernel replaces Linears only; {KERNEL_HINT}")
+        if layer.in_features % ALIGNMENT or layer.out_features % ALIGNMENT:
+            raise SparseBertError(f"--sparse24-kernel: {name} of run {run.path} is {layer.out_features}x"
+                                  f"{layer.in_features}; the kernel needs both multiples of {ALIGNMENT}; {KERNEL_HINT}")
+        if not is_two_four(weight.detach()):
+            raise SparseBertError(f"--sparse24-kernel: {name} of run {run.path} is not 2:4 (a group of four weights "
+                                  f"holds more than 2 non-zeros); {KERNEL_HINT}")
+        names.append(name)
+    rows = (run.eval_batch_size * run.finetune.max_seq_length,)  # a full evaluation batch picks the tiles
+    try:
+        return to_sparse24_kernel(model, rows=rows, names=names)
+    except (Sparse24Error, ValueError) as e:
+        raise SparseBertError(f"--sparse24-kernel: {' '.join(str(e).split())}") from None
+
+
+# what --set may change for a prediction: how the input is read and featurized, and the batch size; the rest of
+# the config is how the run trained (its model, head and labels), which a prediction must keep
+
+
+PREDICT_KEYS = ("csv.", "finetune.max_seq_length", "finetune.pad_to_multiple_of", "finetune.doc_stride",
+                "finetune.max_query_length", "finetune.n_best_size", "finetune.max_answer_length",
+                "finetune.null_score_diff_threshold", "train.eval_batch_size")
+
+
+def with_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """The run's config.json with ``--set key=value`` items applied (each key one of ``PREDICT_KEYS``), checked
+    against the experiment schema."""
+    from sparsebert.config import ConfigError
+    from sparsebert.config.experiment_registry import apply_override
+
+    config = copy.deepcopy(config)
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in PREDICT_KEYS):
+            raise ConfigError(f"--set {key}: --predict takes only csv.*, {', '.join(PREDICT_KEYS[1:])} (the rest "
+                              "is how the run trained)")
+        apply_override(config, item)
+    return config
+
+
+def check_readable(input_file: Path) -> None:
+    """``--input`` names a file this process can read."""
+    if not input_file.is_file():
+        raise SparseBertError(f"--input {input_file}: no such file")
+    try:
+        with open(input_file, "rb"):
+            pass
+    except OSError as e:
+        raise SparseBertError(f"--input {input_file}: cannot read it: {e.strerror}") from None
+
+
+def check_output(output: Path | None, run: FinishedRun, input_file: Path) -> Path:
+    """The predictions file, ``--output`` or the run's default, checked to be writable: a destination that cannot
+    take the predictions fails before the model loads and the input is featurized, not after."""
+    given = output is not None
+    output = output if given else default_output(run, input_file)
+    if output.is_dir():
+        raise SparseBertError(f"--output {output} is a directory; name the file to write")
+    if output.resolve() == input_file.resolve():
+        raise SparseBertError(f"--output {output} is the input file; name another file")
+    problem = unwritable_reason(output)
+    if problem is not None:
+        where = f"--output {output}" if given else f"the predictions file {output} (in the run's directory)"
+        raise SparseBertError(f"cannot write {where}: {problem}; pass --output FILE in a writable directory")
+    return output
