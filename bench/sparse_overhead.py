@@ -37,10 +37,10 @@ from sparsebert.data.pretrain import MLMCollator  # noqa: E402
 from sparsebert.data.tokenizer import load_tokenizer  # noqa: E402
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.models.bert import build_mlm_model, scatter_masked_predictions  # noqa: E402
+from sparsebert.models.prepare import prepare_model  # noqa: E402
 from sparsebert.sparsity.rigl import rigl_update_due  # noqa: E402
 from sparsebert.trainer.arguments import training_arguments  # noqa: E402
 from sparsebert.trainer.hooks import build_hooks  # noqa: E402
-from sparsebert.trainer.prepare import prepare_model  # noqa: E402
 from sparsebert.trainer.profiling import HostSyncCounter  # noqa: E402
 from sparsebert.trainer.trainer import SparseBertTrainer  # noqa: E402
 

@@ -103,8 +103,8 @@ def test_gap_heads_use_every_parameter(head):
 
 def tiny_trainer(registry, tmp_path, overrides: list[str]):
     """SparseBertTrainer over a tiny MLM model, with bert_tiny_quick's sections plus ``overrides``."""
+    from sparsebert.models.prepare import prepare_model
     from sparsebert.trainer.hooks import build_hooks
-    from sparsebert.trainer.prepare import prepare_model
     from sparsebert.trainer.trainer import SparseBertTrainer
 
     cfg = registry.build("bert_tiny_quick", overrides)

@@ -158,7 +158,8 @@ def check_train_settings(cfg: ExperimentConfig) -> None:
     directory the next run takes for an unfinished one."""
     # imported here, not at the top: the Trainer's imports take seconds, and a run that is refused (its directory
     # in use, finished, unfinished without --resume) should fail fast
-    from sparsebert.trainer.arguments import batch_layout, resolve_precision
+    from sparsebert.models.precision import resolve_precision
+    from sparsebert.trainer.arguments import batch_layout
 
     resolve_precision(cfg.train.precision)
     batch_layout(cfg.train, world_size())

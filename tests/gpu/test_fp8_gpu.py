@@ -14,7 +14,7 @@ import torch
 from transformers import BertConfig
 
 from sparsebert.models.bert import BertForMaskedLMAtMasked
-from sparsebert.trainer.fp8 import fp8_unavailable_reason, use_fp8_matmuls
+from sparsebert.models.fp8 import fp8_unavailable_reason, use_fp8_matmuls
 
 REASON = fp8_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

@@ -18,9 +18,9 @@ from sparsebert.config import ExperimentRegistry
 from sparsebert.data.pretrain import MLMCollator
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.models.bert import build_mlm_model
+from sparsebert.models.prepare import prepare_model
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
-from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.profiling import HostSyncCounter
 from sparsebert.trainer.trainer import SparseBertTrainer
 

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import BertConfig
 
 from sparsebert.models.bert import BertForMaskedLMAtMasked
-from sparsebert.trainer.residual_precision import use_half_precision_residual
+from sparsebert.models.residual_precision import use_half_precision_residual
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or not torch.cuda.is_bf16_supported(),
                                 reason="needs a CUDA GPU with bf16")

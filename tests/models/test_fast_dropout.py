@@ -13,9 +13,9 @@ from transformers import BertConfig
 from sparsebert.config import ExperimentRegistry
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.fast_dropout import HashDropout, _keep_mask, hash_dropout, use_hash_dropout
+from sparsebert.models.prepare import prepare_model
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.hooks import build_hooks
-from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 CONFIG = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

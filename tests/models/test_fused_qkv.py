@@ -13,7 +13,7 @@ from transformers.models.bert.modeling_bert import BertSelfAttention
 from sparsebert.config import ExperimentRegistry
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.fused_qkv import FusedQKVSelfAttention, use_fused_qkv
-from sparsebert.trainer.prepare import prepare_model
+from sparsebert.models.prepare import prepare_model
 
 CONFIG = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
               max_position_embeddings=32, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)

@@ -22,7 +22,7 @@ MODEL_SIZES: dict[str, tuple[int, int]] = {
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp8")
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's Float8LinearConfig.from_recipe_name
-FP8_LAYERS = ("encoder", "auto")  # every encoder Linear, or those torchao's shape heuristic picks (trainer/fp8.py)
+FP8_LAYERS = ("encoder", "auto")  # every encoder Linear, or those torchao's shape heuristic picks (models/fp8.py)
 CORPUS_FORMATS = ("wikiextractor", "text", "hub")
 
 
@@ -34,7 +34,7 @@ class ModelConfig:
     attn_implementation: str = "sdpa"  # "sdpa" uses FlashAttention / memory-efficient kernels on GPU
     max_position_embeddings: int = 512
     # LayerNorm outputs (the residual stream) in bf16 instead of fp32 under bf16 training (left off under fp16,
-    # whose range it can overflow); weights and optimizer state stay fp32 (trainer/residual_precision.py)
+    # whose range it can overflow); weights and optimizer state stay fp32 (models/residual_precision.py)
     half_precision_residual: bool = False
     # under train.torch_compile: dropout whose random bits come from a counter hash instead of Philox (the same
     # keep probability, another random stream; models/fast_dropout.py)
@@ -186,7 +186,7 @@ class TrainConfig:
     clip_in_optimizer: bool = True
     optim: str = "auto"  # "auto": fused AdamW on GPU, plain AdamW on CPU; or any transformers optim name
     # "auto": bf16 where the GPU supports it, else fp32; "fp8": the encoder's Linear layers multiply in FP8 (torchao,
-    # sm89+ GPUs), the rest as under bf16 (trainer/fp8.py)
+    # sm89+ GPUs), the rest as under bf16 (models/fp8.py)
     precision: str = "auto"
     fp8_recipe: str = "tensorwise"  # with precision fp8: one scale per tensor, or per row (FP8_RECIPES)
     fp8_layers: str = "encoder"  # with precision fp8: which Linear layers (FP8_LAYERS)

@@ -21,13 +21,13 @@ from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, publish_tree
 from sparsebert.models.bert import build_mlm_model, load_mlm_model, scatter_masked_predictions
+from sparsebert.models.prepare import prepare_model
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.sparsity import SparsityController
 from sparsebert.sparsity.persistence import MASKS_FILE, STATE_FILE
 from sparsebert.trainer.arguments import training_arguments
 from sparsebert.trainer.compile_watch import CompileWatch
 from sparsebert.trainer.hooks import build_hooks
-from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.totals import Totals, TrainingTotals
 from sparsebert.trainer.trainer import SparseBertTrainer
 

@@ -24,11 +24,11 @@ from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
 from sparsebert.jobs.pretrain import PretrainJob
+from sparsebert.models.prepare import prepare_model
 from sparsebert.models.pretrained import pretrained_kwargs
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.trainer.distillation import attention_loss, hidden_state_loss, prepare_teacher
 from sparsebert.trainer.hooks import build_hooks
-from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 

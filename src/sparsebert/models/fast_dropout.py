@@ -16,12 +16,16 @@ The swap keeps every parameter and state_dict key.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 MAX_VALUES = 1 << 31  # one int32 counter per value
 
+
+log = logging.getLogger(__name__)
 
 def _fmix32(h: torch.Tensor) -> torch.Tensor:
     """MurmurHash3's 32-bit finalizer on int32 (products wrap; ``& mask`` makes the right shifts logical)."""
@@ -72,4 +76,18 @@ def use_hash_dropout(model: nn.Module) -> int:
         if type(module) is nn.Dropout:
             module.__class__ = HashDropout
             swapped += 1
+    return swapped
+
+
+def apply_fast_dropout(model: nn.Module, torch_compile: bool) -> int:
+    """``model.fast_dropout`` on the trained model (models/prepare.py), saying what it changes; returns how many
+    nn.Dropout modules were swapped."""
+    swapped = use_hash_dropout(model)
+    if swapped == 0:
+        log.warning("model.fast_dropout: this model has no nn.Dropout; nothing changes")
+    elif not torch_compile:
+        log.info("model.fast_dropout changes nothing without train.torch_compile (eager runs torch's dropout)")
+    else:
+        log.info("model.fast_dropout: %d nn.Dropout modules swapped (those only read for their p, as the "
+                 "attention's, work as before)", swapped)
     return swapped

@@ -13,7 +13,7 @@ from sparsebert.config.sections import TrainConfig
 from sparsebert.console import interactive
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
-from sparsebert.trainer.fp8 import fp8_unavailable_reason
+from sparsebert.models.precision import resolve_precision
 from sparsebert.trainer.tracking import wandb_project
 from sparsebert.upstream.trainer import train_on_one_gpu
 
@@ -34,14 +34,6 @@ def batch_layout(cfg: TrainConfig, world: int) -> tuple[int, int]:
     return cfg.per_device_batch_size, cfg.global_batch_size // per_step
 
 
-def resolve_precision(precision: str) -> str:
-    if precision == "auto":
-        return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
-    if precision in ("bf16", "fp16") and not torch.cuda.is_available():
-        raise SparseBertError(f"train.precision={precision} needs a GPU; use auto or fp32 on CPU")
-    if precision == "fp8" and (reason := fp8_unavailable_reason()):
-        raise SparseBertError(reason)
-    return precision
 
 
 def wandb_has_credentials() -> bool:
@@ -97,7 +89,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         adam_epsilon=cfg.adam_epsilon,
         max_grad_norm=cfg.max_grad_norm,
         optim=optim,
-        bf16=precision in ("bf16", "fp8"),  # fp8: the layers trainer/fp8.py swaps; the rest under bf16
+        bf16=precision in ("bf16", "fp8"),  # fp8: the layers models/fp8.py swaps; the rest under bf16
         fp16=precision == "fp16",
         torch_compile=cfg.torch_compile,
         torch_compile_mode=cfg.torch_compile_mode if cfg.torch_compile else None,

@@ -25,7 +25,7 @@ Inductor setting (torch.compile takes ``mode`` or ``options``, not both, and red
 mode), so every compiled run sets it either way and a later experiment in the same process gets its own; off
 means the process's default (``TORCHINDUCTOR_COORDINATE_DESCENT_TUNING=1`` still turns it on). It stays set for
 whatever the process compiles afterwards, and the max-autotune modes turn it on for their own compiles anyway. It
-needs no Trainer, so it is set with the model transforms before one is built (trainer/prepare.py).
+needs no Trainer, so it is set with the model transforms before one is built (models/prepare.py).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
                 teacher_source: str | None = None,
                 load_teacher: Callable[[str], nn.Module] | None = None) -> dict[str, Any]:
     """The keyword arguments that switch SparseBertTrainer's hooks on (``ddp`` and the compile options alone
-    train dense). The model transforms are not among them: ``prepare_model`` (trainer/prepare.py) applies those
+    train dense). The model transforms are not among them: ``prepare_model`` (models/prepare.py) applies those
     before the Trainer is built."""
     compiled = cfg.train.torch_compile
     ddp = cfg.train.ddp
@@ -30,6 +30,7 @@ def build_hooks(cfg: ExperimentConfig, model: nn.Module, total_steps: int, seed:
     hooks: dict[str, Any] = {"ddp": ddp,
                              "compile_scope": cfg.train.torch_compile_scope if compiled else None,
                              "compile_dynamic": cfg.train.torch_compile_dynamic if compiled else None,
+                             "compile_tune_kernels": cfg.train.torch_compile_tune_kernels if compiled else None,
                              "drop_last_batch": cfg.train.drop_last_batch,
                              "clip_in_optimizer": cfg.train.clip_in_optimizer,
                              "experiment": to_dict(cfg)}  # every section, for the W&B config / TensorBoard hparams

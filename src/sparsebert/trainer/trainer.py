@@ -8,7 +8,8 @@ Keyword arguments (None / False = off), from ``build_hooks`` (hooks.py):
 - ``distillation=``  (config, teacher): teacher soft targets (distillation.py)
 - ``onecycle=``      torch OneCycleLR (onecycle.py)
 - ``ddp=``           DDP settings TrainingArguments cannot carry, sparsebert's flat all-reduce (ddp.py)
-- ``compile_scope=``, ``compile_dynamic=``: Accelerate's compile plugin, per-layer compile and symbolic shapes
+- ``compile_scope=``, ``compile_dynamic=``, ``compile_tune_kernels=``: Accelerate's compile plugin (per-layer
+  compile, symbolic shapes) and Inductor's kernel tuning
   (compile_options.py)
 - ``clip_in_optimizer=``: the clip factor applied inside the fused AdamW step (clipping.py)
 - ``drop_last_batch=``: drop each epoch's short last training batch (train.drop_last_batch)
@@ -32,7 +33,7 @@ from sparsebert.console import duration
 from sparsebert.errors import SparseBertError
 from sparsebert.models.ties import loaded_through_a_tie
 from sparsebert.trainer.clipping import ClipInOptimizer
-from sparsebert.trainer.compile_options import apply_compile_plugin_options
+from sparsebert.trainer.compile_options import apply_compile_plugin_options, apply_kernel_tuning
 from sparsebert.trainer.ddp import FlatAllReduceCallback, GradientSync, apply_ddp_settings
 from sparsebert.trainer.distillation import prepare_teacher, student_inputs
 from sparsebert.trainer.onecycle import onecycle_scheduler
@@ -157,7 +158,7 @@ class SparseBertTrainer(UpstreamTrainer):
 
     def __init__(self, *args, sparsity=None, distillation=None, onecycle=None, ddp=None,
                  clip_in_optimizer: bool = False, compile_scope: str | None = None,
-                 compile_dynamic: bool | None = None, drop_last_batch: bool = False, tokens_per_sample: int = 0,
+                 compile_dynamic: bool | None = None, compile_tune_kernels: bool | None = None, drop_last_batch: bool = False, tokens_per_sample: int = 0,
                  experiment: dict | None = None, **kwargs):
         self.onecycle = onecycle
         self.tokens_per_sample = tokens_per_sample
@@ -168,6 +169,7 @@ class SparseBertTrainer(UpstreamTrainer):
         self.skipped_steps = SkippedSteps(self, self.pending_logs)
         # Accelerate's compile plugin exists only now; it compiles at the start of training
         apply_compile_plugin_options(self.accelerator, compile_scope, compile_dynamic)
+        apply_kernel_tuning(compile_tune_kernels)  # Inductor's, process-wide: before train() compiles
         clipping = ClipInOptimizer(clip_in_optimizer)
         sync = None
         if ddp is not None:

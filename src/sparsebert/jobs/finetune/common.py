@@ -17,13 +17,13 @@ from sparsebert.config import PRETRAINING_TASKS, ExperimentConfig, to_dict
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text, publish_tree
+from sparsebert.models.prepare import prepare_model
 from sparsebert.models.pretrained import pretrained_kwargs
 from sparsebert.results import RunRegistry
 from sparsebert.results.recording import finished, run_record
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.trainer.arguments import batch_layout, training_arguments
 from sparsebert.trainer.hooks import build_hooks
-from sparsebert.trainer.prepare import prepare_model
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 

@@ -11,12 +11,12 @@ import torch
 from torchao.float8.float8_linear import Float8Linear
 from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassification
 
-import sparsebert.trainer.prepare as prepare
+import sparsebert.models.prepare as prepare
 from sparsebert.config import ConfigError, ExperimentRegistry
 from sparsebert.errors import SparseBertError
+from sparsebert.models.fp8 import use_fp8_matmuls
 from sparsebert.models.fused_qkv import FusedQKVSelfAttention
 from sparsebert.runner import check_train_settings
-from sparsebert.trainer.fp8 import use_fp8_matmuls
 
 
 @pytest.fixture(scope="module")

@@ -11,14 +11,14 @@ from transformers import BertConfig
 
 from sparsebert.config import ExperimentRegistry
 from sparsebert.models.bert import BertForMaskedLMAtMasked
-from sparsebert.trainer.arguments import training_arguments
-from sparsebert.trainer.hooks import build_hooks
-from sparsebert.trainer.prepare import prepare_model
-from sparsebert.trainer.residual_precision import (
+from sparsebert.models.prepare import prepare_model
+from sparsebert.models.residual_precision import (
     AutocastDtypeLayerNorm,
     apply_half_precision_residual,
     use_half_precision_residual,
 )
+from sparsebert.trainer.arguments import training_arguments
+from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
 
 CONFIG = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

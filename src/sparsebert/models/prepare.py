@@ -1,17 +1,14 @@
 """Model transforms applied before the Trainer is built: they change modules of the trained model (never a
 distillation teacher's), so they belong to the model, not to the Trainer's step.
 
-- ``model.fast_dropout``: dropout with counter-hash random bits under torch.compile (trainer/fast_dropout.py);
-- ``model.half_precision_residual``: LayerNorm outputs in bf16 under bf16 training (trainer/residual_precision.py);
-- ``model.fused_qkv``: each attention layer's Q, K and V as one matrix product (models/fused_qkv.py);
-- ``train.precision=fp8``: the encoder's Linear layers multiply in FP8 (trainer/fp8.py);
-- ``train.torch_compile_tune_kernels``: Inductor's kernel tuning, a process-wide setting (compile_options.py).
+- ``model.fast_dropout``: dropout with counter-hash random bits under torch.compile (fast_dropout.py);
+- ``model.half_precision_residual``: LayerNorm outputs in bf16 under bf16 training (residual_precision.py);
+- ``model.fused_qkv``: each attention layer's Q, K and V as one matrix product (fused_qkv.py);
+- ``train.precision=fp8``: the encoder's Linear layers multiply in FP8 (fp8.py).
 
-The compile plugin's scope and dynamic shapes live on Accelerate's plugin, which exists only once the Trainer
-does: SparseBertTrainer sets them (compile_options.py). They cannot move here unchanged: ``Trainer.__init__``
-builds the plugin from TrainingArguments, and Accelerate compiles the model with it only after wrapping it in
-DDP, at the start of ``train()``; compiling here would compile the bare model, and the plugin's only other
-inputs are process-wide ``ACCELERATE_DYNAMO_*`` environment variables.
+How the model is compiled is not a transform of the model: Accelerate's compile plugin and Inductor's settings
+are set by SparseBertTrainer (trainer/compile_options.py), which compiles the model, after DDP wraps it, at
+the start of ``train()``.
 """
 
 from __future__ import annotations
@@ -22,12 +19,11 @@ from torch import nn
 
 from sparsebert.config import ExperimentConfig
 from sparsebert.errors import SparseBertError
+from sparsebert.models.fast_dropout import apply_fast_dropout
+from sparsebert.models.fp8 import use_fp8_matmuls
 from sparsebert.models.fused_qkv import use_fused_qkv
-from sparsebert.trainer.arguments import resolve_precision
-from sparsebert.trainer.compile_options import apply_kernel_tuning
-from sparsebert.trainer.fast_dropout import apply_fast_dropout
-from sparsebert.trainer.fp8 import use_fp8_matmuls
-from sparsebert.trainer.residual_precision import apply_half_precision_residual
+from sparsebert.models.precision import resolve_precision
+from sparsebert.models.residual_precision import apply_half_precision_residual
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +32,6 @@ def prepare_model(model: nn.Module, cfg: ExperimentConfig) -> nn.Module:
     """Applies the experiment's model transforms to ``model`` in place (parameters and state_dict keys stay as
     they are) and returns it."""
     compiled = cfg.train.torch_compile
-    apply_kernel_tuning(cfg.train.torch_compile_tune_kernels if compiled else None)
     if cfg.model.half_precision_residual:
         apply_half_precision_residual(model, _precision(cfg.train.precision))
     if cfg.model.fast_dropout:
