@@ -568,3 +568,12 @@ def test_only_the_main_process_logs_info(monkeypatch):
     monkeypatch.delenv("RANK")
     monkeypatch.setenv("PMI_RANK", "0")  # mpirun
     assert log_level() == logging.INFO
+
+
+def test_a_refused_export_says_one_line_and_nothing_of_torchao(tmp_path):
+    """transformers imports torchao where it is installed; its import-time lines about kernel libraries it cannot
+    load (and torch's deprecation notes on them) must not surround the one-line error."""
+    done = subprocess.run([sys.executable, "-m", "sparsebert", "--export", "nothing", "--to", str(tmp_path / "x")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["error: --export nothing: no such run (looked in . and runs)"]

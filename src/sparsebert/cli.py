@@ -147,6 +147,21 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
+def quiet_torchao_import() -> None:
+    """transformers imports torchao wherever it is installed (train.precision=fp8 needs it), and torchao's import
+    warns about each optional kernel library it cannot load for this Python or GPU (mxfp8, CUTLASS sm90a; Triton on
+    a CPU machine) and registers enums in a way torch calls deprecated: lines about kernels sparsebert never calls,
+    in every run's log. Only those lines are dropped; anything else torchao or torch says still shows."""
+    def not_an_optional_kernel(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Failed to load") or "register_constant() on Enum subclasses" in message
+                    or "Detected no triton" in message)
+
+    # a filter sees only its own logger's records, not its children's: each logger that says one of them
+    for name in ("torchao", "torchao.kernel.intmm", "torch.utils._pytree"):
+        logging.getLogger(name).addFilter(not_an_optional_kernel)
+
+
 def log_level() -> int:
     """INFO on the job's main process, WARNING on the others: N ranks would print every INFO line N times."""
     from sparsebert.distributed import global_rank
@@ -158,6 +173,7 @@ def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
     logging.basicConfig(level=log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_torchao_import()
     try:
         registry = load_registry(args)
         if args.search:

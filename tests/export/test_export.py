@@ -31,7 +31,7 @@ from sparsebert.export import (
     pack_bits,
     unpack_bits,
 )
-from sparsebert.export.compressed import MASK_SUFFIX, VALUES_SUFFIX, WEIGHTS_NAME
+from sparsebert.export.bitmask_loader import MASK_SUFFIX, VALUES_SUFFIX, WEIGHTS_NAME
 from sparsebert.io import _UMASK
 from sparsebert.jobs.finetune.gap import load_gap_model
 from sparsebert.models.bert import BertForMaskedLMAtMasked

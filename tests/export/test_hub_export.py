@@ -153,6 +153,30 @@ def test_compressed_export_reports_whole_directory_sizes(sst2_run, plain_export,
     assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o666 & ~_UMASK}
 
 
+def test_from_pretrained_loads_the_compressed_export_bit_for_bit(sst2_run, plain_export, tmp_path, data_dir,
+                                                                tokenizer):
+    out = tmp_path / "compressed"
+    assert cli_main(["--export", str(sst2_run), "--to", str(out), "--compressed"]) == 0
+    assert not (out / "model.safetensors").exists()
+    loaded = AutoModelForSequenceClassification.from_pretrained(out, trust_remote_code=True)
+    assert type(loaded) is BertForSequenceClassification  # the plain class: nothing of ours stays in the model
+    plain = AutoModelForSequenceClassification.from_pretrained(plain_export[0]).eval()
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), loaded.state_dict().values(),
+                                                  strict=True))
+    sentences, _ = _sst2_rows(data_dir, 40, 4)
+    batch = tokenizer(sentences, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.equal(loaded(**batch).logits, plain(**batch).logits)
+    # the reader shipped with the export imports nothing of sparsebert: it loads where sparsebert is not installed
+    import ast
+
+    tree = ast.parse((out / "bitmask_loader.py").read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)} | {
+        a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not any(m and m.startswith("sparsebert") for m in imported), imported
+    assert "trust_remote_code=True" in (out / "README.md").read_text()
+
+
 def test_a_classifier_for_a_task_saves_its_label_names(sst2_run, tmp_path):
     """A run saves the labels itself (a run from before this export still gets them: the tests above)."""
     model = load_classifier(str(sst2_run / "model"), 2, False, ("entailment", "not_entailment"))

@@ -4,7 +4,8 @@ own sm90 CUTLASS kernel. Both turn a trained sparse model into its deployed form
 training core ``sparsity/``.
 """
 
-from sparsebert.export.compressed import compress_state_dict, decompress_tensors, pack_bits, unpack_bits
+from sparsebert.export.bitmask_loader import decompress_tensors, unpack_bits
+from sparsebert.export.compressed import compress_state_dict, pack_bits
 from sparsebert.export.model_dir import decompress_state_dict, export_run, load_compressed, resolve_run
 from sparsebert.export.onnx import export_onnx
 from sparsebert.export.semi_structured import (

@@ -29,19 +29,19 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
 from sparsebert.errors import SparseBertError
+from sparsebert.export.bitmask_loader import (  # the reader lives there: it is copied into each export
+    FORMAT,
+    MASK_SUFFIX,
+    VALUES_SUFFIX,
+    read_bitmask_file,
+)
 
-FORMAT = "sparsebert-bitmask-v1"
-WEIGHTS_NAME = "model.compressed.safetensors"
 MIN_ZERO_FRACTION = 0.5
-MASK_SUFFIX = ".__mask__"
-VALUES_SUFFIX = ".__values__"
 
 _BIT_WEIGHTS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
 
@@ -65,13 +65,6 @@ def pack_bits(flags: torch.Tensor) -> torch.Tensor:
         flat = torch.cat([flat, flat.new_zeros(pad)])
     # the sum of 8 distinct powers of two fits a uint8; sum() would promote to int64, so convert back
     return (flat.view(-1, 8) * _BIT_WEIGHTS).sum(dim=1, dtype=torch.uint8)
-
-
-def unpack_bits(packed: torch.Tensor, numel: int) -> torch.Tensor:
-    """Inverse of :func:`pack_bits`: the first ``numel`` flags as a 1-D bool tensor."""
-    shifts = torch.arange(7, -1, -1, dtype=torch.uint8)
-    bits = (packed.reshape(-1, 1) >> shifts) & 1
-    return bits.reshape(-1)[:numel].bool()
 
 
 def is_sparse(t: torch.Tensor, min_zero_fraction: float = MIN_ZERO_FRACTION) -> bool:
@@ -109,26 +102,6 @@ def compress_state_dict(
     return out, shapes
 
 
-def decompress_tensors(tensors: Mapping[str, torch.Tensor], shapes: Mapping[str, list[int]]) -> dict[str, torch.Tensor]:
-    """Inverse of :func:`compress_state_dict`: the original state dict (zeros as ``+0.0``, see the module)."""
-    out = {name: t for name, t in tensors.items() if not name.endswith((MASK_SUFFIX, VALUES_SUFFIX))}
-    for name, shape in shapes.items():
-        try:
-            packed, values = tensors[name + MASK_SUFFIX], tensors[name + VALUES_SUFFIX]
-        except KeyError as e:
-            raise SparseBertError(f"compressed tensor {name}: its part {e.args[0]} is missing") from None
-        numel = 1
-        for size in shape:
-            numel *= size
-        flags = unpack_bits(packed, numel)
-        if packed.numel() != (numel + 7) // 8 or int(flags.sum()) != values.numel():
-            raise SparseBertError(f"compressed tensor {name}: mask and values do not match shape {shape}")
-        dense = torch.zeros(numel, dtype=values.dtype)
-        dense[flags] = values
-        out[name] = dense.view(shape)
-    return out
-
-
 def save_compressed(state: Mapping[str, torch.Tensor], path: str | os.PathLike,
                     min_zero_fraction: float = MIN_ZERO_FRACTION) -> dict[str, list[int]]:
     """Write ``state`` compressed to the safetensors file ``path``; returns the compressed tensors' shapes."""
@@ -140,15 +113,7 @@ def save_compressed(state: Mapping[str, torch.Tensor], path: str | os.PathLike,
 
 def read_compressed(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     """The dense state dict stored in the compressed safetensors file ``path`` (see the module docstring)."""
-    path = Path(path)
-    if not path.is_file():
-        raise SparseBertError(f"{path} does not exist")
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118 (not a dict)
-    except Exception as e:  # safetensors raises its own error types for a damaged header
-        raise SparseBertError(f"{path} is not a safetensors file: {e}") from None
-    if meta.get("sparsebert_format") != FORMAT:
-        raise SparseBertError(f"{path} is not a {FORMAT} file (metadata format {meta.get('sparsebert_format')!r})")
-    return decompress_tensors(tensors, json.loads(meta["shapes"]))
+        return read_bitmask_file(path)
+    except ValueError as e:
+        raise SparseBertError(str(e)) from None

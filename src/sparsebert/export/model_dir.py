@@ -31,7 +31,9 @@ import torch
 from safetensors.torch import load_file
 
 from sparsebert.errors import SparseBertError
-from sparsebert.export.compressed import FORMAT, WEIGHTS_NAME, read_compressed, save_compressed
+from sparsebert.export import bitmask_loader
+from sparsebert.export.bitmask_loader import AUTO_MAP, FORMAT, WEIGHTS_NAME
+from sparsebert.export.compressed import read_compressed, save_compressed
 from sparsebert.export.model_card import label_names, model_card, set_labels
 from sparsebert.io import atomic_write_json, atomic_write_text, publish_tree
 from sparsebert.models.ties import loaded_through_a_tie
@@ -59,13 +61,12 @@ model = load_gap_model("{name}", "{head}", "{name}")  # the GAP head takes span 
 """
 COMPRESSED_USAGE = """## Use
 
-The weights are in `{weights}`: each mostly-zero tensor as a bitmask and its non-zero values ({format}).
-`from_pretrained` cannot read them (transformers 5 and compressed-tensors dropped the sparse-bitmask format
-that it once loaded); load the model with
+The weights are in `{weights}`: each mostly-zero tensor as a bitmask and its non-zero values ({format}),
+read by `bitmask_loader.py` beside them (transformers 5 and compressed-tensors dropped the sparse-bitmask format
+transformers once loaded by itself). Load the model, bit for bit, with
 
 ```python
-from sparsebert.export import load_compressed
-model = load_compressed("{name}")  # or decompress_state_dict("{name}") for the tensors alone
+{load}
 ```
 
 {compressed} of {tensors} tensors compressed: weights {dense_mb:.2f} MB -> {packed_mb:.2f} MB; the whole directory
@@ -180,6 +181,7 @@ def _write(model_dir: Path, out: Path, compressed: bool, run_dir: Path, name: st
     summary.update({"format": FORMAT, "weights": WEIGHTS_NAME, "tensors": len(state),
                     "compressed_tensors": sorted(shapes), "packed_bytes": packed_bytes,
                     "plain_dir_bytes": shared + len(plain_card.encode()) + dense_bytes})
+    load = _compressed_load_code(name, out, architecture)  # after the sizes the plain export shares
     # the card and compression.json name the directory's size, which they are part of: written until the size
     # they name is theirs (a digit more or less in a number changes it; twice or three times suffices)
     summary["dir_bytes"] = 0
@@ -188,11 +190,26 @@ def _write(model_dir: Path, out: Path, compressed: bool, run_dir: Path, name: st
             break
         summary["dir_bytes"] = _dir_bytes(out)
         atomic_write_text(out / "README.md", model_card(run_dir, labels, architecture, COMPRESSED_USAGE.format(
-            weights=WEIGHTS_NAME, format=FORMAT, name=name, compressed=len(shapes), tensors=len(state),
+            weights=WEIGHTS_NAME, format=FORMAT, load=load, compressed=len(shapes), tensors=len(state),
             dense_mb=dense_bytes / 1e6, packed_mb=packed_bytes / 1e6, plain_dir_mb=summary["plain_dir_bytes"] / 1e6,
             dir_mb=summary["dir_bytes"] / 1e6, ratio=summary["plain_dir_bytes"] / max(summary["dir_bytes"], 1))))
         atomic_write_json(out / COMPRESSION_FILE, summary)
     return summary
+
+
+def _compressed_load_code(name: str, out: Path, architecture: str | None) -> str:
+    """Ship the format's reader with a compressed export and map the Auto class to it in ``config.json``, so that
+    ``from_pretrained(..., trust_remote_code=True)`` loads it without sparsebert; the card's load code."""
+    if architecture not in AUTO_MAP:  # a GAP model: its head is ours
+        return f'from sparsebert.export import load_compressed\nmodel = load_compressed("{name}")'
+    shutil.copy2(bitmask_loader.__file__, out / "bitmask_loader.py")
+    auto_class, loader = AUTO_MAP[architecture]
+    config = json.loads((out / "config.json").read_text())
+    config["auto_map"] = {auto_class: f"bitmask_loader.{loader}"}
+    atomic_write_json(out / "config.json", config)
+    return (f"from transformers import {auto_class}\n"
+            f'model = {auto_class}.from_pretrained("{name}", trust_remote_code=True)  # or sparsebert\'s '
+            "load_compressed")
 
 
 def _load_code(name: str, config: dict[str, Any], labels: list[str] | None) -> str:
