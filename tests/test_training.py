@@ -337,7 +337,11 @@ def test_trackers_write_locally_and_wandb_never_blocks(registry, data_dir, tmp_p
     assert summary["train/density"] == pytest.approx(0.2, abs=0.01)
     assert summary["train/density/layer_0_Q"] == pytest.approx(0.2, abs=0.05)
     assert names == ("sparse_tiny_rigl", "sparse_tiny_rigl")  # not transformers' "huggingface"
-    assert list(offline.glob("run-*.wandb"))  # the records `wandb sync` uploads (wandb-core writes them)
+    # the records `wandb sync` uploads (wandb-core writes them; no Python reader here): the config's sections and
+    # the density series are in them
+    (records,) = offline.glob("run-*.wandb")
+    raw = records.read_bytes()
+    assert b'"sparsity"' in raw and b'"rigl"' in raw and b"train/density/layer_0_Q" in raw
 
     (events,) = [p for p in (tmp_path / "sparse_tiny_rigl").rglob("events.out.tfevents.*")
                  if p.parent.name != "experiment"]  # the training run's; experiment/ holds the hparams
