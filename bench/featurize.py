@@ -164,7 +164,7 @@ def wiki_workload(args, tokenizer):
     from sparsebert.config import DataConfig
     from sparsebert.data.corpus import corpus_files
     from sparsebert.data.featurize import files_digest
-    from sparsebert.data.pretrain import PACK_BATCH_SIZE, load_documents, pack_batch
+    from sparsebert.data.mlm_data import PACK_BATCH_SIZE, load_documents, pack_batch
 
     wiki = Path(args.wiki_dir)
     files = corpus_files(wiki, args.wiki_files)

@@ -143,7 +143,7 @@ def time_plain_ddp(cfg, tokenizer, data, warmup: int) -> dict:
     from torch.utils.data import DataLoader
     from torch.utils.data.distributed import DistributedSampler
 
-    from sparsebert.data.pretrain import MLMCollator
+    from sparsebert.data.mlm_data import MLMCollator
     from sparsebert.models.bert import build_mlm_model
 
     world, cuda = int(os.environ.get("WORLD_SIZE", "1")), torch.cuda.is_available()

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from sparsebert.config import ExperimentRegistry  # noqa: E402
-from sparsebert.data.pretrain import MLMCollator  # noqa: E402
+from sparsebert.data.mlm_data import MLMCollator  # noqa: E402
 from sparsebert.data.tokenizer import load_tokenizer  # noqa: E402
 from sparsebert.env_info import git_commit  # noqa: E402
 from sparsebert.models.bert import build_mlm_model, scatter_masked_predictions  # noqa: E402

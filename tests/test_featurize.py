@@ -36,7 +36,7 @@ from sparsebert.data.featurize import (
 )
 from sparsebert.data.gap import featurize_gap, gap_features, read_gap
 from sparsebert.data.glue import encode_glue_batch, featurize_glue, load_glue
-from sparsebert.data.pretrain import (
+from sparsebert.data.mlm_data import (
     build_pretrain_data,
     load_documents,
     mask_once,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sparsebert.config import ExperimentRegistry
-from sparsebert.data.pretrain import MLMCollator
+from sparsebert.data.mlm_data import MLMCollator
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.models.bert import build_mlm_model
 from sparsebert.models.prepare import prepare_model

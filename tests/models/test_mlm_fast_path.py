@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from sparsebert.data.pretrain import cap_masked_tokens, static_prediction_rows
+from sparsebert.data.mlm_data import cap_masked_tokens, static_prediction_rows
 from sparsebert.models.bert import BertForMaskedLMAtMasked, scatter_masked_predictions
 
 CONFIG = dict(vocab_size=90, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,

@@ -9,7 +9,7 @@ from torch import nn
 from transformers import BertConfig, BertForSequenceClassification
 from transformers.modeling_outputs import SequenceClassifierOutput
 
-from sparsebert.config.hooks import DistillationConfig
+from sparsebert.config.hook_sections import DistillationConfig
 from sparsebert.errors import SparseBertError
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.trainer.distillation import (

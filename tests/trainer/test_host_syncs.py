@@ -17,7 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import BertConfig
 
-from sparsebert.data.pretrain import MLMCollator
+from sparsebert.data.mlm_data import MLMCollator
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.trainer import profiling
 from sparsebert.trainer.profiling import SYNC_WARNING, HostSyncCounter

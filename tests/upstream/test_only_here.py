@@ -13,7 +13,7 @@ import ast
 import re
 from pathlib import Path
 
-from sparsebert.upstream import libraries, torch_ops, trainer
+from sparsebert.upstream import libraries, torch_ops, transformers_trainer
 
 PACKAGE = Path(__file__).resolve().parents[2] / "src" / "sparsebert"
 
@@ -25,7 +25,7 @@ PUBLIC_UNDERSCORE = {"_replace", "_asdict", "_fields", "_make", "_field_defaults
 def listed_names() -> tuple[set[str], set[str]]:
     """(names matched on any receiver, names matched on any receiver but self / cls): the Trainer's own private
     names are in the first set, since SparseBertTrainer's ``self`` is a Trainer."""
-    on_trainer = {name for names in trainer.PRIVATE_NAMES.values() for name in names}
+    on_trainer = {name for names in transformers_trainer.PRIVATE_NAMES.values() for name in names}
     others = {name for names in libraries.PRIVATE_NAMES.values() for name in names}
     # torch's private modules (torch._dynamo.config.optimize_ddp) are caught as ``torch._``; of the rest, the
     # private attributes (OptimizedModule._orig_mod)

@@ -1,4 +1,4 @@
-"""Every private Transformers Trainer / TrainingArguments name sparsebert touches (upstream/trainer.py) still
+"""Every private Transformers Trainer / TrainingArguments name sparsebert touches (upstream/transformers_trainer.py) still
 exists: an upgrade that renames one fails here, by name, instead of silently inside a training run."""
 
 from __future__ import annotations
@@ -8,15 +8,15 @@ import torch
 from tiny_models import Regression
 from transformers import Trainer, TrainingArguments
 
-from sparsebert.upstream.trainer import PRIVATE_NAMES, UpstreamTrainer, train_on_one_gpu
+from sparsebert.upstream.transformers_trainer import PRIVATE_NAMES, UpstreamTrainer, train_on_one_gpu
 
-SEE = "see sparsebert/upstream/trainer.py"
+SEE = "see sparsebert/upstream/transformers_trainer.py"
 
 
 @pytest.mark.parametrize("name", PRIVATE_NAMES["Trainer methods"])
 def test_the_trainer_hooks_we_override_exist(name):
     assert callable(getattr(Trainer, name, None)), f"Trainer.{name} is gone: {SEE}"
-    assert name in vars(UpstreamTrainer)  # and upstream/trainer.py is where they are overridden
+    assert name in vars(UpstreamTrainer)  # and upstream/transformers_trainer.py is where they are overridden
 
 
 def test_the_trainer_and_argument_attributes_exist(tmp_path):

@@ -1,6 +1,6 @@
 """The fully resolved experiment: all sections, typed and validated together.
 
-Hook sections are ``None`` when the hook is off. Their dataclasses: ``config/hooks.py`` (``kd``, ``onecycle``) and
+Hook sections are ``None`` when the hook is off. Their dataclasses: ``config/hook_sections.py`` (``kd``, ``onecycle``) and
 ``sparsity/config.py`` (``sparsity``, ``rigl``, ``gmp``, beside the plain-PyTorch core). Nothing here imports the
 data, model or trainer packages: they import the config.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sparsebert.config.hooks import DistillationConfig, OneCycleConfig
+from sparsebert.config.hook_sections import DistillationConfig, OneCycleConfig
 from sparsebert.config.schema import ConfigError
 from sparsebert.config.sections import (
     FLAT_COMM_HOOKS,

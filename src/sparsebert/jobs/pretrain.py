@@ -15,7 +15,7 @@ from safetensors import SafetensorError
 from transformers import TrainerCallback
 
 from sparsebert.config import ExperimentConfig
-from sparsebert.data.pretrain import MLMCollator, PretrainData, build_pretrain_data
+from sparsebert.data.mlm_data import MLMCollator, PretrainData, build_pretrain_data
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError

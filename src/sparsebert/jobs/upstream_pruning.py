@@ -19,7 +19,7 @@ from torch import nn
 from transformers import BertModel, default_data_collator
 from transformers.utils import ModelOutput
 
-from sparsebert.data.pretrain import build_pretrain_data
+from sparsebert.data.mlm_data import build_pretrain_data
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError

@@ -15,7 +15,7 @@ from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.models.precision import resolve_precision
 from sparsebert.trainer.tracking import wandb_project
-from sparsebert.upstream.trainer import train_on_one_gpu
+from sparsebert.upstream.transformers_trainer import train_on_one_gpu
 
 log = logging.getLogger(__name__)
 

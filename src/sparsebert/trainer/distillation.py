@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sparsebert.config.hooks import DistillationConfig
+from sparsebert.config.hook_sections import DistillationConfig
 from sparsebert.errors import SparseBertError
 
 

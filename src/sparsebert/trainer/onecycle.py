@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sparsebert.config.hooks import OneCycleConfig
+from sparsebert.config.hook_sections import OneCycleConfig
 
 
 def onecycle_scheduler(c: OneCycleConfig, optimizer, learning_rate: float,

@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from sparsebert.config.hooks import DistillationConfig
+from sparsebert.config.hook_sections import DistillationConfig
 from sparsebert.distributed.all_reduce import SyncResult
 from sparsebert.sparsity import SparsityController
 from sparsebert.trainer.clipping import ClipInOptimizer

@@ -1,6 +1,6 @@
 """SparseBertTrainer: the one Trainer subclass. Its overrides hand each part of the training step to
 ``TrainingStep`` (step.py, which shows the step top to bottom); private Trainer hooks reach it through
-``UpstreamTrainer`` (upstream/trainer.py: private names are touched in sparsebert/upstream/ only).
+``UpstreamTrainer`` (upstream/transformers_trainer.py: private names are touched in sparsebert/upstream/ only).
 
 Keyword arguments (None / False = off), from ``build_hooks`` (hooks.py):
 
@@ -40,7 +40,7 @@ from sparsebert.trainer.onecycle import onecycle_scheduler
 from sparsebert.trainer.sparse_training import SparsityCallback, rewound_lr_scheduler
 from sparsebert.trainer.step import StepCallback, TrainingStep
 from sparsebert.trainer.tracking import ExperimentTracking
-from sparsebert.upstream.trainer import UpstreamTrainer
+from sparsebert.upstream.transformers_trainer import UpstreamTrainer
 
 
 class PendingLogs:

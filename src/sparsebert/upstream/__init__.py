@@ -7,7 +7,7 @@ somewhere inside a training run.
 
 - ``torch_ops``: torch's (foreach kernels, cuSPARSELt, Dynamo / Inductor settings); imports torch only, so the
   sparsity core (plain PyTorch) may use it.
-- ``trainer``: the Transformers Trainer's and TrainingArguments' (imports ``transformers.Trainer``).
+- ``transformers_trainer``: the Transformers Trainer's and TrainingArguments' (imports ``transformers.Trainer``).
 - ``libraries``: a model config's, tokenizers', datasets' and optuna's attributes; imports nothing, so modules
   that load those libraries lazily stay lazy.
 

@@ -12,7 +12,7 @@ import torch
 from sparsebert.config import DataConfig
 from sparsebert.data.corpus import iter_documents, iter_wikiextractor
 from sparsebert.data.paths import HOW_TO_POINT
-from sparsebert.data.pretrain import MLMCollator, build_pretrain_data, load_documents, mask_once, pack_batch
+from sparsebert.data.mlm_data import MLMCollator, build_pretrain_data, load_documents, mask_once, pack_batch
 from sparsebert.errors import SparseBertError
 
 CORPUS = "wikipedia-enwiki-2015-wikiextractor"
@@ -244,7 +244,7 @@ def test_edited_reader_reads_the_corpus_again(hf_cache, tmp_path, monkeypatch):
     """The document cache follows the reader code (corpus.py), as the packing cache key does: an edit of the
     readers is simulated by another reader and another digest of the readers' source."""
     import sparsebert.data.corpus
-    import sparsebert.data.pretrain
+    import sparsebert.data.mlm_data
 
     corpus = tmp_path / "data" / "corpus.txt"
     corpus.parent.mkdir()
@@ -257,8 +257,8 @@ def test_edited_reader_reads_the_corpus_again(hf_cache, tmp_path, monkeypatch):
             yield {**doc, "text": doc["text"].upper()}
 
     monkeypatch.setitem(sparsebert.data.corpus.READERS, "text", shouting)
-    real_digest = sparsebert.data.pretrain.source_digest
-    monkeypatch.setattr(sparsebert.data.pretrain, "source_digest",
+    real_digest = sparsebert.data.mlm_data.source_digest
+    monkeypatch.setattr(sparsebert.data.mlm_data, "source_digest",
                         lambda fn: f"edited {real_digest(fn)}" if fn is iter_documents else real_digest(fn))
     assert load_documents(cfg, tmp_path / "data")["text"] == ["FIRST DOCUMENT", "SECOND DOCUMENT"]
 
