@@ -10,7 +10,7 @@ import torch
 from module_loading import load_module
 from transformers import BertConfig
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "pretrain_throughput.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "pretrain_throughput.py"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from module_loading import load_module
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "real_loop_scaling.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "real_loop_scaling.py"
 
 
 @pytest.fixture(scope="module")

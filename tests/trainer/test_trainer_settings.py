@@ -238,7 +238,7 @@ def test_compiled_run_leaves_matmul_precision_readable(tmp_path):
     run on a GPU) has set it through the legacy API, the new API's setting no longer makes the getter raise."""
     done = subprocess.run([sys.executable, "-c", MATMUL_PRECISION_SCENARIO, str(tmp_path)],
                           capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")})
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     assert "getter raised before: True" in lines  # the state that failed compiles

@@ -27,7 +27,7 @@ from sparsebert.search.space import parse_space
 from sparsebert.search.study import gpu_slots, open_study
 from sparsebert.search.trials import trial_env, trial_outcome
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STUDY = "tiny_search-tiny"
 # 32 training rows (2 optimizer steps): what is tested is the search around the runs, not what they learn
 FEW_ROWS = ["--set", "finetune.max_train_samples=32"]

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from module_loading import load_module
 
-BENCH = Path(__file__).resolve().parents[1] / "bench" / "scaling.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "scaling.py"
 
 
 @pytest.fixture(scope="module")
