@@ -70,8 +70,8 @@ def parser() -> argparse.ArgumentParser:
                         "EXPERIMENT/glue_rte/run0, or a run directory) to --to DIR")
     p.add_argument("--to", type=Path, metavar="DIR", help="with --export: the new model directory")
     p.add_argument("--compressed", action="store_true",
-                   help="with --export: store mostly-zero tensors as bitmask + values; load with "
-                        "sparsebert.export.load_compressed")
+                   help="with --export: store mostly-zero tensors as bitmask + values, with their reader beside "
+                        "them: from_pretrained(DIR, trust_remote_code=True) loads it")
     p.add_argument("--onnx", action="store_true",
                    help="with --export: add model.onnx, kept only if ONNX Runtime (CPU) matches PyTorch to 1e-4 "
                         "(pip install sparsebert[onnx])")
@@ -482,8 +482,10 @@ def export(args: argparse.Namespace) -> int:
     """``--export RUN --to DIR [--compressed | --onnx]``: see :mod:`sparsebert.export`."""
     if not args.export or args.to is None:
         raise SparseBertError("--export RUN and --to DIR go together (--compressed and --onnx only with them)")
+    from sparsebert.console import quiet_progress_bars
     from sparsebert.export import export_run
 
+    quiet_progress_bars()  # transformers' weight-loading bar, not a run's
     summary = export_run(args.export, output_root(args.output_dir), args.to, args.compressed, args.onnx)
     if args.compressed:
         # the whole directory against the plain export's: config, tokenizer and card weigh the same in both
@@ -491,7 +493,7 @@ def export(args: argparse.Namespace) -> int:
               f"{summary['tensors']} tensors compressed, weights {summary['dense_bytes'] / 1e6:.2f} MB -> "
               f"{summary['packed_bytes'] / 1e6:.2f} MB; whole directory {summary['plain_dir_bytes'] / 1e6:.2f} MB "
               f"-> {summary['dir_bytes'] / 1e6:.2f} MB, {summary['plain_dir_bytes'] / summary['dir_bytes']:.2f}x "
-              "smaller than the plain export; load with sparsebert.export.load_compressed)")
+              "smaller than the plain export; load with from_pretrained(DIR, trust_remote_code=True))")
     else:
         onnx = (f"; model.onnx matches PyTorch in ONNX Runtime to {summary['onnx_max_abs_diff']:.1e}"
                 if "onnx_max_abs_diff" in summary else "")

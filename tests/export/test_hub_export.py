@@ -101,7 +101,7 @@ def test_the_export_has_a_model_card_naming_the_run(plain_export, monkeypatch):
     assert meta["pipeline_tag"] == "text-classification"
     assert {"sparsity-80", "glue-sst2"} <= set(meta["tags"])
     for fact in ("| task | glue:sst2 (labels: negative, positive) |", "| sparsity | 80.0 %",
-                 "| accuracy | 0.8125 |", "| commit | 0123abc |", "python run.py sst2_exp --set sparsity.sparsity=0.8",
+                 "| accuracy | 0.8125 |", "| commit | 0123abc |", "sparsebert sst2_exp --set sparsity.sparsity=0.8",
                  '"learning_rate": 5e-05', "BertForSequenceClassification.from_pretrained(\"sst2-sparse80\")", 'classify = pipeline("text-classification", model="sst2-sparse80")'):
         assert fact in body, fact
     # the card's own code runs, beside the directory, as a user would run it
@@ -131,7 +131,7 @@ def test_onnx_runtime_matches_pytorch_on_real_sst2_rows(plain_export, data_dir, 
 def test_an_onnx_export_off_by_more_than_the_tolerance_fails_the_command(sst2_run, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(onnx_export, "TOLERANCE", -1.0)  # any difference, 0 included, is too much
     assert cli_main(["--export", str(sst2_run), "--to", str(tmp_path / "out"), "--onnx"]) == 2
-    lines = capsys.readouterr().err.strip().splitlines()  # the model's loading bars, then the error
+    lines = capsys.readouterr().err.strip().splitlines()  # torch.onnx's tracer warnings, then the error
     err = lines[-1]
     assert [line for line in lines if line.startswith("error")] == [err]
     assert err.startswith("error: --onnx: ONNX Runtime differs from PyTorch by ") and "not kept" in err

@@ -143,4 +143,6 @@ def _command(env: dict[str, Any]) -> str:
     argv = env.get("argv")
     if not isinstance(argv, list) or not argv:
         return "-"
-    return "python run.py " + shlex.join(str(a) for a in argv[1:])
+    # the console command, whichever of sparsebert, python -m sparsebert or run.py started the run: it is the one
+    # a reader of the card has after pip install
+    return "sparsebert " + shlex.join(str(a) for a in argv[1:])
