@@ -7,6 +7,10 @@ a refused or waiting process names. The holder removes the file when it releases
 killed process (its record names a process of this host that no longer runs) is stale and taken over with a
 warning.
 
+Why not ``filelock`` (installed): its flock lock records no holder (no "in use by process N on host H"), leaves its
+file behind on release, and cannot tell a stale record from a live one; its soft lock records the holder but is
+an exclusive-create file the kernel does not release when the holder dies.
+
 A record of another host cannot be checked from here, and file locks do not reach other nodes on every shared
 file system: with ``honour_other_hosts`` such a record counts as held, and the message says which file to
 delete once that process is gone. Without it (the feature cache, where two builders only duplicate work) the
