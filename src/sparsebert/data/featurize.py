@@ -4,10 +4,9 @@
 returns the result as a memory-mapped Arrow ``datasets.Dataset``, so every training process on a node shares
 the same pages instead of holding its own copy.
 
-Why not ``datasets.map``'s own cache: its fingerprint hashes the pickled function and tokenizer (a tokenizer whose
-truncation state changed re-maps; an edit elsewhere in the module does not), it keeps no checksum of the written
-files (a damaged cache file is read, not rebuilt), and two processes building one entry race; this cache keys on
-what changes the output, checks every shard, and takes a writer lock (locks.py).
+The mapping is ``datasets.map``; its cache is not used because it keeps no checksum of the files it wrote (a
+damaged cache file is read as it is, not rebuilt): this cache checks every shard, rebuilds a damaged one, and
+takes a writer lock per entry (locks.py), both of which the tests pin.
 
 Parallelism. The rows are cut into contiguous shards whose boundaries fall on multiples of ``batch_size`` (a
 batch per shard, at most ``SHARDS_PER_PROC`` shards per worker); ``num_proc`` worker processes map them, each shard
