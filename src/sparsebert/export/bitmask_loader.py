@@ -91,7 +91,7 @@ class _FromBitmask:
 
     @classmethod
     def from_pretrained(cls, directory, *args, config=None, **kwargs):
-        plain = cls.__mro__[2]  # Bitmask<Class> -> _FromBitmask -> <Class>
+        plain = next(c for c in cls.__mro__ if c.__module__.startswith("transformers."))  # the class it extends
         config = config if config is not None else AutoConfig.from_pretrained(directory)
         model = plain(config)
         state = read_bitmask_file(Path(directory) / WEIGHTS_NAME)
