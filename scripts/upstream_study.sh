@@ -13,7 +13,10 @@
 # The upstream runs are not: on one H100 two side by side took 570-740 s, three 890 s (docs/results.md), and the
 # transfers start after them. SECONDS (default 1500): every lane is stopped then; finished runs stay (DONE),
 # unfinished ones do not count. STUDY_UPSTREAM_SET / STUDY_TASK_SET: more "--set k=v" for the upstream runs / for
-# every finetuning run (the CPU test makes them tiny).
+# every finetuning run (the CPU test makes them tiny). STUDY_VARIANTS: suffixes of more GLUE transfer experiments
+# (e.g. "_lr2e4 _hidden": minilm_glue_from_upstream80_obs_lr2e4 ...), each a lane of its own beside the plain
+# transfer. STUDY_SEED_LANES=1: every seed of a transfer is a process of its own (output root TASK/seedN, the
+# teacher named by its path), so that one task's three seeds do not run one after another at the end.
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))
@@ -61,10 +64,27 @@ family() {
   if [[ " ${STUDY_DOWNSTREAM-$tasks} " == *" $task "* ]]; then
     lane "$task-downstream80" "$(after "$teacher" -- "${dense}_downstream80 $args --set finetune.runs_per_task={}")"
   fi
+  local variants=("") v
+  [ "$dense" = minilm_glue ] && variants+=(${STUDY_VARIANTS:-})
   for u in $upstreams; do
-    lane "$task-from$u" "$(after "$teacher" "$up_root/minilm_upstream_sparse$u/DONE" -- \
-      "${dense}_from_upstream$u $args ${seeds[*]} --set model.init_from=$up_root/minilm_upstream_sparse$u")"
+    for v in "${variants[@]}"; do
+      transfer "$task" "$task-from$u$v" "${dense}_from_upstream$u$v" "$teacher" "$up_root/minilm_upstream_sparse$u" \
+        "$out" "$dense" "$args ${seeds[*]}"
+    done
   done
+}
+# transfer TASK LANE EXPERIMENT TEACHER_DONE UPSTREAM_DIR OUT DENSE ARGS: one lane, or one per seed
+transfer() {
+  local task=$1 name=$2 experiment=$3 teacher=$4 upstream=$5 out=$6 dense=$7 args=$8 seed
+  local run="$experiment $args --set model.init_from=$upstream"
+  if [ "${STUDY_SEED_LANES:-0}" = 1 ] && [ "$task" != sst2 ]; then
+    for seed in 42 43 44; do
+      lane "$name-s$seed" "$(after "$teacher" "$upstream/DONE" -- "$run --output-dir $out/seed$seed --set seed=$seed \
+        --set finetune.num_runs=1 --set finetune.runs_per_task={} --set kd.teacher=$out/$dense")"
+    done
+  else
+    lane "$name" "$(after "$teacher" "$upstream/DONE" -- "$run")"
+  fi
 }
 for task in $tasks; do family "$task"; done
 wait

@@ -1,5 +1,5 @@
-"""scripts/upstream_study.sh on CPU at tiny size: the dense teacher and the upstream run first, then the transfer
-from the upstream model with its masks, distilled from that teacher."""
+"""scripts/upstream_study.sh on CPU at tiny size: the dense teacher and the upstream run first, then the transfers
+from the upstream model with its masks, distilled from that teacher: one process per seed and per variant."""
 
 from __future__ import annotations
 
@@ -15,31 +15,37 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "upstream_study.sh"
 UPSTREAM_SET = ("--set model.num_layers=2 --set data.max_files=1 --set data.eval_documents=4 "
                 "--set data.max_eval_samples=8 --set data.max_seq_length=64 --set train.global_batch_size=8 "
                 "--set train.max_steps=6 --set train.warmup_steps=0 --set train.eval_steps=6 --set train.save_steps=6 "
-                "--set gmp.frequency=2")
+                "--set gmp.frequency=2 --set gmp.obs_num_grads=2 --set gmp.obs_block_size=4")
 TASK_SET = ("--set model.num_layers=2 --set finetune.max_train_samples=16 --set finetune.max_eval_samples=16 "
             "--set train.epochs=1 --set finetune.runs_per_task={} --set finetune.max_seq_length=64")
 
 pytestmark = pytest.mark.slow
 
 
-def test_transfer_waits_for_its_upstream_model_and_teacher(data_dir, minilm_path, tmp_path):
+def test_transfers_wait_for_their_upstream_model_and_teacher(data_dir, minilm_path, tmp_path):
     root = tmp_path / "out"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "PYTHONPATH": str(SCRIPT.parents[1] / "src"), "STUDY_GPUS": "cpu", "STUDY_TASKS": "rte",
-           "STUDY_UPSTREAM": "80", "STUDY_DOWNSTREAM": "", "STUDY_UPSTREAM_SET": UPSTREAM_SET,
-           "STUDY_TASK_SET": TASK_SET}
+           "STUDY_UPSTREAM": "80_obs", "STUDY_DOWNSTREAM": "", "STUDY_UPSTREAM_SET": UPSTREAM_SET,
+           "STUDY_TASK_SET": TASK_SET, "STUDY_VARIANTS": "_hidden", "STUDY_SEED_LANES": "1"}
     subprocess.run(["bash", str(SCRIPT), str(root), str(data_dir), minilm_path, "500"], env=env,
                    cwd=SCRIPT.parents[1], check=True, capture_output=True, timeout=600)
     logs = sorted(p.name for p in (root / "logs").iterdir())
-    assert logs == ["rte-dense.log", "rte-from80.log", "upstream80.log"]
-    upstream = root / "upstream" / "minilm_upstream_sparse80"
+    assert logs == ["rte-dense.log", *(f"rte-from80_obs{v}-s{seed}.log" for v in ("", "_hidden")
+                                       for seed in (42, 43, 44)), "upstream80_obs.log"]
+    upstream = root / "upstream" / "minilm_upstream_sparse80_obs"
     teacher = root / "rte" / "minilm_glue" / "glue_rte" / "run0"
-    transfer = root / "rte" / "minilm_glue_from_upstream80" / "glue_rte" / "run0"
-    assert (upstream / "DONE").is_file() and (teacher / "DONE").is_file() and (transfer / "DONE").is_file(), \
-        (root / "logs" / "rte-from80.log").read_text()[-2000:]
-    config = json.loads((transfer / "config.json").read_text())
-    assert config["model"]["init_from"] == str(upstream) and config["kd"]["teacher"] == "minilm_glue"
-    started = (transfer.parents[1] / "config.json").stat().st_mtime
-    assert started >= (upstream / "DONE").stat().st_mtime and started >= (teacher / "DONE").stat().st_mtime
-    report = json.loads((transfer / "sparsity.json").read_text())
-    assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-4)
+    assert (upstream / "DONE").is_file() and (teacher / "DONE").is_file()
+    for variant in ("", "_hidden"):
+        for seed in (42, 43, 44):
+            # each seed is run0 of its own output root, trained with that seed
+            transfer = root / "rte" / f"seed{seed}" / f"minilm_glue_from_upstream80_obs{variant}" / "glue_rte" / "run0"
+            assert (transfer / "DONE").is_file(), (root / "logs" / f"rte-from80_obs{variant}-s{seed}.log").read_text()[-2000:]
+            config = json.loads((transfer / "config.json").read_text())
+            assert config["seed"] == seed and config["model"]["init_from"] == str(upstream)
+            assert config["kd"]["teacher"] == str(root / "rte" / "minilm_glue")
+            assert config["kd"]["hidden_weight"] == (1.0 if variant else 0.0)
+            started = (transfer.parents[1] / "config.json").stat().st_mtime
+            assert started >= (upstream / "DONE").stat().st_mtime and started >= (teacher / "DONE").stat().st_mtime
+            report = json.loads((transfer / "sparsity.json").read_text())
+            assert report["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-4)
