@@ -313,3 +313,30 @@ def test_loader_workers_outlive_an_epoch(registry, tmp_path, workers):
         assert readers[1] == readers[0]  # the same two processes read the second epoch
     else:
         assert readers == [{os.getpid()}, {os.getpid()}]
+
+
+class _MaskedRows(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int) -> dict:
+        return {"input_ids": torch.full((4,), 5), "labels": torch.full((4,), 5)}
+
+
+def test_training_loader_workers_stop_when_train_returns(registry, tmp_path):
+    """The workers that outlive epochs are stopped as train() returns, not left to the garbage collector, which
+    waited out torch's 5 s join timeout per worker at the end of every run."""
+    from transformers import TrainerCallback
+
+    trainer = tiny_trainer(registry, tmp_path, ["train.dataloader_workers=2", "train.global_batch_size=4",
+                                                "train.max_steps=2"])
+    trainer.train_dataset = _MaskedRows()
+    workers = []
+
+    class SeeWorkers(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            workers[:] = trainer._train_loader._iterator._workers
+
+    trainer.add_callback(SeeWorkers())
+    trainer.train()
+    assert len(workers) == 2 and not any(w.is_alive() for w in workers)
