@@ -68,7 +68,7 @@ def test_compiled_fp8_step_keeps_masked_weights_zero_and_follows_bf16():
     assert curves[1][-1] < curves[1][0] - 0.5
 
 
-def test_sparse_pretraining_and_dynamic_padding_finetuning_run_in_fp8(data_dir, tmp_path):
+def test_sparse_pretraining_and_dynamic_padding_finetuning_run_in_fp8(data_dir, minilm_dir, tmp_path):
     """Through the Trainer: a compiled RigL run (masks, dense gradients, fused AdamW) and a finetuning run whose
     batches pad to multiples of 8 (a weight gradient's inner dimension is then 8 x odd: padded to 16 by torchao)."""
     import json
@@ -80,7 +80,7 @@ def test_sparse_pretraining_and_dynamic_padding_finetuning_run_in_fp8(data_dir, 
 
     registry = ExperimentRegistry.builtin()
     opts = RunOptions(output_root=tmp_path, data_dir=data_dir)
-    fp8 = ["train.precision=fp8", "train.torch_compile=true"]
+    fp8 = ["train.precision=fp8", "train.torch_compile=true", f"model.tokenizer={minilm_dir}"]
     run_experiment(registry.build("sparse_tiny_rigl", fp8), opts)
     run = tmp_path / "sparse_tiny_rigl"
     report = json.loads((run / "sparsity.json").read_text())
@@ -90,6 +90,7 @@ def test_sparse_pretraining_and_dynamic_padding_finetuning_run_in_fp8(data_dir, 
     total = sum(t.numel() for n, t in weights.items() if ".encoder.layer." in n and t.dim() == 2)
     assert zeros / total == pytest.approx(0.8, abs=1e-3)  # the masked weights are exact zeros after FP8 training
     assert json.loads((run / "metrics.json").read_text())["eval_loss"] < 10
-    run_experiment(registry.build("tiny_glue", [*fp8, 'finetune.glue_tasks=["rte"]']), opts)
+    run_experiment(registry.build("tiny_glue", [*fp8, 'finetune.glue_tasks=["rte"]', f"model.init_from={minilm_dir}"]),
+                   opts)
     metrics = json.loads(next(tmp_path.glob("tiny_glue/glue_rte/run0/metrics.json")).read_text())
     assert 0 <= metrics["accuracy"] <= 1
