@@ -17,6 +17,7 @@
 # (e.g. "_lr2e4 _hidden": minilm_glue_from_upstream80_obs_lr2e4 ...), each a lane of its own beside the plain
 # transfer. STUDY_SEED_LANES=1: every seed of a transfer is a process of its own (output root TASK/seedN, the
 # teacher named by its path), so that one task's three seeds do not run one after another at the end.
+# STUDY_DOWNSTREAM_VARIANTS (default _downstream80): the downstream recipes, e.g. "_downstream80 _downstream80_obs".
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))
@@ -62,7 +63,9 @@ family() {
   local teacher="$out/$dense/$dir/run0/DONE"
   lane "$task-dense" "python run.py $dense $args ${seeds[*]}"
   if [[ " ${STUDY_DOWNSTREAM-$tasks} " == *" $task "* ]]; then
-    lane "$task-downstream80" "$(after "$teacher" -- "${dense}_downstream80 $args --set finetune.runs_per_task={}")"
+    for d in ${STUDY_DOWNSTREAM_VARIANTS:-_downstream80}; do
+      lane "$task$d" "$(after "$teacher" -- "$dense$d $args --set finetune.runs_per_task={}")"
+    done
   fi
   local variants=("") v
   [ "$dense" = minilm_glue ] && variants+=(${STUDY_VARIANTS:-})

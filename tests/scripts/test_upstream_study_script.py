@@ -1,5 +1,6 @@
 """scripts/upstream_study.sh on CPU at tiny size: the dense teacher and the upstream run first, then the transfers
-from the upstream model with its masks, distilled from that teacher: one process per seed and per variant."""
+from the upstream model with its masks, distilled from that teacher: one process per seed and per variant; and the
+downstream oBERT recipe from the same teacher."""
 
 from __future__ import annotations
 
@@ -26,16 +27,20 @@ def test_transfers_wait_for_their_upstream_model_and_teacher(data_dir, minilm_pa
     root = tmp_path / "out"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
            "PYTHONPATH": str(SCRIPT.parents[1] / "src"), "STUDY_GPUS": "cpu", "STUDY_TASKS": "rte",
-           "STUDY_UPSTREAM": "80_obs", "STUDY_DOWNSTREAM": "", "STUDY_UPSTREAM_SET": UPSTREAM_SET,
+           "STUDY_UPSTREAM": "80_obs", "STUDY_DOWNSTREAM": "rte",
+           "STUDY_DOWNSTREAM_VARIANTS": "_downstream80_obs", "STUDY_UPSTREAM_SET": UPSTREAM_SET,
            "STUDY_TASK_SET": TASK_SET, "STUDY_VARIANTS": "_hidden", "STUDY_SEED_LANES": "1"}
     subprocess.run(["bash", str(SCRIPT), str(root), str(data_dir), minilm_path, "500"], env=env,
                    cwd=SCRIPT.parents[1], check=True, capture_output=True, timeout=600)
     logs = sorted(p.name for p in (root / "logs").iterdir())
     assert logs == ["rte-dense.log", *(f"rte-from80_obs{v}-s{seed}.log" for v in ("", "_hidden")
-                                       for seed in (42, 43, 44)), "upstream80_obs.log"]
+                                       for seed in (42, 43, 44)), "rte_downstream80_obs.log", "upstream80_obs.log"]
     upstream = root / "upstream" / "minilm_upstream_sparse80_obs"
     teacher = root / "rte" / "minilm_glue" / "glue_rte" / "run0"
     assert (upstream / "DONE").is_file() and (teacher / "DONE").is_file()
+    downstream = root / "rte" / "minilm_glue_downstream80_obs" / "glue_rte" / "run0"
+    assert (downstream / "DONE").is_file(), (root / "logs" / "rte_downstream80_obs.log").read_text()[-2000:]
+    assert json.loads((downstream / "config.json").read_text())["gmp"]["score"] == "obs"
     for variant in ("", "_hidden"):
         for seed in (42, 43, 44):
             # each seed is run0 of its own output root, trained with that seed

@@ -136,6 +136,16 @@ EXPERIMENTS = {
             },
         }.items()
     },
+    # the downstream recipe ranked by the oBERT score (the upstream study's "downstream obs" rows): the Fisher of the
+    # 10 gradients since the previous prune (gmp.frequency), each of one batch
+    **{
+        f"{dense}_downstream80_obs": {
+            "parent": f"{dense}_downstream80",
+            "description": f"{dense}_downstream80 ranked by the oBERT score (block Fisher, OBS weight update)",
+            "gmp": {"score": "obs", "obs_num_grads": 10},
+        }
+        for dense in ("minilm_glue", "minilm_squad_v1", "minilm_gap_mul", "minilm_gap_concat")
+    },
     "glue_from": {
         **MINILM_FINETUNE,
         "description": "finetune a finished pretraining run on every GLUE task (default bert_small_wiki; "
