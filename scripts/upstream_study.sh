@@ -6,16 +6,16 @@
 #   scripts/upstream_study.sh OUT_ROOT DATA_DIR MINILM_DIR [SECONDS]
 #
 # Lanes: the upstream runs (STUDY_UPSTREAM, default "80_obs 80_obs_nodropout 90_obs"), and per task the dense run
-# (3 seeds: also the teacher, run0), the downstream recipe (*_downstream80, seed 42; only for the tasks in
+# (3 seeds: also the teacher, run0), the downstream recipes (STUDY_DOWNSTREAM_VARIANTS, seed 42; only for the tasks in
 # STUDY_DOWNSTREAM, default all) and one transfer lane per upstream run, which waits for both its upstream run and
 # its teacher. Every task family has its own output root (so its teacher and students share a registry); the
 # upstream runs have theirs. MiniLM at batch 32 is host-bound: many processes share each GPU, one CPU thread each.
 # The upstream runs are not: on one H100 two side by side took 570-740 s, three 890 s (docs/results.md), and the
 # transfers start after them. SECONDS (default 1500): every lane is stopped then; finished runs stay (DONE),
 # unfinished ones do not count. STUDY_UPSTREAM_SET / STUDY_TASK_SET: more "--set k=v" for the upstream runs / for
-# every finetuning run (the CPU test makes them tiny). STUDY_VARIANTS: suffixes of more GLUE transfer experiments
-# (e.g. "_lr2e4 _hidden": minilm_glue_from_upstream80_obs_lr2e4 ...), each a lane of its own beside the plain
-# transfer. STUDY_SEED_LANES=1: every seed of a transfer is a process of its own (output root TASK/seedN, the
+# every finetuning run (the CPU test makes them tiny). STUDY_VARIANTS: suffixes of more GLUE transfers from the
+# 80_obs upstream run (e.g. "_lr2e4 _hidden": minilm_glue_from_upstream80_obs_lr2e4 ...), each a lane of its own
+# beside the plain transfer. STUDY_SEED_LANES=1: every seed of a transfer is a process of its own (output root TASK/seedN, the
 # teacher named by its path), so that one task's three seeds do not run one after another at the end.
 # STUDY_DOWNSTREAM_VARIANTS (default _downstream80): the downstream recipes, e.g. "_downstream80 _downstream80_obs".
 set -u
@@ -64,12 +64,13 @@ family() {
   lane "$task-dense" "python run.py $dense $args ${seeds[*]}"
   if [[ " ${STUDY_DOWNSTREAM-$tasks} " == *" $task "* ]]; then
     for d in ${STUDY_DOWNSTREAM_VARIANTS:-_downstream80}; do
-      lane "$task$d" "$(after "$teacher" -- "$dense$d $args --set finetune.runs_per_task={}")"
+      lane "$task-${d#_}" "$(after "$teacher" -- "$dense$d $args --set finetune.runs_per_task={}")"
     done
   fi
-  local variants=("") v
-  [ "$dense" = minilm_glue ] && variants+=(${STUDY_VARIANTS:-})
+  local variants v
   for u in $upstreams; do
+    variants=("")  # the GLUE variants exist for the 80 % oBERT run only (sparsebert/experiments/upstream.py)
+    [ "$dense" = minilm_glue ] && [ "$u" = 80_obs ] && variants+=(${STUDY_VARIANTS:-})
     for v in "${variants[@]}"; do
       transfer "$task" "$task-from$u$v" "${dense}_from_upstream$u$v" "$teacher" "$up_root/minilm_upstream_sparse$u" \
         "$out" "$dense" "$args ${seeds[*]}"

@@ -33,13 +33,13 @@ def test_transfers_wait_for_their_upstream_model_and_teacher(data_dir, minilm_pa
     subprocess.run(["bash", str(SCRIPT), str(root), str(data_dir), minilm_path, "500"], env=env,
                    cwd=SCRIPT.parents[1], check=True, capture_output=True, timeout=600)
     logs = sorted(p.name for p in (root / "logs").iterdir())
-    assert logs == ["rte-dense.log", *(f"rte-from80_obs{v}-s{seed}.log" for v in ("", "_hidden")
-                                       for seed in (42, 43, 44)), "rte_downstream80_obs.log", "upstream80_obs.log"]
+    assert logs == ["rte-dense.log", "rte-downstream80_obs.log", *(f"rte-from80_obs{v}-s{seed}.log" for v in ("", "_hidden")
+                                                                   for seed in (42, 43, 44)), "upstream80_obs.log"]
     upstream = root / "upstream" / "minilm_upstream_sparse80_obs"
     teacher = root / "rte" / "minilm_glue" / "glue_rte" / "run0"
     assert (upstream / "DONE").is_file() and (teacher / "DONE").is_file()
     downstream = root / "rte" / "minilm_glue_downstream80_obs" / "glue_rte" / "run0"
-    assert (downstream / "DONE").is_file(), (root / "logs" / "rte_downstream80_obs.log").read_text()[-2000:]
+    assert (downstream / "DONE").is_file(), (root / "logs" / "rte-downstream80_obs.log").read_text()[-2000:]
     assert json.loads((downstream / "config.json").read_text())["gmp"]["score"] == "obs"
     for variant in ("", "_hidden"):
         for seed in (42, 43, 44):

@@ -35,6 +35,8 @@ def test_the_torch_names_exist(path):
     owner, attribute = resolve(path)
     if attribute == "_orig_mod":  # an instance attribute of a compiled module
         owner = torch.compile(torch.nn.Linear(2, 2), backend="eager")
+    if attribute == "_iterator":  # an instance attribute of a loader
+        owner = torch.utils.data.DataLoader([1])
     assert hasattr(owner, attribute), f"{path} is gone: {SEE}"
 
 
@@ -102,3 +104,14 @@ def test_the_graph_count_and_the_module_under_compile():
     assert torch_ops.compiled_graphs() == before + 1, f"Dynamo's unique_graphs counter: {SEE}"
     assert compiled._orig_mod is linear
     assert torch_ops.find_ddp(compiled) is None  # no DDP under it: the walk down _orig_mod ends
+
+
+def test_stop_loader_workers_stops_a_persistent_loaders_workers_at_once():
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=4, num_workers=2, persistent_workers=True)
+    assert [int(batch.sum()) for batch in loader] == [6, 22]
+    workers = list(loader._iterator._workers)
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    torch_ops.stop_loader_workers(loader)
+    assert not any(w.is_alive() for w in workers) and loader._iterator is None
+    torch_ops.stop_loader_workers(loader)  # nothing left to stop
+    torch_ops.stop_loader_workers(torch.utils.data.DataLoader([1]))  # no workers at all

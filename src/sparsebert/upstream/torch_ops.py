@@ -15,6 +15,8 @@ Attributes and settings:
   (``train.torch_compile_tune_kernels``).
 - ``torch._dynamo.utils.counters["stats"]["unique_graphs"]``: graphs compiled so far (CompileWatch).
 - ``OptimizedModule._orig_mod``: the module torch.compile wraps (to find DDP under it).
+- ``DataLoader._iterator``, ``_MultiProcessingDataLoaderIter._shutdown_workers``: the iterator a loader with
+  persistent workers keeps, and how it stops them (torch stops them only when the iterator is collected).
 
 ``PRIVATE_NAMES`` lists them for tests/upstream/test_torch_ops.py.
 """
@@ -32,6 +34,8 @@ PRIVATE_NAMES = [
     "torch.sparse.SparseSemiStructuredTensorCUTLASS._DTYPE_SHAPE_CONSTRAINTS",
     "torch._dynamo.config.optimize_ddp", "torch._inductor.config.coordinate_descent_tuning",
     "torch._dynamo.utils.counters", "torch._dynamo.eval_frame.OptimizedModule._orig_mod",
+    "torch.utils.data.DataLoader._iterator",
+    "torch.utils.data.dataloader._MultiProcessingDataLoaderIter._shutdown_workers",
 ]
 
 foreach_norm = torch._foreach_norm
@@ -79,3 +83,13 @@ def find_ddp(model) -> torch.nn.parallel.DistributedDataParallel | None:
     while model is not None and not isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = getattr(model, "_orig_mod", None)
     return model
+
+
+def stop_loader_workers(loader) -> None:
+    """Stop the worker processes a DataLoader keeps between epochs (persistent workers), now. Left to the garbage
+    collector, torch's shutdown waited out its 5 s join timeout per worker before killing it (SparseBertTrainer
+    calls this as train() returns); called directly it takes milliseconds. A loader without them is left alone."""
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+        loader._iterator = None
