@@ -80,6 +80,41 @@ def test_global_ranking_prunes_the_layer_of_small_weights_harder():
     assert controller.report()["selected"]["sparsity"] == pytest.approx(0.5)
 
 
+def _three_layers() -> nn.Sequential:
+    """_two_layers with a third layer of tiny weights, which the global ranking would empty at 50 %."""
+    model = nn.Sequential(*_two_layers(), nn.Linear(2, 2, bias=False))
+    with torch.no_grad():
+        model[2].weight.copy_(torch.tensor([[0.01, 0.04], [0.03, 0.02]]))
+    return model
+
+
+def test_a_tensor_sparsity_cap_keeps_each_tensors_best_and_ranks_the_rest_globally():
+    free = _one_step_gmp(_three_layers(), sparsity=0.5, global_ranking=True)
+    free.on_optimizer_step()
+    assert not free.masks["2.weight"].any()  # the tiny layer is emptied without the cap
+
+    capped = _one_step_gmp(_three_layers(), sparsity=0.5, global_ranking=True, max_tensor_sparsity=0.75)
+    capped.on_optimizer_step()
+    # each tensor keeps ceil(0.25 * numel) of its largest (first layer 2: 5, 6; the others 1: 4.0 and 0.04),
+    # and the other 4 of the 8 kept go to the largest of what is left: 3.0, 2.0, 1.0 and 0.6
+    assert capped.masks["0.weight"].tolist() == [[False, False, False, False], [False, True, True, True]]
+    assert capped.masks["1.weight"].tolist() == [[True, True], [True, True]]
+    assert capped.masks["2.weight"].tolist() == [[False, True], [False, False]]
+    assert capped.report()["selected"]["sparsity"] == pytest.approx(0.5)
+    assert_masked_weights_zero(capped)
+
+
+@pytest.mark.parametrize("gmp, message", [
+    ({"global_ranking": True, "max_tensor_sparsity": 0.5}, "must exceed the target sparsity"),
+    ({"max_tensor_sparsity": 0.9}, "set gmp.global_ranking=true"),
+    ({"global_ranking": True, "max_tensor_sparsity": 1.0}, r"must be None or in \(0, 1\)"),
+])
+def test_a_tensor_sparsity_cap_is_refused_where_it_cannot_hold(gmp, message):
+    config = SparsityConfig(sparsity=0.5, include=["weight$"], init="magnitude")
+    with pytest.raises(ValueError, match=message):
+        SparsityController(make_mlp(), config, gmp=GMPConfig(end_step=10, **gmp))
+
+
 def test_global_ranking_refuses_a_non_uniform_distribution():
     config = SparsityConfig(sparsity=0.5, include=["weight$"], distribution="erk", init="magnitude")
     with pytest.raises(ValueError, match="gmp.global_ranking"):

@@ -185,6 +185,11 @@ class GMPConfig:
     global_ranking: bool = False
     """Rank the scores of all selected layers together against the overall target, so each layer ends as sparse
     as its scores make it (the total is fixed); False: every layer reaches its own target of the distribution."""
+    max_tensor_sparsity: float | None = None
+    """With ``global_ranking``: no tensor is pruned beyond this share; each keeps its best-scored
+    ``ceil((1 - max_tensor_sparsity) * numel)`` weights and the rest of the budget is ranked over all of them.
+    None: no limit (oBERT upstream left MiniLM's last layer 1-10 % dense, docs/results.md). Must exceed the overall
+    target sparsity."""
     rewind_lr: bool = False
     """Learning-rate rewinding: when pruning ends, the linear schedule starts again from the peak learning rate and
     decays to 0 over the recovery steps that remain (``train.lr_scheduler`` linear, no onecycle)."""
@@ -213,6 +218,9 @@ class GMPConfig:
         _check_choice("gmp.score", self.score, PRUNING_SCORES)
         _check_positive_int("gmp.obs_block_size", self.obs_block_size)
         _check_positive_int("gmp.obs_num_grads", self.obs_num_grads)
+        cap = self.max_tensor_sparsity
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0.0 < cap < 1.0):
+            raise ValueError(f"gmp.max_tensor_sparsity must be None or in (0, 1), got {cap!r}")
         damping = self.obs_damping
         if isinstance(damping, bool) or not isinstance(damping, (int, float)) or not 0.0 < damping < float("inf"):
             raise ValueError(f"gmp.obs_damping must be a positive number, got {damping!r}")
@@ -274,6 +282,13 @@ def check_gmp_fits(gmp: GMPConfig, sparsity: SparsityConfig) -> None:
         raise ValueError("gmp.global_ranking=true sets the sparsity of each layer by ranking all layers together, so "
                          'sparsity.distribution must stay "uniform" (the overall target), got '
                          f'"{sparsity.distribution}"')
+    cap = gmp.max_tensor_sparsity
+    if cap is not None and not gmp.global_ranking:
+        raise ValueError("gmp.max_tensor_sparsity limits how far the global ranking prunes one tensor: set "
+                         "gmp.global_ranking=true (per-layer pruning reaches each layer's own target)")
+    if cap is not None and cap <= sparsity.sparsity:
+        raise ValueError(f"gmp.max_tensor_sparsity ({cap}) must exceed the target sparsity ({sparsity.sparsity}): "
+                         "no tensor could then be pruned past it while the total reaches the target")
 
 
 def _resolve_end_step(section: str, begin: int, end: int | None, fraction: float, total_steps: int) -> int:

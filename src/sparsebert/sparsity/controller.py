@@ -9,6 +9,7 @@ updates the masks on the RigL and/or GMP schedule (GMP by its pruning score, ``s
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -300,8 +301,15 @@ class SparsityController:
         everything = {name: torch.ones_like(p, dtype=torch.bool) for name, p in self.params.items()}
         magnitudes = {name: p.detach().abs() for name, p in self.params.items()}
         n_keep = kept_count(1.0 - min(sparsity, self._overall_target()), self._total_selected())
-        dropped = gmp_prune_global(magnitudes, everything, n_keep, generator)
+        dropped = gmp_prune_global(magnitudes, everything, n_keep, generator, self._min_keep())
         return {name: ~dropped[name] for name in self.params}
+
+    def _min_keep(self) -> dict[str, int] | None:
+        """Per tensor, the weights ``gmp.max_tensor_sparsity`` keeps whatever the global ranking says."""
+        cap = None if self.gmp is None else self.gmp.max_tensor_sparsity
+        if cap is None:
+            return None
+        return {name: math.ceil((1.0 - cap) * p.numel()) for name, p in self.params.items()}
 
     def _total_selected(self) -> int:
         return sum(p.numel() for p in self.params.values())
@@ -449,7 +457,7 @@ class SparsityController:
             target = gmp_sparsity(step, min(self.gmp.initial_sparsity, final), final, self.gmp.begin_step,
                                   self.gmp_end_step)
             n_keep = kept_count(1.0 - target, self._total_selected())
-            dropped_by_layer = gmp_prune_global(scores, self.masks, n_keep, generator)
+            dropped_by_layer = gmp_prune_global(scores, self.masks, n_keep, generator, self._min_keep())
         else:
             dropped_by_layer = {}
             for name, param in self.params.items():

@@ -56,12 +56,20 @@ def gmp_prune(score: torch.Tensor, mask: torch.Tensor, n_keep: int, generator: t
 
 
 def gmp_prune_global(
-    scores: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor], n_keep: int, generator: torch.Generator
+    scores: Mapping[str, torch.Tensor], masks: Mapping[str, torch.Tensor], n_keep: int, generator: torch.Generator,
+    min_keep: Mapping[str, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """``gmp_prune`` over all layers at once: the ``n_keep`` largest scores of all of them remain, so a layer whose
-    scores are small ends sparser than one whose scores are large. Returns each layer's dropped entries."""
+    scores are small ends sparser than one whose scores are large. ``min_keep``: per layer, that many of its
+    best-scored active entries stay whatever the others score (``gmp.max_tensor_sparsity``). Returns each layer's
+    dropped entries."""
     names = list(masks)
-    flat_scores = torch.cat([scores[n].detach().float().reshape(-1) for n in names])
+    scores = {n: scores[n].detach().float() for n in names}
+    for name, count in (min_keep or {}).items():
+        if count > 0:  # the layer's own best stay: ranked above every other score
+            protected = top_k_indices(scores[name], masks[name], min(count, int(masks[name].sum())), generator)
+            scores[name] = scores[name].reshape(-1).index_fill(0, protected, torch.inf).view(masks[name].shape)
+    flat_scores = torch.cat([scores[n].reshape(-1) for n in names])
     flat_mask = torch.cat([masks[n].reshape(-1) for n in names])
     dropped = gmp_prune(flat_scores, flat_mask, n_keep, generator)
     sizes = [masks[n].numel() for n in names]
