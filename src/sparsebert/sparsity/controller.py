@@ -193,7 +193,7 @@ class SparsityController:
         trackers' scalars over time). One host-device sync for all the tensors."""
         if not self.masks:
             return {}
-        active = torch.stack([m.sum() for m in self.masks.values()]).tolist()
+        active = _counts(list(self.masks.values()))
         sizes = [m.numel() for m in self.masks.values()]
         logs = {"density": sum(active) / sum(sizes)}
         for name, kept, size in zip(self.masks, active, sizes):

@@ -67,7 +67,7 @@ def gmp_prune_global(
     scores = {n: scores[n].detach().float() for n in names}
     for name, count in (min_keep or {}).items():
         if count > 0:  # the layer's own best stay: ranked above every other score
-            protected = top_k_indices(scores[name], masks[name], min(count, int(masks[name].sum())), generator)
+            protected = top_k_indices(scores[name], masks[name], count, generator)
             scores[name] = scores[name].reshape(-1).index_fill(0, protected, torch.inf).view(masks[name].shape)
     flat_scores = torch.cat([scores[n].reshape(-1) for n in names])
     flat_mask = torch.cat([masks[n].reshape(-1) for n in names])
