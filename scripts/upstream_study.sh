@@ -18,6 +18,7 @@
 # beside the plain transfer. STUDY_SEED_LANES=1: every seed of a transfer is a process of its own (output root TASK/seedN, the
 # teacher named by its path), so that one task's three seeds do not run one after another at the end.
 # STUDY_DOWNSTREAM_VARIANTS (default _downstream80): the downstream recipes, e.g. "_downstream80 _downstream80_obs".
+# STUDY_DENSE_VARIANTS: suffixes of more dense GLUE runs beside the teacher, same seeds (e.g. "_fast": minilm_glue_fast).
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))
@@ -62,6 +63,9 @@ family() {
   local args="--output-dir $out ${common[*]} ${set[*]} ${STUDY_TASK_SET:-}"
   local teacher="$out/$dense/$dir/run0/DONE"
   lane "$task-dense" "python run.py $dense $args ${seeds[*]}"
+  if [ "$dense" = minilm_glue ]; then
+    for d in ${STUDY_DENSE_VARIANTS:-}; do lane "$task-dense$d" "python run.py $dense$d $args"; done
+  fi
   if [[ " ${STUDY_DOWNSTREAM-$tasks} " == *" $task "* ]]; then
     for d in ${STUDY_DOWNSTREAM_VARIANTS:-_downstream80}; do
       lane "$task-${d#_}" "$(after "$teacher" -- "$dense$d $args --set finetune.runs_per_task={}")"
