@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -37,7 +38,10 @@ LABELS = {"": "dense", "_fast": "dense, compiled + CUDA graphs (minilm_glue_fast
 BERT_TASKS = ("cola", "mrpc", "rte", "sst2", "stsb")
 # (GLUE average_bert, SQuAD F1, GAP accuracy) may lose at most this many points against dense
 AT_80, AT_90 = (1.0, 2.0, 1.5), (2.5, 5.0, 3.0)
-TARGETS = {suffix: AT_90 if "90" in suffix else AT_80 for suffix in VARIANTS if "80" in suffix or "90" in suffix}
+# the level is the number after "upstream" / "downstream": "_from_upstream80_obs_cap90" is an 80 % model
+SPARSITY_LEVEL = re.compile(r"(?:upstream|downstream)(80|90)")
+TARGETS = {suffix: AT_90 if level[1] == "90" else AT_80
+           for suffix in VARIANTS if (level := SPARSITY_LEVEL.search(suffix))}
 
 
 def records(root: Path) -> list[RunRecord]:
