@@ -10,9 +10,9 @@ the same SST-2 train and dev files (a folder of their own: no test file's predic
   ``DataCollatorWithPadding`` (dynamic padding), eval batch 256, 2 dataloader workers, eager, fused AdamW;
 - ``padded``: the same with the Trainer's defaults that older scripts keep (every row padded to 128 as
   run_glue.py does, eval batch 8, no workers, the default optimizer): a second reference row;
-- ``sparsebert``: ``python run.py minilm_glue --set 'finetune.glue_tasks=["sst2"]'`` as shipped, and
-  ``sparsebert_fast``: ``minilm_glue_fast`` (compile, CUDA graphs, rows padded to 128, each epoch's short last
-  batch dropped).
+- ``sparsebert``: ``python run.py minilm_glue --set 'finetune.glue_tasks=["sst2"]'`` as shipped (on a GPU its
+  fast path: compile, CUDA graphs, rows padded to 128, each epoch's short last batch dropped), and
+  ``sparsebert_eager``: ``minilm_glue_eager`` (the same without the fast path: eager, dynamic padding).
 
 Each variant starts with an empty feature cache and an empty compile cache (a new user's first run). An untimed
 process first loads torch, transformers and the model (the page cache is warm for every variant, not only the
@@ -47,7 +47,7 @@ PLAIN_SCRIPTS = {
     "padded": {"pad_to_128": True, "eval_batch": 8, "workers": 0, "optim": None},
 }
 # variant -> sparsebert experiment
-OURS = {"sparsebert": "minilm_glue", "sparsebert_fast": "minilm_glue_fast"}
+OURS = {"sparsebert": "minilm_glue", "sparsebert_eager": "minilm_glue_eager"}
 VARIANTS = [*PLAIN_SCRIPTS, *OURS]
 
 

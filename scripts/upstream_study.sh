@@ -18,7 +18,7 @@
 # beside the plain transfer. STUDY_SEED_LANES=1: every seed of a transfer is a process of its own (output root TASK/seedN, the
 # teacher named by its path), so that one task's three seeds do not run one after another at the end.
 # STUDY_DOWNSTREAM_VARIANTS (default _downstream80): the downstream recipes, e.g. "_downstream80 _downstream80_obs".
-# STUDY_DENSE_VARIANTS: suffixes of more dense GLUE runs beside the teacher, same seeds (e.g. "_fast": minilm_glue_fast).
+# STUDY_DENSE_VARIANTS: suffixes of more dense GLUE runs beside the teacher, same seeds (e.g. "_eager": minilm_glue_eager).
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))

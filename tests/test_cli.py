@@ -577,3 +577,17 @@ def test_a_refused_export_says_one_line_and_nothing_of_torchao(tmp_path):
                           capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["error: --export nothing: no such run (looked in . and runs)"]
+
+
+def test_list_with_words_lists_the_names_that_contain_them(capsys):
+    code, out, err = run_main(["--list", "glue", "sparse80"], capsys)
+    assert code == 0, err
+    names = [line.split()[0] for line in out.splitlines()]
+    assert "minilm_glue_sparse80" in names and "minilm_glue_downstream80" not in names
+    assert all("glue" in name and "sparse80" in name for name in names)
+
+
+def test_list_with_a_word_no_name_contains_is_one_line_error(capsys):
+    code, out, err = run_main(["--list", "no_such_word"], capsys)
+    assert code == 2 and out == ""
+    assert "no experiment name contains 'no_such_word'" in one_line_error(err)

@@ -28,7 +28,9 @@ def parser() -> argparse.ArgumentParser:
         description="Run sparsebert experiments in sequence, e.g. sparsebert bert_100k sparse_80_rigl",
     )
     p.add_argument("experiments", nargs="*", metavar="NAME", help="experiments to run, in order")
-    p.add_argument("--list", action="store_true", help="list every experiment with a one-line description")
+    p.add_argument("--list", action="store_true",
+                   help="list every experiment with a one-line description; with words (--list glue sparse80), "
+                        "those whose names contain every word")
     p.add_argument("--keys", action="store_true",
                    help="list every experiment key --set accepts, with its type and default (an experiment's own "
                         "values: --show NAME)")
@@ -203,10 +205,7 @@ def _main(argv: list[str] | None) -> int:
                                   f"values use --show {args.experiments[0]}")
             return print_keys()
         if args.list:
-            width = max(map(len, registry.names()))
-            for name in registry.names():
-                print(f"{name:<{width}}  {registry.description(name)}")
-            return 0
+            return list_experiments(registry, args.experiments)
         if not args.experiments:
             print("sparsebert: name at least one experiment (sparsebert --list shows them)", file=sys.stderr)
             return 2
@@ -393,6 +392,17 @@ def _flat_settings(data: dict, schema: type, prefix: str = "") -> list[tuple[str
         else:
             rows.append((f"{prefix}{key}", value))
     return rows
+
+
+def list_experiments(registry: ExperimentRegistry, words: list[str]) -> int:
+    """``--list [WORD ...]``: every experiment, or those whose names contain every word, with its description."""
+    names = [name for name in registry.names() if all(word in name for word in words)]
+    if not names:
+        raise ConfigError(f"no experiment name contains {' and '.join(map(repr, words))} (--list shows them all)")
+    width = max(map(len, names))
+    for name in names:
+        print(f"{name:<{width}}  {registry.description(name)}")
+    return 0
 
 
 def search(args: argparse.Namespace, registry: ExperimentRegistry, raise_if_terminated: Callable[[], None]) -> int:

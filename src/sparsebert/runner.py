@@ -28,6 +28,7 @@ from sparsebert.distributed import process_state, world_size
 from sparsebert.env_info import environment
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
+from sparsebert.jobs.finetune.fast_path import trains_on_gpu, with_gpu_fast_path
 from sparsebert.locks import FileLock, LockHeld
 from sparsebert.results import RunRegistry
 from sparsebert.results.recording import finished, recorded_run, run_record
@@ -107,6 +108,8 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
 def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list | None) -> dict[str, Any] | None:
     state = process_state()
+    # what a finetuning experiment trains with on this machine: checked against a finished run and written as such
+    cfg = with_gpu_fast_path(cfg, on_gpu=trains_on_gpu())
     if is_finished(run_dir) and not opts.overwrite:
         _check_same_config(run_dir, cfg, f"{run_dir} holds a finished run of {cfg.name} with other settings")
         log.warning("%s already finished in %s; skipping (pass --overwrite to run it again)", cfg.name, run_dir)

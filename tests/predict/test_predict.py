@@ -197,6 +197,7 @@ def test_bad_requests_are_refused_before_anything_is_written(rte_run, gap_run, d
         (["--predict", str(runs["other_task"]), "--input", str(gap_file)], "task ner, which has no predict"),
         (["--predict", "no/such/run0", "--input", str(gap_file), "--output-dir", str(tmp_path)], "no run directory"),
         (["--predict", str(rte_run), "--input", str(tmp_path / "missing.tsv")], "no such file"),
+        (["--predict", str(rte_run), "--input", str(tmp_path)], "is a directory; name the file"),
         (["--predict", str(rte_run)], "--predict needs --input"),
         (["--input", str(rte_file)], "--input goes with --predict RUN"),
         (["--predict", str(rte_run), "--input", str(gap_file)], "header has no column 'sentence1'"),

@@ -111,7 +111,7 @@ def test_drop_last_batch_makes_every_batch_one_size(data_dir, tmp_path, monkeypa
 
 
 def test_one_shape_compiled_finetuning_matches_eager(data_dir, tmp_path):
-    """minilm_glue_fast's settings on a tiny model: every training batch padded to 128 with the short last batch
+    """finetune.gpu_fast_path's settings on a tiny model: every training batch padded to 128 with the short last batch
     dropped, compiled in reduce-overhead mode (CUDA graphs on a GPU; Inductor alone on a CPU), give the losses of
     the same run in eager mode. Dropout is off, as above."""
     def losses(extra: list[str], out: Path) -> list[float]:

@@ -294,6 +294,12 @@ class FinetuneConfig:
     # dynamic padding pads each batch to its longest row, rounded up to this multiple (tensor-core friendly
     # shapes, and few distinct shapes for torch.compile); None: no rounding
     pad_to_multiple_of: int | None = 8
+    # on a GPU, the one-shape path: compiled with CUDA graphs (reduce-overhead; a mode set with
+    # train.torch_compile=true is kept), every batch padded to max_seq_length and each epoch's short last training
+    # batch dropped, so the training step compiles once and replays as one graph (MiniLM at batch 32 is bound by
+    # the host's launches: docs/performance.md). A CPU run stays eager with dynamic padding. Resolved before the
+    # run directory is written, whose config.json records the settings it ran with (jobs/finetune/fast_path.py)
+    gpu_fast_path: bool = False
     num_runs: int = 1  # runs per task with seeds seed, seed + 1, ...; all are kept
     runs_per_task: dict[str, int] = field(default_factory=dict)  # e.g. {"rte": 3}: overrides num_runs
     # e.g. {"sst2": 3}: overrides train.epochs for that task (a large task needs fewer passes than a small one)

@@ -198,6 +198,8 @@ def with_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[str
 
 def check_readable(input_file: Path) -> None:
     """``--input`` names a file this process can read."""
+    if input_file.is_dir():
+        raise SparseBertError(f"--input {input_file}: is a directory; name the file to predict on")
     if not input_file.is_file():
         raise SparseBertError(f"--input {input_file}: no such file")
     try:

@@ -89,7 +89,8 @@ def total_optimizer_steps(cfg: ExperimentConfig, n_train: int) -> int:
     micro = per_device * world  # rows per micro-batch over all processes
     if cfg.train.drop_last_batch and n_train < micro:
         raise SparseBertError(f"train.drop_last_batch: {n_train} training rows are fewer than one batch of {micro}, "
-                              "so every batch would be dropped")
+                              "so every batch would be dropped (on a GPU finetune.gpu_fast_path turns it on: set "
+                              "finetune.gpu_fast_path=false or a smaller train.global_batch_size)")
     # as the Trainer counts: micro-batches per epoch (the short last one dropped, or not), then optimizer steps,
     # the last of which may accumulate fewer micro-batches
     micro_batches = n_train // micro if cfg.train.drop_last_batch else math.ceil(n_train / micro)

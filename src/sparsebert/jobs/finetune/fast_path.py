@@ -1,0 +1,40 @@
+"""``finetune.gpu_fast_path``: the settings a finetuning experiment trains with on this machine, resolved once,
+before its run directory is checked or written (sparsebert/runner.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from sparsebert.config import ExperimentConfig
+
+
+def trains_on_gpu() -> bool:
+    """Whether this process's Trainer trains on a GPU (it uses one whenever torch sees one)."""
+    import torch  # here: the runner resolves this before its slow imports
+
+    return torch.cuda.is_available()
+
+
+def with_gpu_fast_path(cfg: ExperimentConfig, on_gpu: bool) -> ExperimentConfig:
+    """The experiment with ``finetune.gpu_fast_path`` turned into the settings it stands for on this machine.
+
+    Args:
+        cfg: the experiment as asked for.
+        on_gpu: whether it trains on a GPU.
+
+    Returns:
+        ``cfg`` itself without ``finetune.gpu_fast_path``. Otherwise a copy with the flag off (consumed) and, on a
+        GPU, the model compiled (mode reduce-overhead: one CUDA graph per step; a mode already set with
+        ``train.torch_compile=true`` is kept), every batch padded to ``finetune.max_seq_length`` (evaluation too,
+        where the task pads per batch) and each epoch's short last training batch dropped: every training step
+        has one shape and compiles once. So the run directory's config.json says what ran, and a run finished on
+        a CPU before the flag existed is the same experiment as the CPU run of today.
+    """
+    if not cfg.finetune.gpu_fast_path:
+        return cfg
+    finetune = replace(cfg.finetune, gpu_fast_path=False)
+    if not on_gpu:
+        return replace(cfg, finetune=finetune)
+    mode = cfg.train.torch_compile_mode if cfg.train.torch_compile else "reduce-overhead"
+    train = replace(cfg.train, torch_compile=True, torch_compile_mode=mode, drop_last_batch=True)
+    return replace(cfg, train=train, finetune=replace(finetune, pad_to_multiple_of=cfg.finetune.max_seq_length))
