@@ -139,6 +139,7 @@ def test_drop_last_batch_refuses_a_training_set_smaller_than_one_batch(data_dir,
         "train.drop_last_batch=true"])
     with pytest.raises(SparseBertError, match="4 training rows are fewer than one batch of 8"):
         run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
+    assert not (tmp_path / "tiny_glue").exists()  # refused before the run directory: a fixed command runs at once
 
 
 def test_drop_last_batch_refuses_pretraining_data_smaller_than_one_batch(data_dir, tmp_path):

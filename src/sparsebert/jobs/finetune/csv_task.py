@@ -30,6 +30,10 @@ class CsvInputs:
     data: CsvData
     teacher: str | None
 
+    @property
+    def train_rows(self) -> int:
+        return len(self.splits["train"])
+
 
 def load_csv(ctx: FinetuneContext, task: str) -> CsvInputs:
     cfg = ctx.cfg

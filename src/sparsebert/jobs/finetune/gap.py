@@ -34,6 +34,10 @@ class GapInputs:
     eval_features: Any
     teacher: str | None
 
+    @property
+    def train_rows(self) -> int:
+        return len(self.train_features)
+
 
 def load_gap(ctx: FinetuneContext, task: str) -> GapInputs:
     fcfg = ctx.cfg.finetune

@@ -51,6 +51,10 @@ class GlueInputs:
     ids: dict[str, list[int]]  # the GLUE idx of each eval and test row, for the prediction files
     teacher: str | None
 
+    @property
+    def train_rows(self) -> int:
+        return len(self.features["train"])
+
 
 def load_glue_task(ctx: FinetuneContext, name: str) -> GlueInputs:
     fcfg = ctx.cfg.finetune

@@ -73,6 +73,10 @@ class SquadInputs:
     eval_features: datasets.Dataset
     teacher: str | None
 
+    @property
+    def train_rows(self) -> int:
+        return len(self.train_features)
+
 
 def load_squad(ctx: FinetuneContext, task: str) -> SquadInputs:
     fcfg = ctx.cfg.finetune
