@@ -1,7 +1,8 @@
 """Running one experiment into ``<output root>/<name>/``.
 
-Order matters for honesty: train settings are checked and data and model are prepared first (bad input fails
-before any run directory exists), then ``config.json`` and ``env.json`` are written, training runs, ``metrics.json``
+Order matters for honesty: the settings are resolved for this machine (``finetune.gpu_fast_path``) and checked,
+and data and model are prepared first (bad input fails before any run directory exists), then ``config.json``
+(what runs) and ``env.json`` are written, training runs, ``metrics.json``
 follows, and ``DONE`` is written last. A directory without ``DONE`` is never a finished run; ``--resume`` continues it.
 
 One writer per run directory: from the first check to ``DONE``, the main process holds ``<output root>/.<name>.lock``
