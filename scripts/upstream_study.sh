@@ -19,6 +19,9 @@
 # teacher named by its path), so that one task's three seeds do not run one after another at the end.
 # STUDY_DOWNSTREAM_VARIANTS (default _downstream80): the downstream recipes, e.g. "_downstream80 _downstream80_obs".
 # STUDY_DENSE_VARIANTS: suffixes of more dense GLUE runs beside the teacher, same seeds (e.g. "_eager": minilm_glue_eager).
+# STUDY_SEARCH="TASK ...": GLUE tasks that also get a --search lane over the transfer's settings from the first upstream
+# run (space STUDY_SEARCH_SPACE, default transfer; STUDY_SEARCH_TRIALS trials, default 8, STUDY_SEARCH_PARALLEL at
+# once, default 4), distilled from the same teacher; its study lands in TASK/search/.
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))
@@ -70,6 +73,13 @@ family() {
     for d in ${STUDY_DOWNSTREAM_VARIANTS:-_downstream80}; do
       lane "$task-${d#_}" "$(after "$teacher" -- "$dense$d $args --set finetune.runs_per_task={}")"
     done
+  fi
+  if [ "$dense" = minilm_glue ] && [[ " ${STUDY_SEARCH:-} " == *" $task "* ]]; then
+    local first=${upstreams%% *}
+    local up="$up_root/minilm_upstream_sparse$first"
+    lane "$task-search" "$(after "$teacher" "$up/DONE" -- "--search ${dense}_from_upstream$first \
+      --space ${STUDY_SEARCH_SPACE:-transfer} --trials ${STUDY_SEARCH_TRIALS:-8} --parallel ${STUDY_SEARCH_PARALLEL:-4} \
+      $args --set model.init_from=$up --set kd.teacher=$out/$dense")"
   fi
   local variants v
   for u in $upstreams; do
