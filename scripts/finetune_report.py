@@ -20,21 +20,26 @@ from sparsebert.results import RunRecord, RunRegistry, glue_table
 from sparsebert.results.stats import sample_std
 
 # dense, dense + KD, downstream pruning to 80 / 90 % + KD, and the fixed-mask transfers from upstream pruning
-# (scripts/upstream_study.sh), by magnitude or by the oBERT score
-VARIANTS = ("", "_fast", "_eager", "_kd", "_downstream80", "_downstream80_obs", "_downstream90", "_from_upstream80", "_from_upstream80_obs",
-            "_from_upstream80_obs_long", "_from_upstream80_obs_cap90",
-            "_from_upstream80_obs_nodropout", "_from_upstream80_obs_lr2e4", "_from_upstream80_obs_hidden",
-            "_from_upstream90", "_from_upstream90_obs")
-LABELS = {"": "dense", "_fast": "dense, GPU fast path (minilm_glue_fast, at 2eca325)", "_eager": "dense, eager (minilm_glue_eager)", "_kd": "dense + KD", "_downstream80": "80 %, downstream GMP + KD",
-          "_downstream80_obs": "80 %, downstream oBERT + KD", "_downstream90": "90 %, downstream GMP + KD",
-          "_from_upstream80_obs_long": "80 %, upstream oBERT for 16k steps, transfer + KD",
-          "_from_upstream80_obs_cap90": "80 %, upstream oBERT, no tensor past 90 %, transfer + KD", "_from_upstream80": "80 %, upstream GMP, transfer + KD",
-          "_from_upstream80_obs": "80 %, upstream oBERT, transfer + KD",
-          "_from_upstream80_obs_nodropout": "80 %, upstream oBERT without dropout, transfer + KD",
-          "_from_upstream90": "90 %, upstream GMP, transfer + KD",
-          "_from_upstream80_obs_lr2e4": "80 %, upstream oBERT, transfer + KD at lr 2e-4",
-          "_from_upstream80_obs_hidden": "80 %, upstream oBERT, transfer + KD + the teacher's layers",
-          "_from_upstream90_obs": "90 %, upstream oBERT, transfer + KD"}
+# (scripts/upstream_study.sh), by magnitude or by the oBERT score: experiment suffix -> row label, in table order
+LABELS = {
+    "": "dense",
+    "_fast": "dense, GPU fast path (minilm_glue_fast, at 2eca325)",
+    "_eager": "dense, eager (minilm_glue_eager)",
+    "_kd": "dense + KD",
+    "_downstream80": "80 %, downstream GMP + KD",
+    "_downstream80_obs": "80 %, downstream oBERT + KD",
+    "_downstream90": "90 %, downstream GMP + KD",
+    "_from_upstream80": "80 %, upstream GMP, transfer + KD",
+    "_from_upstream80_obs": "80 %, upstream oBERT, transfer + KD",
+    "_from_upstream80_obs_long": "80 %, upstream oBERT for 16k steps, transfer + KD",
+    "_from_upstream80_obs_cap90": "80 %, upstream oBERT, no tensor past 90 %, transfer + KD",
+    "_from_upstream80_obs_nodropout": "80 %, upstream oBERT without dropout, transfer + KD",
+    "_from_upstream80_obs_lr2e4": "80 %, upstream oBERT, transfer + KD at lr 2e-4",
+    "_from_upstream80_obs_hidden": "80 %, upstream oBERT, transfer + KD + the teacher's layers",
+    "_from_upstream90": "90 %, upstream GMP, transfer + KD",
+    "_from_upstream90_obs": "90 %, upstream oBERT, transfer + KD",
+}
+VARIANTS = tuple(LABELS)
 BERT_TASKS = ("cola", "mrpc", "rte", "sst2", "stsb")
 # (GLUE average_bert, SQuAD F1, GAP accuracy) may lose at most this many points against dense
 AT_80, AT_90 = (1.0, 2.0, 1.5), (2.5, 5.0, 3.0)

@@ -80,17 +80,28 @@ def limit(dataset, n: int | None):
     return dataset.select(range(min(n, len(dataset)))) if n else dataset
 
 
+def _micro_batch_rows(cfg: ExperimentConfig) -> tuple[int, int]:
+    """Rows per micro-batch over all processes, and micro-batches per optimizer step."""
+    world = world_size()
+    per_device, accumulation = batch_layout(cfg.train, world)
+    return per_device * world, accumulation
+
+
+def check_batches_fit(cfg: ExperimentConfig, n_train: int) -> None:
+    """Refuse a training set that ``train.drop_last_batch`` would leave without a single batch (FinetuneJob.prepare
+    calls this before any run directory exists)."""
+    micro, _ = _micro_batch_rows(cfg)
+    if cfg.train.epochs is not None and cfg.train.drop_last_batch and n_train < micro:
+        raise SparseBertError(f"train.drop_last_batch: {n_train} training rows are fewer than one batch of {micro}, "
+                              "so every batch would be dropped (on a GPU finetune.gpu_fast_path turns it on: set "
+                              "finetune.gpu_fast_path=false or a smaller train.global_batch_size)")
+
+
 def total_optimizer_steps(cfg: ExperimentConfig, n_train: int) -> int:
     """Optimizer steps of a finetuning run: the RigL / GMP schedules are laid out over them."""
     if cfg.train.epochs is None:
         return cfg.train.max_steps
-    world = world_size()
-    per_device, accumulation = batch_layout(cfg.train, world)
-    micro = per_device * world  # rows per micro-batch over all processes
-    if cfg.train.drop_last_batch and n_train < micro:
-        raise SparseBertError(f"train.drop_last_batch: {n_train} training rows are fewer than one batch of {micro}, "
-                              "so every batch would be dropped (on a GPU finetune.gpu_fast_path turns it on: set "
-                              "finetune.gpu_fast_path=false or a smaller train.global_batch_size)")
+    micro, accumulation = _micro_batch_rows(cfg)
     # as the Trainer counts: micro-batches per epoch (the short last one dropped, or not), then optimizer steps,
     # the last of which may accumulate fewer micro-batches
     micro_batches = n_train // micro if cfg.train.drop_last_batch else math.ceil(n_train / micro)

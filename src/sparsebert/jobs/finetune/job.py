@@ -23,7 +23,7 @@ from sparsebert.data.glue import available_glue_tasks, get_glue_task
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
-from sparsebert.jobs.finetune.common import FinetuneContext, read_metrics, total_optimizer_steps
+from sparsebert.jobs.finetune.common import FinetuneContext, check_batches_fit, read_metrics
 from sparsebert.jobs.finetune.csv_task import load_csv, run_csv
 from sparsebert.jobs.finetune.gap import load_gap, run_gap
 from sparsebert.jobs.finetune.glue import load_glue_task, run_glue
@@ -134,8 +134,8 @@ class FinetuneJob:
         # every task's data and teacher are read and checked here, before the runner creates a run directory: a
         # bad row or a missing teacher must not leave a directory that the fixed command takes for an unfinished run
         self.inputs = {task: self._inputs(task) for task in self.tasks}
-        for task, inputs in self.inputs.items():  # the batch layout against the data: refused now, not in make_trainer
-            total_optimizer_steps(self.task_context(task).cfg, inputs.train_rows)
+        for task, inputs in self.inputs.items():
+            check_batches_fit(self.task_context(task).cfg, inputs.train_rows)
 
     def _inputs(self, task: str) -> Any:
         kind, _, name = task.partition(":")  # "glue:rte" -> the GLUE loader on rte; else the task itself
