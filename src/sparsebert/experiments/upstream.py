@@ -35,7 +35,8 @@ UPSTREAM_RUNS = {"80": "minilm_upstream_sparse80", "90": "minilm_upstream_sparse
                  "80_obs": "minilm_upstream_sparse80_obs", "90_obs": "minilm_upstream_sparse90_obs",
                  "80_obs_nodropout": "minilm_upstream_sparse80_obs_nodropout",
                  "80_obs_long": "minilm_upstream_sparse80_obs_long",
-                 "80_obs_cap90": "minilm_upstream_sparse80_obs_cap90"}
+                 "80_obs_cap90": "minilm_upstream_sparse80_obs_cap90",
+                 "80_obs_attn": "minilm_upstream_sparse80_obs_attn"}
 # every transfer finetunes with MiniLM's own dropout, whatever the upstream run trained with (its config.json says)
 TRANSFER_MODEL = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
 # task family -> (its dense experiment, which is the teacher, and what the transfer changes besides)
@@ -100,6 +101,14 @@ EXPERIMENTS = {
         "parent": "minilm_upstream_sparse80_obs",
         "description": "minilm_upstream_sparse80_obs with no tensor pruned past 90 %",
         "gmp": {"max_tensor_sparsity": 0.9},
+    },
+    # the attention term the issue's upstream loss names (MiniLM's own self-attention transfer): the KL between the
+    # two models' attention distributions beside the layer distance. Eager attention returns them (slower upstream)
+    "minilm_upstream_sparse80_obs_attn": {
+        "parent": "minilm_upstream_sparse80_obs",
+        "description": "minilm_upstream_sparse80_obs also distilling the dense MiniLM's attention distributions",
+        "model": {"attn_implementation": "eager"},
+        "kd": {"attention_weight": 1.0},
     },
     # the GLUE transfer's open settings (CoLA carries its gap, docs/results.md): a higher learning rate, which sparse
     # models wanted in the pretraining study, and the dense teacher's layer outputs distilled too (TinyBERT's task
