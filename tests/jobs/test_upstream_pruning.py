@@ -135,6 +135,7 @@ def test_attention_loss_is_a_kl_that_ignores_padded_queries():
 @pytest.mark.parametrize("sets, message", [
     (["kd.hidden_weight=0"], "kd.hidden_weight and/or kd.attention_weight"),
     (["kd.attention_weight=1"], "model.attn_implementation=eager"),
+    (["kd.attention_weight=1", "model.attn_implementation=eager"], "set model.attention_dropout=0"),
     (["data.static_mask_count=true"], "task upstream masks no tokens"),
 ])
 def test_upstream_settings_are_refused_before_anything_runs(registry, sets, message):
