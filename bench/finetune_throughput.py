@@ -12,13 +12,21 @@ the same SST-2 train and dev files (a folder of their own: no test file's predic
   run_glue.py does, eval batch 8, no workers, the default optimizer): a second reference row;
 - ``sparsebert``: ``python run.py minilm_glue --set 'finetune.glue_tasks=["sst2"]'`` as shipped (on a GPU its
   fast path: compile, CUDA graphs, rows padded to 128, each epoch's short last batch dropped), and
-  ``sparsebert_eager``: ``minilm_glue_eager`` (the same without the fast path: eager, dynamic padding).
+  ``sparsebert_eager``: ``minilm_glue_eager`` (the same without the fast path: eager, dynamic padding), and
+  ``sparsebert_layers``: the fast path with each encoder layer compiled on its own (``train.torch_compile_scope=
+  layers``: identical layers share one compile, which takes most of a short run's loop; more host work a step).
 
 Each variant starts with an empty feature cache and an empty compile cache (a new user's first run). An untimed
 process first loads torch, transformers and the model (the page cache is warm for every variant, not only the
 later ones); ``--repeats N`` runs the whole set N times, each time in another order, and reports every run.
 
     python bench/finetune_throughput.py --data-dir DATA --out finetune_throughput.json [--epochs 1,3]
+
+``--job glue`` times the whole GLUE job instead: one ``run.py minilm_glue`` process (every task with a train file,
+three seeds on the small ones, its epochs) against the plain script run once per task and seed, each a process of
+its own, scored by each task's GLUE number:
+
+    python bench/finetune_throughput.py --data-dir DATA --job glue --out glue_job.json
 """
 
 from __future__ import annotations
@@ -47,13 +55,16 @@ PLAIN_SCRIPTS = {
     "padded": {"pad_to_128": True, "eval_batch": 8, "workers": 0, "optim": None},
 }
 # variant -> sparsebert experiment
-OURS = {"sparsebert": "minilm_glue", "sparsebert_eager": "minilm_glue_eager"}
+# variant -> (sparsebert experiment, its --set overrides)
+OURS = {"sparsebert": ("minilm_glue", []), "sparsebert_eager": ("minilm_glue_eager", []),
+        "sparsebert_layers": ("minilm_glue", ["train.torch_compile_scope=layers"])}
 VARIANTS = [*PLAIN_SCRIPTS, *OURS]
 
 
 def plain_script(variant: str, model_dir: str, data_dir: Path, out: Path, epochs: float, seed: int,
-                 max_train: int | None, max_eval: int | None) -> dict:
-    """The user's Trainer script (runs in the worker process); returns its loop time and dev accuracy."""
+                 max_train: int | None, max_eval: int | None, task: str = "sst2") -> dict:
+    """The user's Trainer script for one GLUE task (runs in the worker process); returns its loop time and dev
+    score (the task's GLUE number: accuracy for SST-2)."""
     import numpy as np
     import torch
     from transformers import (
@@ -64,10 +75,13 @@ def plain_script(variant: str, model_dir: str, data_dir: Path, out: Path, epochs
         TrainingArguments,
     )
 
-    from sparsebert.data.glue import load_glue  # the TSV reader only: the hub is out of reach here
+    # the TSV reader and the GLUE metrics only: the hub (and `evaluate`'s metrics) are out of reach here
+    from sparsebert.data.glue import get_glue_task, load_glue
+    from sparsebert.jobs.finetune.glue import glue_metrics
 
     how = PLAIN_SCRIPTS[variant]
-    raw = load_glue("sst2", data_dir)
+    spec = get_glue_task(task)
+    raw = load_glue(task, data_dir)
     train, dev = raw["train"], raw["dev"]
     if max_train:
         train = train.select(range(max_train))
@@ -77,32 +91,33 @@ def plain_script(variant: str, model_dir: str, data_dir: Path, out: Path, epochs
     padding = {"padding": "max_length", "max_length": 128} if how["pad_to_128"] else {}
 
     def encode(batch: dict) -> dict:
-        return tokenizer(batch["text_a"], truncation=True, max_length=128, **padding)
+        pair = (batch["text_a"], batch["text_b"]) if spec.text_b_column else (batch["text_a"],)
+        return tokenizer(*pair, truncation=True, max_length=128, **padding)
 
     columns = ["idx", "text_a", "text_b"]
     train, dev = (split.map(encode, batched=True, remove_columns=columns) for split in (train, dev))
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=2)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=spec.num_labels)
     args = TrainingArguments(
         output_dir=str(out), seed=seed, bf16=torch.cuda.is_available(), num_train_epochs=epochs,
         per_device_eval_batch_size=how["eval_batch"], dataloader_num_workers=how["workers"],
         **({"optim": how["optim"]} if how["optim"] else {}), eval_strategy="epoch", save_strategy="no", report_to="none", logging_steps=50, disable_tqdm=True,
         **HYPERPARAMETERS)
 
-    def accuracy(p) -> dict:
-        return {"accuracy": float((np.asarray(p.predictions).argmax(-1) == p.label_ids).mean())}
+    def score(p) -> dict:
+        return {"score": glue_metrics(spec, np.asarray(p.predictions), p.label_ids)["score"]}
 
-    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev, compute_metrics=accuracy,
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=dev, compute_metrics=score,
                       data_collator=None if how["pad_to_128"] else DataCollatorWithPadding(tokenizer))
     loop = trainer.train().metrics["train_runtime"]
-    return {"loop_s": loop, "accuracy": trainer.evaluate()["eval_accuracy"]}
+    return {"loop_s": loop, "score": trainer.evaluate()["eval_score"]}
 
 
 def command(variant: str, model_dir: str, data_dir: Path, out: Path, epochs: float, seed: int,
-            max_train: int | None, max_eval: int | None) -> list[str]:
+            max_train: int | None, max_eval: int | None, task: str = "sst2") -> list[str]:
     """The variant's process: this file in worker mode for a user's script, ``run.py`` for ours."""
     if variant in PLAIN_SCRIPTS:
         cmd = [sys.executable, __file__, "--worker", variant, "--model", model_dir, "--data-dir", str(data_dir),
-               "--worker-out", str(out), "--epochs", str(epochs), "--seed", str(seed)]
+               "--worker-out", str(out), "--epochs", str(epochs), "--seed", str(seed), "--task", task]
         cmd += ["--max-train-samples", str(max_train)] if max_train else []
         return cmd + (["--max-eval-samples", str(max_eval)] if max_eval else [])
     sets = ['finetune.glue_tasks=["sst2"]', "finetune.runs_per_task={}", "finetune.epochs_per_task={}",
@@ -110,7 +125,9 @@ def command(variant: str, model_dir: str, data_dir: Path, out: Path, epochs: flo
             "finetune.save_model=false"]
     sets += [f"finetune.max_train_samples={max_train}"] if max_train else []
     sets += [f"finetune.max_eval_samples={max_eval}"] if max_eval else []
-    cmd = [sys.executable, str(ROOT / "run.py"), OURS[variant], "--output-dir", str(out), "--data-dir", str(data_dir)]
+    experiment, overrides = OURS[variant]
+    sets += overrides
+    cmd = [sys.executable, str(ROOT / "run.py"), experiment, "--output-dir", str(out), "--data-dir", str(data_dir)]
     return cmd + [arg for s in sets for arg in ("--set", s)]
 
 
@@ -128,9 +145,7 @@ def run_variant(variant: str, model_dir: str, data_dir: Path, epochs: float, see
     """Start the variant's process with empty caches, time it from start to exit, and read what it measured."""
     with tempfile.TemporaryDirectory() as tmp:
         out, data = Path(tmp) / "out", sst2_only(data_dir, Path(tmp) / "data")
-        env = {**os.environ, "SPARSEBERT_CACHE": f"{tmp}/features", "HF_DATASETS_CACHE": f"{tmp}/datasets",
-               "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "TRITON_CACHE_DIR": f"{tmp}/triton",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+        env = environment(tmp)
         started = time.perf_counter()
         try:
             done = subprocess.run(command(variant, model_dir, data, out, epochs, seed, max_train, max_eval),
@@ -139,12 +154,12 @@ def run_variant(variant: str, model_dir: str, data_dir: Path, epochs: float, see
             return {"variant": variant, "epochs": epochs, "error": f"no exit within {TIMEOUT_S} s"}
         row = {"variant": variant, "epochs": epochs, "end_to_end_s": time.perf_counter() - started}
         metrics = (out / "result.json" if variant in PLAIN_SCRIPTS
-                   else next(out.glob(f"{OURS[variant]}/glue_sst2/run*/metrics.json"), None))
+                   else next(out.glob(f"{OURS[variant][0]}/glue_sst2/run*/metrics.json"), None))
         if done.returncode != 0 or metrics is None or not metrics.is_file():
             return {**row, "error": " | ".join(done.stderr.strip().splitlines()[-3:]) or f"exit {done.returncode}"}
         measured = json.loads(metrics.read_text())
         if variant in OURS:
-            measured = {"loop_s": measured["train_runtime_s"], "accuracy": measured["accuracy"]}
+            measured = {"loop_s": measured["train_runtime_s"], "score": measured["score"]}
         return {**row, **measured}
 
 
@@ -158,7 +173,7 @@ def warm_up(model_dir: str) -> None:
 def table(rows: list[dict], card: str) -> str:
     """Markdown: every run's times and its ratios against the mean of ``plain``'s runs of the same epochs."""
     lines = [f"{card}: SST-2, MiniLM, each run a fresh process with empty caches",
-             "| variant | epochs | end to end s | × plain | loop s | × plain | dev acc. |", "|---|---|---|---|---|---|---|"]
+             "| variant | epochs | end to end s | × plain | loop s | × plain | dev score |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['variant']} | {r['epochs']:g} | failed: {r['error'][:80]} | | | | |")
@@ -167,8 +182,88 @@ def table(rows: list[dict], card: str) -> str:
         ratio = {key: f"{sum(b[key] for b in plain) / len(plain) / r[key]:.2f}" if plain else "-"
                  for key in ("end_to_end_s", "loop_s")}
         lines.append(f"| {r['variant']} | {r['epochs']:g} | {r['end_to_end_s']:.1f} | {ratio['end_to_end_s']} | "
-                     f"{r['loop_s']:.1f} | {ratio['loop_s']} | {r['accuracy']:.4f} |")
+                     f"{r['loop_s']:.1f} | {ratio['loop_s']} | {r['score']:.4f} |")
     return "\n".join(lines)
+
+
+def environment(tmp: str) -> dict:
+    """The variant's environment: feature, dataset and compile caches of its own (empty: a new user's first run)."""
+    return {**os.environ, "SPARSEBERT_CACHE": f"{tmp}/features", "HF_DATASETS_CACHE": f"{tmp}/datasets",
+            "TORCHINDUCTOR_CACHE_DIR": f"{tmp}/inductor", "TRITON_CACHE_DIR": f"{tmp}/triton",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
+
+
+def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, max_eval: int | None) -> list[dict]:
+    """The GLUE job two ways, one row per run: ``run.py minilm_glue`` (every task present, 3 seeds on the small ones,
+    one process; its row's ``end_to_end_s`` is the whole job's) and the plain script once per task and seed (each
+    its own process; the datasets cache is shared between them, as between a user's runs of one script)."""
+    from sparsebert.config import ExperimentRegistry
+    from sparsebert.data.glue import available_glue_tasks
+
+    cfg = ExperimentRegistry.builtin().build("minilm_glue", [f"seed={seed}"])
+    runs = [(task, seed + k) for task in available_glue_tasks(data_dir)
+            for k in range(cfg.finetune.runs_per_task.get(task, cfg.finetune.num_runs))]
+    epochs = {task: cfg.finetune.epochs_per_task.get(task, cfg.train.epochs) for task, _ in runs}
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ours"
+        sets = [f"seed={seed}", f"model.init_from={model_dir}", f"model.tokenizer={model_dir}", "finetune.save_model=false"]
+        sets += [f"finetune.max_train_samples={max_train}"] if max_train else []
+        sets += [f"finetune.max_eval_samples={max_eval}"] if max_eval else []
+        cmd = [sys.executable, str(ROOT / "run.py"), "minilm_glue", "--output-dir", str(out), "--data-dir", str(data_dir)]
+        started = time.perf_counter()
+        done = subprocess.run(cmd + [a for s in sets for a in ("--set", s)], env=environment(tmp), capture_output=True,
+                              text=True, timeout=TIMEOUT_S)
+        whole = time.perf_counter() - started
+        if done.returncode != 0:
+            raise SystemExit(f"finetune_throughput: run.py minilm_glue failed: {done.stderr.strip().splitlines()[-1:]}")
+        for task, run_seed in runs:
+            metrics = json.loads((out / "minilm_glue" / f"glue_{task}" / f"run{run_seed - seed}" / "metrics.json").read_text())
+            rows.append({"variant": "sparsebert", "task": task, "seed": run_seed, "epochs": epochs[task],
+                         "loop_s": metrics["train_runtime_s"], "score": metrics["score"]})
+        rows[0]["end_to_end_s"] = whole
+    with tempfile.TemporaryDirectory() as tmp:
+        for task, run_seed in runs:
+            out = Path(tmp) / f"{task}_{run_seed}"
+            started = time.perf_counter()
+            done = subprocess.run(command("plain", model_dir, data_dir, out, epochs[task], run_seed, max_train,
+                                          max_eval, task), env=environment(tmp), capture_output=True, text=True,
+                                  timeout=TIMEOUT_S)
+            if done.returncode != 0:
+                raise SystemExit(f"finetune_throughput: plain {task} seed {run_seed} failed: "
+                                 f"{done.stderr.strip().splitlines()[-1:]}")
+            rows.append({"variant": "plain", "task": task, "seed": run_seed, "epochs": epochs[task],
+                         "end_to_end_s": time.perf_counter() - started,
+                         **json.loads((out / "result.json").read_text())})
+    return rows
+
+
+def job_table(rows: list[dict], card: str) -> str:
+    """Markdown: the job's time both ways, and each task's mean dev score over its seeds."""
+    total = {v: sum(r.get("end_to_end_s", 0.0) for r in rows if r["variant"] == v) for v in ("plain", "sparsebert")}
+    lines = [f"{card}: the GLUE job, every run of minilm_glue", f"end to end: plain script per task and seed "
+             f"{total['plain']:.1f} s, run.py minilm_glue {total['sparsebert']:.1f} s: "
+             f"{total['plain'] / total['sparsebert']:.2f}x", "| task | runs | plain score | sparsebert score |",
+             "|---|---|---|---|"]
+    for task in dict.fromkeys(r["task"] for r in rows):
+        scores = {v: [r["score"] for r in rows if r["task"] == task and r["variant"] == v]
+                  for v in ("plain", "sparsebert")}
+        lines.append(f"| {task} | {len(scores['plain'])} | {sum(scores['plain']) / len(scores['plain']):.4f} | "
+                     f"{sum(scores['sparsebert']) / len(scores['sparsebert']):.4f} |")
+    return "\n".join(lines)
+
+
+def save(out: Path | None, card: str, seed: int, rows: list[dict]) -> None:
+    """The rows so far, with the card, date, commit and torch version, as JSON (written whole each time)."""
+    if out is None:
+        return
+    import torch
+
+    from sparsebert.env_info import git_commit
+    from sparsebert.io import atomic_write_text
+
+    atomic_write_text(out, json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
+                                       "torch": torch.__version__, "seed": seed, "rows": rows}, indent=1) + "\n")
 
 
 def main() -> None:
@@ -184,11 +279,15 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None, help="JSON with every row, rewritten after each")
     p.add_argument("--worker", choices=list(PLAIN_SCRIPTS), help=argparse.SUPPRESS)
     p.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--task", default="sst2", help=argparse.SUPPRESS)
+    p.add_argument("--job", choices=["glue"], default=None,
+                   help="glue: the whole minilm_glue job (every task present, its seeds) in one run.py process "
+                        "against the plain script run once per task and seed; --variants and --repeats do not apply")
     args = p.parse_args()
     if args.worker:  # one user's script, in the process the parent times
         args.worker_out.mkdir(parents=True, exist_ok=True)
         result = plain_script(args.worker, args.model, args.data_dir, args.worker_out, float(args.epochs), args.seed,
-                              args.max_train_samples, args.max_eval_samples)
+                              args.max_train_samples, args.max_eval_samples, args.task)
         (args.worker_out / "result.json").write_text(json.dumps(result))
         return
 
@@ -208,18 +307,18 @@ def main() -> None:
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     rows: list[dict] = []
     warm_up(model_dir)
+    if args.job:
+        rows = glue_job(model_dir, args.data_dir, args.seed, args.max_train_samples, args.max_eval_samples)
+        save(args.out, card, args.seed, rows)
+        print(job_table(rows, card))
+        return
     for repeat in range(args.repeats):
         order = variants[repeat % len(variants):] + variants[:repeat % len(variants)]
         for n, variant in ((n, v) for n in epochs for v in order):
             rows.append(run_variant(variant, model_dir, args.data_dir, n, args.seed, args.max_train_samples,
                                     args.max_eval_samples))
             print(json.dumps(rows[-1]), flush=True)
-            if args.out:  # after every variant: a cut-off call keeps its numbers
-                from sparsebert.env_info import git_commit
-
-                args.out.write_text(json.dumps({"card": card, "date": date.today().isoformat(),
-                                                "commit": git_commit(ROOT), "torch": torch.__version__,
-                                                "seed": args.seed, "rows": rows}, indent=1) + "\n")
+            save(args.out, card, args.seed, rows)  # after every variant: a cut-off call keeps its numbers
     print(table(rows, card))
 
 
