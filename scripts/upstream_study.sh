@@ -30,6 +30,11 @@ tasks=${STUDY_TASKS:-"rte mrpc stsb cola sst2 gap_mul gap_concat squad_v1"}
 read -r -a gpus <<< "${STUDY_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ')}"
 [ ${#gpus[@]} -gt 0 ] || gpus=(0)
 export OMP_NUM_THREADS=1
+# a search lane starts after the upstream run: refuse now, not after it, where it could not start
+if [ -n "${STUDY_SEARCH:-}" ] && ! python -c "import optuna" 2>/dev/null; then
+  echo "upstream_study.sh: STUDY_SEARCH needs optuna (pip install optuna), which this python cannot import" >&2
+  exit 2
+fi
 common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0)
 mkdir -p "$root/logs"
 echo "upstream study: GPUs ${gpus[*]}, upstream runs: $upstreams, tasks: $tasks"

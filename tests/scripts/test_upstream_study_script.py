@@ -63,3 +63,18 @@ def test_transfers_wait_for_their_upstream_model_and_teacher(data_dir, minilm_pa
     assert config["model"]["init_from"] == str(upstream) and config["kd"]["teacher"] == str(root / "rte" / "minilm_glue")
     assert (trial.parent / "summary.md").is_file()
     assert (trial / "config.json").stat().st_mtime >= (upstream / "DONE").stat().st_mtime
+
+
+def test_a_search_lane_without_optuna_is_refused_before_anything_runs(data_dir, minilm_path, tmp_path):
+    shadow = tmp_path / "shadow"  # an optuna that cannot be imported, ahead of the installed one
+    shadow.mkdir()
+    (shadow / "optuna.py").write_text("raise ImportError('no optuna here')\n")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "PYTHONPATH": f"{shadow}{os.pathsep}{SCRIPT.parents[1] / 'src'}", "STUDY_GPUS": "cpu",
+           "STUDY_SEARCH": "rte"}
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), str(data_dir), minilm_path, "60"], env=env,
+                          cwd=SCRIPT.parents[1], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("upstream_study.sh: STUDY_SEARCH needs optuna (pip install optuna), which this "
+                                   "python cannot import")
+    assert not (tmp_path / "out" / "logs").exists()  # no lane started
