@@ -54,7 +54,6 @@ PLAIN_SCRIPTS = {
     "plain": {"pad_to_128": False, "eval_batch": 256, "workers": 2, "optim": "adamw_torch_fused"},
     "padded": {"pad_to_128": True, "eval_batch": 8, "workers": 0, "optim": None},
 }
-# variant -> sparsebert experiment
 # variant -> (sparsebert experiment, its --set overrides)
 OURS = {"sparsebert": ("minilm_glue", []), "sparsebert_eager": ("minilm_glue_eager", []),
         "sparsebert_layers": ("minilm_glue", ["train.torch_compile_scope=layers"])}
@@ -193,10 +192,16 @@ def environment(tmp: str) -> dict:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
 
-def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, max_eval: int | None) -> list[dict]:
-    """The GLUE job two ways, one row per run: ``run.py minilm_glue`` (every task present, 3 seeds on the small ones,
-    one process; its row's ``end_to_end_s`` is the whole job's) and the plain script once per task and seed (each
-    its own process; the datasets cache is shared between them, as between a user's runs of one script)."""
+def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None,
+             max_eval: int | None) -> tuple[dict[str, float], list[dict]]:
+    """The GLUE job two ways: ``run.py minilm_glue`` (every task present, 3 seeds on the small ones, one process)
+    and the plain script once per task and seed (each its own process; the datasets cache is shared between them,
+    as between a user's runs of one script).
+
+    Returns:
+        each way's whole time, end to end (``sparsebert``, ``plain``), and one row per run (its loop and score;
+        a plain run's row has its process's time too).
+    """
     from sparsebert.config import ExperimentRegistry
     from sparsebert.data.glue import available_glue_tasks
 
@@ -221,7 +226,6 @@ def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, m
             metrics = json.loads((out / "minilm_glue" / f"glue_{task}" / f"run{run_seed - seed}" / "metrics.json").read_text())
             rows.append({"variant": "sparsebert", "task": task, "seed": run_seed, "epochs": epochs[task],
                          "loop_s": metrics["train_runtime_s"], "score": metrics["score"]})
-        rows[0]["end_to_end_s"] = whole
     with tempfile.TemporaryDirectory() as tmp:
         for task, run_seed in runs:
             out = Path(tmp) / f"{task}_{run_seed}"
@@ -235,12 +239,11 @@ def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, m
             rows.append({"variant": "plain", "task": task, "seed": run_seed, "epochs": epochs[task],
                          "end_to_end_s": time.perf_counter() - started,
                          **json.loads((out / "result.json").read_text())})
-    return rows
+    return {"sparsebert": whole, "plain": sum(r["end_to_end_s"] for r in rows if r["variant"] == "plain")}, rows
 
 
-def job_table(rows: list[dict], card: str) -> str:
+def job_table(total: dict[str, float], rows: list[dict], card: str) -> str:
     """Markdown: the job's time both ways, and each task's mean dev score over its seeds."""
-    total = {v: sum(r.get("end_to_end_s", 0.0) for r in rows if r["variant"] == v) for v in ("plain", "sparsebert")}
     lines = [f"{card}: the GLUE job, every run of minilm_glue", f"end to end: plain script per task and seed "
              f"{total['plain']:.1f} s, run.py minilm_glue {total['sparsebert']:.1f} s: "
              f"{total['plain'] / total['sparsebert']:.2f}x", "| task | runs | plain score | sparsebert score |",
@@ -253,8 +256,9 @@ def job_table(rows: list[dict], card: str) -> str:
     return "\n".join(lines)
 
 
-def save(out: Path | None, card: str, seed: int, rows: list[dict]) -> None:
-    """The rows so far, with the card, date, commit and torch version, as JSON (written whole each time)."""
+def save(out: Path | None, card: str, seed: int, rows: list[dict], **extra) -> None:
+    """The rows so far (and ``extra`` keys), with the card, date, commit and torch version, as JSON (written whole
+    each time)."""
     if out is None:
         return
     import torch
@@ -263,7 +267,7 @@ def save(out: Path | None, card: str, seed: int, rows: list[dict]) -> None:
     from sparsebert.io import atomic_write_text
 
     atomic_write_text(out, json.dumps({"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
-                                       "torch": torch.__version__, "seed": seed, "rows": rows}, indent=1) + "\n")
+                                       "torch": torch.__version__, "seed": seed, **extra, "rows": rows}, indent=1) + "\n")
 
 
 def main() -> None:
@@ -308,9 +312,9 @@ def main() -> None:
     rows: list[dict] = []
     warm_up(model_dir)
     if args.job:
-        rows = glue_job(model_dir, args.data_dir, args.seed, args.max_train_samples, args.max_eval_samples)
-        save(args.out, card, args.seed, rows)
-        print(job_table(rows, card))
+        total, rows = glue_job(model_dir, args.data_dir, args.seed, args.max_train_samples, args.max_eval_samples)
+        save(args.out, card, args.seed, rows, job_end_to_end_s=total)
+        print(job_table(total, rows, card))
         return
     for repeat in range(args.repeats):
         order = variants[repeat % len(variants):] + variants[:repeat % len(variants)]
