@@ -119,13 +119,19 @@ def command(variant: str, model_dir: str, data_dir: Path, out: Path, epochs: flo
                "--worker-out", str(out), "--epochs", str(epochs), "--seed", str(seed), "--task", task]
         cmd += ["--max-train-samples", str(max_train)] if max_train else []
         return cmd + (["--max-eval-samples", str(max_eval)] if max_eval else [])
+    experiment, overrides = OURS[variant]
     sets = ['finetune.glue_tasks=["sst2"]', "finetune.runs_per_task={}", "finetune.epochs_per_task={}",
-            f"train.epochs={epochs}", f"seed={seed}", f"model.init_from={model_dir}", f"model.tokenizer={model_dir}",
-            "finetune.save_model=false"]
+            f"train.epochs={epochs}", *overrides]
+    return run_py(experiment, model_dir, data_dir, out, seed, max_train, max_eval, sets)
+
+
+def run_py(experiment: str, model_dir: str, data_dir: Path, out: Path, seed: int, max_train: int | None,
+           max_eval: int | None, sets: list[str]) -> list[str]:
+    """``run.py EXPERIMENT`` from the given model, without saving it, with ``sets`` on top."""
+    sets = [f"seed={seed}", f"model.init_from={model_dir}", f"model.tokenizer={model_dir}",
+            "finetune.save_model=false", *sets]
     sets += [f"finetune.max_train_samples={max_train}"] if max_train else []
     sets += [f"finetune.max_eval_samples={max_eval}"] if max_eval else []
-    experiment, overrides = OURS[variant]
-    sets += overrides
     cmd = [sys.executable, str(ROOT / "run.py"), experiment, "--output-dir", str(out), "--data-dir", str(data_dir)]
     return cmd + [arg for s in sets for arg in ("--set", s)]
 
@@ -212,13 +218,9 @@ def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None,
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ours"
-        sets = [f"seed={seed}", f"model.init_from={model_dir}", f"model.tokenizer={model_dir}", "finetune.save_model=false"]
-        sets += [f"finetune.max_train_samples={max_train}"] if max_train else []
-        sets += [f"finetune.max_eval_samples={max_eval}"] if max_eval else []
-        cmd = [sys.executable, str(ROOT / "run.py"), "minilm_glue", "--output-dir", str(out), "--data-dir", str(data_dir)]
         started = time.perf_counter()
-        done = subprocess.run(cmd + [a for s in sets for a in ("--set", s)], env=environment(tmp), capture_output=True,
-                              text=True, timeout=TIMEOUT_S)
+        done = subprocess.run(run_py("minilm_glue", model_dir, data_dir, out, seed, max_train, max_eval, []),
+                              env=environment(tmp), capture_output=True, text=True, timeout=TIMEOUT_S)
         whole = time.perf_counter() - started
         if done.returncode != 0:
             raise SystemExit(f"finetune_throughput: run.py minilm_glue failed: {done.stderr.strip().splitlines()[-1:]}")

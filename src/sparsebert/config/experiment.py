@@ -150,11 +150,12 @@ class ExperimentConfig:
                 raise ConfigError("data.static_mask_count is for MLM pretraining; task upstream masks no tokens")
         elif kd is not None and kd.attention_weight > 0:
             raise ConfigError("kd.attention_weight is for task upstream (its student has no output to distil)")
-        if kd is not None and kd.attention_weight > 0 and self.model.attn_implementation != "eager":
-            raise ConfigError("kd.attention_weight needs the attention probabilities, which only "
-                              "model.attn_implementation=eager returns")
-        # eager attention returns the probabilities after dropout: zeros and 1/(1-p)-scaled rows are no distribution
-        # to compare with the teacher's (a run with 0.1 logged a training KL 27 x its eval one)
-        if kd is not None and kd.attention_weight > 0 and self.model.attention_dropout != 0:
-            raise ConfigError("kd.attention_weight compares attention probabilities, which eager attention returns "
-                              "after dropout: set model.attention_dropout=0")
+        if kd is not None and kd.attention_weight > 0:
+            if self.model.attn_implementation != "eager":
+                raise ConfigError("kd.attention_weight needs the attention probabilities, which only "
+                                  "model.attn_implementation=eager returns")
+            # eager attention returns the probabilities after dropout: zeros and 1/(1-p)-scaled rows are no
+            # distribution to compare with the teacher's (a run with 0.1 logged a training KL 27 x its eval one)
+            if self.model.attention_dropout != 0:
+                raise ConfigError("kd.attention_weight compares attention probabilities, which eager attention "
+                                  "returns after dropout: set model.attention_dropout=0")
