@@ -39,6 +39,7 @@ LABELS = {
     "_from_upstream80_obs_hidden": "80 %, upstream oBERT, transfer + KD + the teacher's layers",
     "_from_upstream90": "90 %, upstream GMP, transfer + KD",
     "_from_upstream90_obs": "90 %, upstream oBERT, transfer + KD",
+    "_from_upstream90_obs_attn": "90 %, upstream oBERT + the attention term, transfer + KD",
 }
 VARIANTS = tuple(LABELS)
 BERT_TASKS = ("cola", "mrpc", "rte", "sst2", "stsb")

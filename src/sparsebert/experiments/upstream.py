@@ -36,7 +36,8 @@ UPSTREAM_RUNS = {"80": "minilm_upstream_sparse80", "90": "minilm_upstream_sparse
                  "80_obs_nodropout": "minilm_upstream_sparse80_obs_nodropout",
                  "80_obs_long": "minilm_upstream_sparse80_obs_long",
                  "80_obs_cap90": "minilm_upstream_sparse80_obs_cap90",
-                 "80_obs_attn": "minilm_upstream_sparse80_obs_attn"}
+                 "80_obs_attn": "minilm_upstream_sparse80_obs_attn",
+                 "90_obs_attn": "minilm_upstream_sparse90_obs_attn"}
 # every transfer finetunes with MiniLM's own dropout, whatever the upstream run trained with (its config.json says)
 TRANSFER_MODEL = {"hidden_dropout": 0.1, "attention_dropout": 0.1}
 # task family -> (its dense experiment, which is the teacher, and what the transfer changes besides)
@@ -105,11 +106,15 @@ EXPERIMENTS = {
     # the attention term (MiniLM's own self-attention transfer): the KL between the two models' attention
     # distributions beside the layer distance. Eager attention returns them (a slower upstream run), after dropout:
     # the student's attention dropout is off
-    "minilm_upstream_sparse80_obs_attn": {
-        "parent": "minilm_upstream_sparse80_obs",
-        "description": "minilm_upstream_sparse80_obs also distilling the dense MiniLM's attention distributions",
-        "model": {"attn_implementation": "eager", "attention_dropout": 0.0},
-        "kd": {"attention_weight": 1.0},
+    **{
+        f"minilm_upstream_sparse{level}_obs_attn": {
+            "parent": f"minilm_upstream_sparse{level}_obs",
+            "description": f"minilm_upstream_sparse{level}_obs also distilling the dense MiniLM's attention "
+                           "distributions",
+            "model": {"attn_implementation": "eager", "attention_dropout": 0.0},
+            "kd": {"attention_weight": 1.0},
+        }
+        for level in (80, 90)
     },
     # the GLUE transfer's open settings (CoLA carries its gap, docs/results.md): a higher learning rate, which sparse
     # models wanted in the pretraining study, and the dense teacher's layer outputs distilled too (TinyBERT's task
