@@ -28,7 +28,7 @@ later ones); ``--repeats N`` runs the whole set N times, each time in another or
 three seeds on the small ones, its epochs) against the plain script run once per task and seed, each a process of
 its own, scored by each task's GLUE number:
 
-    python bench/finetune_throughput.py --data-dir DATA --job glue --out glue_job.json
+    python bench/finetune_throughput.py --data-dir DATA --job glue --out glue_job.json [--parallel-runs 4]
 """
 
 from __future__ import annotations
@@ -208,11 +208,11 @@ def environment(tmp: str) -> dict:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
 
-def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None,
-             max_eval: int | None) -> tuple[dict[str, float], list[dict]]:
-    """The GLUE job two ways: ``run.py minilm_glue`` (every task present, 3 seeds on the small ones, one process)
-    and the plain script once per task and seed (each its own process; the datasets cache is shared between them,
-    as between a user's runs of one script).
+def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, max_eval: int | None,
+             parallel_runs: int = 1) -> tuple[dict[str, float], list[dict]]:
+    """The GLUE job two ways: ``run.py minilm_glue`` (every task present, 3 seeds on the small ones, one process;
+    ``parallel_runs`` of them at once, ``finetune.parallel_runs``) and the plain script once per task and seed (each
+    its own process; the datasets cache is shared between them, as between a user's runs of one script).
 
     Returns:
         each way's whole time, end to end (``sparsebert``, ``plain``), and one row per run (its loop and score;
@@ -229,7 +229,8 @@ def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None,
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ours"
         started = time.perf_counter()
-        done = subprocess.run(run_py("minilm_glue", model_dir, data_dir, out, seed, max_train, max_eval, []),
+        sets = [f"finetune.parallel_runs={parallel_runs}"]
+        done = subprocess.run(run_py("minilm_glue", model_dir, data_dir, out, seed, max_train, max_eval, sets),
                               env=environment(tmp), capture_output=True, text=True, timeout=TIMEOUT_S)
         whole = time.perf_counter() - started
         if done.returncode != 0:
@@ -299,6 +300,8 @@ def main() -> None:
     p.add_argument("--job", choices=["glue"], default=None,
                    help="glue: the whole minilm_glue job (every task present, its seeds) in one run.py process "
                         "against the plain script run once per task and seed; --variants and --repeats do not apply")
+    p.add_argument("--parallel-runs", type=int, default=1,
+                   help="--job glue: runs of minilm_glue trained at once (finetune.parallel_runs)")
     args = p.parse_args()
     if args.worker:  # one user's script, in the process the parent times
         args.worker_out.mkdir(parents=True, exist_ok=True)
@@ -324,8 +327,9 @@ def main() -> None:
     rows: list[dict] = []
     warm_up(model_dir)
     if args.job:
-        total, rows = glue_job(model_dir, args.data_dir, args.seed, args.max_train_samples, args.max_eval_samples)
-        save(args.out, card, args.seed, rows, job_end_to_end_s=total)
+        total, rows = glue_job(model_dir, args.data_dir, args.seed, args.max_train_samples, args.max_eval_samples,
+                               args.parallel_runs)
+        save(args.out, card, args.seed, rows, job_end_to_end_s=total, parallel_runs=args.parallel_runs)
         print(job_table(total, rows, card))
         return
     for repeat in range(args.repeats):

@@ -21,7 +21,7 @@ def sigterm_inside_a_finalizer() -> list[BaseException]:
         the exceptions passed to ``sys.unraisablehook`` meanwhile (the handler's).
     """
     # without a handler (outside terminate_on_sigterm, or off the main thread) SIGTERM would end the test process
-    assert callable(signal.getsignal(signal.SIGTERM)), "call this inside cli.terminate_on_sigterm"
+    assert callable(signal.getsignal(signal.SIGTERM)), "call this inside terminate_on_sigterm"
     swallowed: list[BaseException] = []
     hook = sys.unraisablehook
     sys.unraisablehook = lambda unraisable: swallowed.append(unraisable.exc_value)

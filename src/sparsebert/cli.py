@@ -9,13 +9,13 @@ import logging
 import os
 import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from sparsebert.config import ConfigError, ExperimentRegistry
+from sparsebert.console import configure_logging
 from sparsebert.errors import SparseBertError, Terminated
+from sparsebert.sigterm import terminate_on_sigterm
 
 OUTPUT_ENV = "SPARSEBERT_OUTPUT"
 log = logging.getLogger("sparsebert")
@@ -149,21 +149,6 @@ def _discard_stdout() -> None:
         os.close(devnull)
 
 
-def quiet_torchao_import() -> None:
-    """transformers imports torchao wherever it is installed (train.precision=fp8 needs it), and torchao's import
-    warns about each optional kernel library it cannot load for this Python or GPU (mxfp8, CUTLASS sm90a; Triton on
-    a CPU machine) and registers enums in a way torch calls deprecated: lines about kernels sparsebert never calls,
-    in every run's log. Only those lines are dropped; anything else torchao or torch says still shows."""
-    def not_an_optional_kernel(record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not (message.startswith("Failed to load") or "register_constant() on Enum subclasses" in message
-                    or "Detected no triton" in message)
-
-    # a filter sees only its own logger's records, not its children's: each logger that says one of them
-    for name in ("torchao", "torchao.kernel.intmm", "torch.utils._pytree"):
-        logging.getLogger(name).addFilter(not_an_optional_kernel)
-
-
 def log_level() -> int:
     """INFO on the job's main process, WARNING on the others: N ranks would print every INFO line N times."""
     from sparsebert.distributed import global_rank
@@ -174,8 +159,7 @@ def log_level() -> int:
 def _main(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
-    logging.basicConfig(level=log_level(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_torchao_import()
+    configure_logging(log_level())
     try:
         registry = load_registry(args)
         if args.search:
@@ -246,52 +230,6 @@ def _main(argv: list[str] | None) -> int:
     except Terminated as e:
         print(f"error: {e}", file=sys.stderr)
         return 128 + signal.SIGTERM
-
-
-@contextmanager
-def terminate_on_sigterm() -> Iterator[Callable[[], None]]:
-    """While runs train (or a search waits on its trials), SIGTERM raises ``Terminated`` in this process's main
-    thread, so the registry records the run as failed. SIGKILL cannot be caught: such a run stays "running".
-
-    Yields ``raise_if_terminated``, which raises ``Terminated`` again once the handler has fired. The handler's own
-    exception is lost where it lands in a ``__del__`` or a weakref callback (Python prints "Exception ignored in"
-    and carries on), so the runs call it after every step (``StopWhenTerminated``) and between runs.
-
-    The handler fires once: a scheduler or ``timeout`` signals the whole process group, and a second SIGTERM, or
-    torch's SIGCHLD error for a DataLoader worker the same signal ended, must not cut the unwinding short. Forked
-    children (DataLoader, featurize workers) inherit the handler; in them it restores the default and re-sends
-    the signal, so they end as before instead of raising."""
-    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread only
-        yield lambda: None
-        return
-    owner = os.getpid()
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGCHLD)}
-    fired = False
-    message = "terminated by SIGTERM"  # the one signal the handler is installed for
-
-    def raise_terminated(signum: int, frame: object) -> None:
-        nonlocal fired
-        if os.getpid() != owner:  # a forked child: die of the signal, as without this handler
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        fired = True
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        raise Terminated(message)
-
-    def raise_if_terminated() -> None:
-        if fired:
-            raise Terminated(message)
-
-    signal.signal(signal.SIGTERM, raise_terminated)
-    try:
-        yield raise_if_terminated
-    finally:
-        # SIGCHLD only if the handler replaced it: a DataLoader installs its own while runs train, for later runs
-        restored = previous if fired else {signal.SIGTERM: previous[signal.SIGTERM]}
-        for sig, handler in restored.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _is_main_process() -> bool:

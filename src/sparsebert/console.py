@@ -6,6 +6,7 @@ and the Trainer's log lines carry the step and the time left instead (``trainer.
 
 from __future__ import annotations
 
+import logging
 import os
 
 
@@ -34,3 +35,25 @@ def duration(seconds: float) -> str:
     minutes, secs = divmod(round(seconds), 60)
     hours, minutes = divmod(minutes, 60)
     return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def configure_logging(level: int) -> None:
+    """Log lines with time, level and logger at ``level`` (``run.py`` and each worker process of a job), without
+    torchao's lines about kernels sparsebert never calls."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_torchao_import()
+
+
+def quiet_torchao_import() -> None:
+    """transformers imports torchao wherever it is installed (train.precision=fp8 needs it), and torchao's import
+    warns about each optional kernel library it cannot load for this Python or GPU (mxfp8, CUTLASS sm90a; Triton on
+    a CPU machine) and registers enums in a way torch calls deprecated: lines about kernels sparsebert never calls,
+    in every run's log. Only those lines are dropped; anything else torchao or torch says still shows."""
+    def not_an_optional_kernel(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Failed to load") or "register_constant() on Enum subclasses" in message
+                    or "Detected no triton" in message)
+
+    # a filter sees only its own logger's records, not its children's: each logger that says one of them
+    for name in ("torchao", "torchao.kernel.intmm", "torch.utils._pytree"):
+        logging.getLogger(name).addFilter(not_an_optional_kernel)

@@ -47,6 +47,31 @@ def test_tiny_glue_writes_every_run_and_registers_it(glue_root, data_dir):
     assert summary["glue:rte"]["runs"] == 2 and (root / "DONE").is_file()
 
 
+def test_parallel_runs_train_the_same_runs_in_processes_of_their_own(registry, glue_root, data_dir, tmp_path):
+    """finetune.parallel_runs=2: two STS-B runs (seeds 42, 43) in two worker processes, each with the files and
+    registry row of a run trained in this process; seed 42 gives the metrics of glue_root's run (threads aside)."""
+    cfg = registry.build("tiny_glue", [*FEW_TRAIN_ROWS, 'finetune.glue_tasks=["stsb"]', 'finetune.runs_per_task={"stsb": 2}',
+                                       "finetune.parallel_runs=2"])
+    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
+    runs = [json.loads((tmp_path / "tiny_glue" / "glue_stsb" / f"run{k}" / "metrics.json").read_text()) for k in (0, 1)]
+    alone = json.loads((glue_root / "tiny_glue" / "glue_stsb" / "run0" / "metrics.json").read_text())
+    assert runs[0]["pearson"] == pytest.approx(alone["pearson"], rel=1e-4)
+    assert runs[1]["pearson"] != pytest.approx(alone["pearson"], rel=1e-4)  # run 1 has its own seed
+    assert (tmp_path / "tiny_glue" / "glue_stsb" / "run1" / "predictions_dev.tsv").is_file()
+    rows = RunRegistry.in_output_root(tmp_path).runs(experiments=["tiny_glue"])
+    assert sorted((r.task, r.seed, r.status) for r in rows) == [("glue:stsb", 42, "done"), ("glue:stsb", 43, "done")]
+
+
+def test_parallel_runs_are_refused_where_worker_processes_cannot_follow(registry, data_dir, tmp_path):
+    from sparsebert.errors import SparseBertError
+    from sparsebert.jobs.finetune.job import FinetuneJob
+
+    cfg = registry.build("tiny_glue", ["finetune.parallel_runs=2"])
+    job = FinetuneJob(cfg, data_dir, tmp_path, callbacks=[object()])  # --profile's callback: this process only
+    with pytest.raises(SparseBertError, match="finetune.parallel_runs=2 trains runs in worker processes"):
+        job.prepare()
+
+
 def test_glue_table_from_the_registry(glue_root, capsys):
     assert cli_main(["--table", "glue", "--output-dir", str(glue_root), "--agg", "mean"]) == 0
     table = capsys.readouterr().out

@@ -290,9 +290,9 @@ def test_a_swallowed_sigterm_stops_the_search_and_its_trials(registry, asset_dat
     from signal_helpers import sigterm_inside_a_finalizer
 
     import sparsebert.search.study
-    from sparsebert.cli import terminate_on_sigterm
     from sparsebert.errors import Terminated
     from sparsebert.search.trials import TrialProcess
+    from sparsebert.sigterm import terminate_on_sigterm
 
     started, swallowed = [], []
 

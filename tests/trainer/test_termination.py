@@ -8,8 +8,8 @@ from signal_helpers import sigterm_inside_a_finalizer
 from tiny_models import Regression
 from transformers import Trainer, TrainerCallback, TrainingArguments
 
-from sparsebert.cli import terminate_on_sigterm
 from sparsebert.errors import Terminated
+from sparsebert.sigterm import terminate_on_sigterm
 from sparsebert.trainer.termination import StopWhenTerminated
 
 

@@ -33,7 +33,7 @@ def run_search(plan: SearchPlan, raise_if_terminated: Callable[[], None] = lambd
     Args:
         plan: from :func:`plan_search`.
         raise_if_terminated: called between polls of the trials; raises when SIGTERM arrived but its handler's
-            exception was swallowed (``cli.terminate_on_sigterm``), so no further trial starts.
+            exception was swallowed (``sigterm.terminate_on_sigterm``), so no further trial starts.
 
     Returns:
         The summary (what summary.json holds).

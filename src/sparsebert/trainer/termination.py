@@ -1,4 +1,4 @@
-"""Stopping a run whose SIGTERM was swallowed (see ``cli.terminate_on_sigterm``)."""
+"""Stopping a run whose SIGTERM was swallowed (see ``sparsebert.sigterm.terminate_on_sigterm``)."""
 
 from __future__ import annotations
 

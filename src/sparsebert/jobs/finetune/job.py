@@ -19,19 +19,23 @@ from typing import Any
 from transformers import TrainerCallback, set_seed
 
 from sparsebert.config import ExperimentConfig, from_dict
+from sparsebert.console import configure_logging, quiet_progress_bars
 from sparsebert.data.glue import available_glue_tasks, get_glue_task
 from sparsebert.data.tokenizer import load_tokenizer
-from sparsebert.distributed import process_state
+from sparsebert.distributed import process_state, world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.jobs.finetune.common import FinetuneContext, check_batches_fit, read_metrics
 from sparsebert.jobs.finetune.csv_task import load_csv, run_csv
 from sparsebert.jobs.finetune.gap import load_gap, run_gap
 from sparsebert.jobs.finetune.glue import load_glue_task, run_glue
+from sparsebert.jobs.finetune.parallel import run_in_processes
 from sparsebert.jobs.finetune.squad import load_squad, run_squad
 from sparsebert.results.recording import recorded_run, run_record
 from sparsebert.results.runs import resolve_pretrained
 from sparsebert.results.stats import sample_std
+from sparsebert.sigterm import terminate_on_sigterm
 from sparsebert.sparsity import SparsityConfig
+from sparsebert.trainer.termination import StopWhenTerminated
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +116,12 @@ class FinetuneJob:
     output_root: Path
     callbacks: list[TrainerCallback] = field(default_factory=list)
 
-    def prepare(self) -> None:
+    def prepare(self, tasks: list[str] | None = None) -> None:
+        """Resolve the model, read and check every task's inputs (``tasks``: these of the job's tasks only, as a
+        worker process of ``finetune.parallel_runs`` does for its run)."""
         cfg = self.cfg
-        self.tasks = task_list(cfg, self.data_dir)
+        self.tasks = tasks or task_list(cfg, self.data_dir)
+        self._check_parallel_runs()
         source = resolve_pretrained(cfg.model.init_from, self.output_root, "model.init_from")
         check_positions(source, cfg.finetune.max_seq_length)
         inherited = sparsity_of_run(cfg.model.init_from, self.output_root)
@@ -136,6 +143,18 @@ class FinetuneJob:
         self.inputs = {task: self._inputs(task) for task in self.tasks}
         for task, inputs in self.inputs.items():
             check_batches_fit(self.task_context(task).cfg, inputs.train_rows)
+
+    def _check_parallel_runs(self) -> None:
+        if self.cfg.finetune.parallel_runs == 1:
+            return
+        if world_size() > 1:
+            raise SparseBertError(f"finetune.parallel_runs={self.cfg.finetune.parallel_runs} trains runs in processes "
+                                  f"of their own on one machine; under accelerate launch / torchrun ({world_size()} "
+                                  "processes) each run spans them all: set finetune.parallel_runs=1")
+        if any(not isinstance(c, StopWhenTerminated) for c in self.callbacks):
+            raise SparseBertError(f"finetune.parallel_runs={self.cfg.finetune.parallel_runs} trains runs in worker "
+                                  "processes, which this job's callbacks (--profile) cannot follow: set "
+                                  "finetune.parallel_runs=1")
 
     def _inputs(self, task: str) -> Any:
         kind, _, name = task.partition(":")  # "glue:rte" -> the GLUE loader on rte; else the task itself
@@ -161,27 +180,48 @@ class FinetuneJob:
         return replace(self.ctx, cfg=replace(cfg, train=replace(cfg.train, epochs=epochs)))
 
     def train(self, run_dir: Path, resume: bool) -> dict[str, Any]:
-        summary: dict[str, Any] = {}
-        is_main = process_state().is_main_process
+        """Train every run that has not finished (``finetune.parallel_runs`` at once) and summarize each task."""
+        metrics: dict[tuple[str, int], dict[str, Any]] = {}
+        pending = []
         for task in self.tasks:
-            ctx = self.task_context(task)
-            runs = []
             for k in range(self.runs(task)):
                 sub = run_dir / task_dir(task) / f"run{k}"
                 if (sub / "DONE").is_file():
                     log.info("%s %s run%d already finished; reading its metrics", self.cfg.name, task, k)
-                    runs.append(read_metrics(sub))
-                    continue
-                seed = self.cfg.seed + k
-                set_seed(seed)
-                log.info("finetuning %s on %s, run %d (seed %d) -> %s", self.cfg.name, task, k, seed, sub)
-                # running now; finish_run records done, an exception failed; a killed run stays running
-                row = run_record(sub, self.cfg.name, task, seed, self.cfg.model.init_from or "",
-                                 self.ctx.pretrain_metrics)
-                with recorded_run(self.output_root, row, write=is_main):
-                    runs.append(RUNNERS[task.partition(":")[0]](ctx, self.inputs[task], seed, sub))
-            summary[task] = summarize(runs)
-        return summary
+                    metrics[task, k] = read_metrics(sub)
+                else:
+                    pending.append((task, k, sub))
+        workers = min(self.cfg.finetune.parallel_runs, len(pending))
+        if workers > 1:
+            run_in_processes(train_in_worker, [(self.cfg, self.data_dir, self.output_root, task, k, sub)
+                                               for task, k, sub in pending], workers,
+                             [f"{self.cfg.name} {task} run{k}" for task, k, _ in pending])
+            metrics.update({(task, k): read_metrics(sub) for task, k, sub in pending})
+        else:
+            metrics.update({(task, k): self.train_run(task, k, sub) for task, k, sub in pending})
+        return {task: summarize([metrics[task, k] for k in range(self.runs(task))]) for task in self.tasks}
+
+    def train_run(self, task: str, k: int, sub: Path) -> dict[str, Any]:
+        """Run ``k`` of ``task`` (seed = the experiment's seed + k) into ``sub``, with its registry row."""
+        seed = self.cfg.seed + k
+        set_seed(seed)
+        log.info("finetuning %s on %s, run %d (seed %d) -> %s", self.cfg.name, task, k, seed, sub)
+        # running now; finish_run records done, an exception failed; a killed run stays running
+        row = run_record(sub, self.cfg.name, task, seed, self.cfg.model.init_from or "", self.ctx.pretrain_metrics)
+        with recorded_run(self.output_root, row, write=process_state().is_main_process):
+            return RUNNERS[task.partition(":")[0]](self.task_context(task), self.inputs[task], seed, sub)
+
+
+def train_in_worker(cfg: ExperimentConfig, data_dir: Path | None, output_root: Path, task: str, k: int,
+                    sub: Path) -> None:
+    """One run of a job in a worker process of its own (``finetune.parallel_runs``): the job is prepared for its
+    task alone (the features come from the cache the parent filled) and the run trained as the parent would."""
+    configure_logging(logging.INFO)
+    quiet_progress_bars()
+    with terminate_on_sigterm() as raise_if_terminated:
+        job = FinetuneJob(cfg, data_dir, output_root, callbacks=[StopWhenTerminated(raise_if_terminated)])
+        job.prepare([task])
+        job.train_run(task, k, sub)
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,87 @@
+"""Several runs of one finetuning job at once (``finetune.parallel_runs``), each in a process of its own.
+
+MiniLM at batch 32 leaves a GPU mostly idle: its step is bound by the host's Python and kernel launches
+(docs/performance.md), so runs side by side on one GPU finish a job of many small runs (GLUE: every task, three
+seeds) sooner than one after another. Each run is a spawned process (CUDA cannot be forked) that trains it exactly
+as the job's own loop would: same seed, run directory, files and registry row.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from multiprocessing.queues import SimpleQueue
+
+from sparsebert.config import ConfigError
+from sparsebert.errors import SparseBertError, Terminated
+from sparsebert.results.recording import one_line_error
+
+log = logging.getLogger(__name__)
+
+
+def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], workers: int,
+                     names: Sequence[str]) -> None:
+    """Call ``target(*call)`` for every call, each in a spawned process, at most ``workers`` at once.
+
+    Args:
+        target: a module-level function (the spawned process imports it by name).
+        calls: the arguments of each call (picklable).
+        workers: processes at once.
+        names: what each call is, for the error and the log.
+
+    Raises:
+        SparseBertError: a call failed. No call starts after that; the ones running beside it end first, and the
+            error is that of the first failure, in one line.
+        BaseException: whatever interrupts this process (SIGTERM's ``Terminated``, Ctrl-C) after it has
+            terminated the running processes.
+    """
+    context = multiprocessing.get_context("spawn")
+    errors = context.SimpleQueue()
+    threads = max(1, (os.cpu_count() or 1) // workers)  # each process's torch CPU threads: the cores shared out
+    queued = list(range(len(calls)))
+    running: dict[int, BaseProcess] = {}
+    messages: dict[int, str] = {}
+    failed: int | None = None
+    try:
+        while running or (queued and failed is None):
+            while queued and failed is None and len(running) < workers:
+                i = queued.pop(0)
+                log.info("starting %s in a process of its own (%d at once)", names[i], workers)
+                running[i] = context.Process(target=_call, args=(target, calls[i], i, errors, threads), name=names[i])
+                running[i].start()
+            ready = set(wait([p.sentinel for p in running.values()]))
+            for i in [i for i, p in running.items() if p.sentinel in ready]:
+                process = running.pop(i)
+                process.join()
+                while not errors.empty():
+                    index, message = errors.get()
+                    messages[index] = message
+                if process.exitcode != 0 and failed is None:
+                    failed = i
+                    messages.setdefault(i, f"its process ended with exit code {process.exitcode}")
+    except BaseException:
+        for process in running.values():
+            process.terminate()
+        for process in running.values():
+            process.join()
+        raise
+    if failed is not None:
+        raise SparseBertError(f"{names[failed]} failed: {messages[failed]}")
+
+
+def _call(target: Callable[..., None], args: tuple, index: int, errors: SimpleQueue, threads: int) -> None:
+    """The spawned process: ``target(*args)``; its error, as one line, goes back to the parent."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        target(*args)
+    except BaseException as e:
+        errors.put((index, one_line_error(e)))
+        if not isinstance(e, SparseBertError | ConfigError | Terminated | KeyboardInterrupt):  # others need a trace
+            log.exception("%s failed", multiprocessing.current_process().name)
+        raise SystemExit(1) from None
