@@ -169,6 +169,10 @@ def check_train_settings(cfg: ExperimentConfig) -> None:
     batch_layout(cfg.train, world_size())
 
 
+# how many of a job's runs train at once changes none of them: a resume may change it (4 at once ran out of memory)
+SCHEDULING_KEYS = {"finetune.parallel_runs"}
+
+
 def _check_same_config(run_dir: Path, cfg: ExperimentConfig, problem: str) -> None:
     """Resuming with different settings would silently mix two experiments in one run directory, and skipping
     a finished run with different settings would silently produce nothing for the new ones."""
@@ -182,7 +186,7 @@ def _check_same_config(run_dir: Path, cfg: ExperimentConfig, problem: str) -> No
     # a key missing from the saved config (a setting added since the run was made) stands for that setting's
     # default, which the older code ran with: no difference unless the current value differs from it
     defaults = json.loads(json.dumps(_field_defaults(cfg)))
-    diff = sorted(_diff_keys(saved, current, defaults))
+    diff = sorted(set(_diff_keys(saved, current, defaults)) - SCHEDULING_KEYS)
     if diff:
         raise SparseBertError(f"{problem} ({', '.join(diff[:5])}); use --overwrite or another --output-dir")
 

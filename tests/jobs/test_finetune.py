@@ -47,12 +47,17 @@ def test_tiny_glue_writes_every_run_and_registers_it(glue_root, data_dir):
     assert summary["glue:rte"]["runs"] == 2 and (root / "DONE").is_file()
 
 
-def test_parallel_runs_train_the_same_runs_in_processes_of_their_own(registry, glue_root, data_dir, tmp_path):
+def test_parallel_runs_train_the_same_runs_in_processes_of_their_own(registry, glue_root, data_dir, tmp_path,
+                                                                     caplog):
     """finetune.parallel_runs=2: two STS-B runs (seeds 42, 43) in two worker processes, each with the files and
-    registry row of a run trained in this process; seed 42 gives the metrics of glue_root's run (threads aside)."""
-    cfg = registry.build("tiny_glue", [*FEW_TRAIN_ROWS, 'finetune.glue_tasks=["stsb"]', 'finetune.runs_per_task={"stsb": 2}',
-                                       "finetune.parallel_runs=2"])
-    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=data_dir))
+    registry row of a run trained in this process; seed 42 gives the metrics of glue_root's run (threads aside).
+    How many run at once is no setting of the runs: a finished job is not refused for another number."""
+    sets = [*FEW_TRAIN_ROWS, 'finetune.glue_tasks=["stsb"]', 'finetune.runs_per_task={"stsb": 2}']
+    with caplog.at_level("INFO", logger="sparsebert"):
+        run_experiment(registry.build("tiny_glue", [*sets, "finetune.parallel_runs=2"]),
+                       RunOptions(output_root=tmp_path, data_dir=data_dir))
+    assert sum("in a process of its own (2 at once)" in m for m in caplog.messages) == 2
+    assert run_experiment(registry.build("tiny_glue", sets), RunOptions(output_root=tmp_path, data_dir=data_dir)) is None
     runs = [json.loads((tmp_path / "tiny_glue" / "glue_stsb" / f"run{k}" / "metrics.json").read_text()) for k in (0, 1)]
     alone = json.loads((glue_root / "tiny_glue" / "glue_stsb" / "run0" / "metrics.json").read_text())
     assert runs[0]["pearson"] == pytest.approx(alone["pearson"], rel=1e-4)
@@ -62,13 +67,18 @@ def test_parallel_runs_train_the_same_runs_in_processes_of_their_own(registry, g
     assert sorted((r.task, r.seed, r.status) for r in rows) == [("glue:stsb", 42, "done"), ("glue:stsb", 43, "done")]
 
 
-def test_parallel_runs_are_refused_where_worker_processes_cannot_follow(registry, data_dir, tmp_path):
+@pytest.mark.parametrize(("world", "callbacks", "message"), [
+    ("1", [object()], "in worker processes, which this job's callbacks"),  # --profile's: this process only
+    ("2", [], r"under accelerate launch / torchrun \(2 processes\)"),
+])
+def test_parallel_runs_are_refused_where_worker_processes_cannot_follow(registry, data_dir, tmp_path, monkeypatch,
+                                                                         world, callbacks, message):
     from sparsebert.errors import SparseBertError
     from sparsebert.jobs.finetune.job import FinetuneJob
 
-    cfg = registry.build("tiny_glue", ["finetune.parallel_runs=2"])
-    job = FinetuneJob(cfg, data_dir, tmp_path, callbacks=[object()])  # --profile's callback: this process only
-    with pytest.raises(SparseBertError, match="finetune.parallel_runs=2 trains runs in worker processes"):
+    monkeypatch.setenv("WORLD_SIZE", world)
+    job = FinetuneJob(registry.build("tiny_glue", ["finetune.parallel_runs=2"]), data_dir, tmp_path, callbacks=callbacks)
+    with pytest.raises(SparseBertError, match=f"finetune.parallel_runs=2 .*{message}"):
         job.prepare()
 
 

@@ -18,3 +18,10 @@ def test_the_first_failure_is_raised_in_one_line_and_nothing_queued_starts(tmp_p
     assert first.is_file()
     assert not after.exists()  # queued behind the failure: never started
 
+
+
+def test_a_run_beside_the_failure_ends_on_its_own(tmp_path):
+    beside = tmp_path / "beside"
+    with pytest.raises(SparseBertError, match=r"^first failed: bad row 7$"):
+        run_in_processes(call, [(refuse, "bad row 7"), (touch, str(beside))], workers=2, names=["first", "second"])
+    assert beside.read_text() == "ran\n"  # started with it, not stopped by it

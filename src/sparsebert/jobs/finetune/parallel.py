@@ -34,43 +34,55 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
         names: what each call is, for the error and the log.
 
     Raises:
-        SparseBertError: a call failed. No call starts after that; the ones running beside it end first, and the
-            error is that of the first failure, in one line.
-        BaseException: whatever interrupts this process (SIGTERM's ``Terminated``, Ctrl-C) after it has
-            terminated the running processes.
+        SparseBertError: a call failed on bad input (or ``Terminated``: its process got SIGTERM; another error:
+            RuntimeError, its traceback in the log). No call starts after that; the ones running beside it end
+            first, and the error is that of the first failure, in one line.
+        BaseException: whatever interrupts this process (SIGTERM's ``Terminated``, Ctrl-C) after it has ended
+            the running processes.
     """
     context = multiprocessing.get_context("spawn")
     errors = context.SimpleQueue()
-    threads = max(1, (os.cpu_count() or 1) // workers)  # each process's torch CPU threads: the cores shared out
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)  # each process's torch CPU threads: the cores shared
     queued = list(range(len(calls)))
     running: dict[int, BaseProcess] = {}
-    messages: dict[int, str] = {}
+    reported: dict[int, tuple[str, str]] = {}  # call -> (kind of error, its line)
     failed: int | None = None
     try:
         while running or (queued and failed is None):
             while queued and failed is None and len(running) < workers:
                 i = queued.pop(0)
                 log.info("starting %s in a process of its own (%d at once)", names[i], workers)
-                running[i] = context.Process(target=_call, args=(target, calls[i], i, errors, threads), name=names[i])
-                running[i].start()
+                process = context.Process(target=_call, args=(target, calls[i], i, errors, threads), name=names[i])
+                process.start()
+                running[i] = process
             ready = set(wait([p.sentinel for p in running.values()]))
             for i in [i for i, p in running.items() if p.sentinel in ready]:
                 process = running.pop(i)
                 process.join()
                 while not errors.empty():
-                    index, message = errors.get()
-                    messages[index] = message
+                    index, kind, message = errors.get()
+                    reported[index] = (kind, message)
                 if process.exitcode != 0 and failed is None:
                     failed = i
-                    messages.setdefault(i, f"its process ended with exit code {process.exitcode}")
+                    reported.setdefault(i, ("crash", f"its process ended with exit code {process.exitcode}"))
     except BaseException:
-        for process in running.values():
-            process.terminate()
-        for process in running.values():
-            process.join()
+        _end(list(running.values()))
         raise
     if failed is not None:
-        raise SparseBertError(f"{names[failed]} failed: {messages[failed]}")
+        kind, message = reported[failed]
+        error = {"input": SparseBertError, "terminated": Terminated}.get(kind, RuntimeError)
+        raise error(f"{names[failed]} failed: {message}")
+
+
+def _end(processes: list[BaseProcess]) -> None:
+    """SIGTERM (each run records itself failed), then SIGKILL for a process that has not ended within a minute."""
+    for process in processes:
+        process.terminate()
+    for process in processes:
+        process.join(timeout=60)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
 
 
 def _call(target: Callable[..., None], args: tuple, index: int, errors: SimpleQueue, threads: int) -> None:
@@ -81,7 +93,13 @@ def _call(target: Callable[..., None], args: tuple, index: int, errors: SimpleQu
     try:
         target(*args)
     except BaseException as e:
-        errors.put((index, one_line_error(e)))
-        if not isinstance(e, SparseBertError | ConfigError | Terminated | KeyboardInterrupt):  # others need a trace
+        kind = ("input" if isinstance(e, SparseBertError | ConfigError)
+                else "terminated" if isinstance(e, Terminated | KeyboardInterrupt) else "crash")
+        if kind == "crash":
             log.exception("%s failed", multiprocessing.current_process().name)
+        # short: the parent reads the queue once a process has ended, and a pipe holds 64 KiB
+        errors.put((index, kind, one_line_error(e)[:MAX_ERROR_CHARS]))
         raise SystemExit(1) from None
+
+
+MAX_ERROR_CHARS = 2000
