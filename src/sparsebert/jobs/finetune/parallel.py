@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import SimpleQueue
 
 from sparsebert.config import ConfigError
+from sparsebert.data.featurize import available_cores
 from sparsebert.errors import SparseBertError, Terminated
 from sparsebert.results.recording import one_line_error
 
@@ -42,7 +42,7 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
     """
     context = multiprocessing.get_context("spawn")
     errors = context.SimpleQueue()
-    threads = max(1, len(os.sched_getaffinity(0)) // workers)  # each process's torch CPU threads: the cores shared
+    threads = max(1, available_cores() // workers)  # each process's torch CPU threads: the cores shared out
     queued = list(range(len(calls)))
     running: dict[int, BaseProcess] = {}
     reported: dict[int, tuple[str, str]] = {}  # call -> (kind of error, its line)
