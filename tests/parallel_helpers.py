@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from pathlib import Path
 
 from sparsebert.errors import SparseBertError
 
 
 def touch(path: str) -> None:
-    Path(path).write_text("ran\n")
+    """Write how this process would start its own children (a DataLoader's workers)."""
+    Path(path).write_text(multiprocessing.get_start_method())
 
 
 def refuse(message: str) -> None:

@@ -43,6 +43,9 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
     context = multiprocessing.get_context("spawn")
     errors = context.SimpleQueue()
     threads = max(1, available_cores() // workers)  # each process's torch CPU threads: the cores shared out
+    # a spawned process makes spawn its own default: its DataLoader workers would each import torch again (20 s an
+    # epoch on 2 cores); they start as this process's do
+    children_start = multiprocessing.get_start_method()
     queued = list(range(len(calls)))
     running: dict[int, BaseProcess] = {}
     reported: dict[int, tuple[str, str]] = {}  # call -> (kind of error, its line)
@@ -52,7 +55,7 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
             while queued and failed is None and len(running) < workers:
                 i = queued.pop(0)
                 log.info("starting %s in a process of its own (%d at once)", names[i], workers)
-                process = context.Process(target=_call, args=(target, calls[i], i, errors, threads), name=names[i])
+                process = context.Process(target=_call, args=(target, calls[i], i, errors, threads, children_start), name=names[i])
                 process.start()
                 running[i] = process
             ready = set(wait([p.sentinel for p in running.values()]))
@@ -85,11 +88,13 @@ def _end(processes: list[BaseProcess]) -> None:
             process.join()
 
 
-def _call(target: Callable[..., None], args: tuple, index: int, errors: SimpleQueue, threads: int) -> None:
+def _call(target: Callable[..., None], args: tuple, index: int, errors: SimpleQueue, threads: int,
+          children_start: str) -> None:
     """The spawned process: ``target(*args)``; its error, as one line, goes back to the parent."""
     import torch
 
     torch.set_num_threads(threads)
+    multiprocessing.set_start_method(children_start, force=True)
     try:
         target(*args)
     except BaseException as e:
