@@ -21,6 +21,9 @@ from sparsebert.errors import SparseBertError, Terminated
 from sparsebert.results.recording import one_line_error
 
 log = logging.getLogger(__name__)
+# a worker's error as it reaches the parent: one line, short (the parent reads the queue once a process has ended,
+# and a pipe holds 64 KiB)
+MAX_ERROR_CHARS = 2000
 
 
 def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], workers: int,
@@ -55,7 +58,8 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
             while queued and failed is None and len(running) < workers:
                 i = queued.pop(0)
                 log.info("starting %s in a process of its own (%d at once)", names[i], workers)
-                process = context.Process(target=_call, args=(target, calls[i], i, errors, threads, children_start), name=names[i])
+                process = context.Process(target=_call, name=names[i],
+                                          args=(target, calls[i], i, errors, threads, children_start))
                 process.start()
                 running[i] = process
             ready = set(wait([p.sentinel for p in running.values()]))
@@ -102,9 +106,6 @@ def _call(target: Callable[..., None], args: tuple, index: int, errors: SimpleQu
                 else "terminated" if isinstance(e, Terminated | KeyboardInterrupt) else "crash")
         if kind == "crash":
             log.exception("%s failed", multiprocessing.current_process().name)
-        # short: the parent reads the queue once a process has ended, and a pipe holds 64 KiB
         errors.put((index, kind, one_line_error(e)[:MAX_ERROR_CHARS]))
         raise SystemExit(1) from None
 
-
-MAX_ERROR_CHARS = 2000
