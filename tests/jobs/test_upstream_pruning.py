@@ -146,3 +146,28 @@ def test_upstream_settings_are_refused_before_anything_runs(registry, sets, mess
 def test_the_attention_term_is_for_upstream_only(registry):
     with pytest.raises(ConfigError, match="kd.attention_weight is for task upstream"):
         registry.build("tiny_glue_sparse80", ["kd.attention_weight=1", "model.attn_implementation=eager"])
+
+
+def test_with_the_attention_term_each_term_is_an_eval_metric_of_its_own(tmp_path):
+    """The Trainer's eval loss is the weighted sum; eval_layer_distance and eval_attention_kl are the two terms'
+    means over the held-out examples (11 of them: the last batch of 4 is short), and the loss is their weighted sum."""
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments, default_data_collator
+
+    from sparsebert.jobs.upstream_pruning import distillation_terms
+
+    student, teacher = tiny_bert(1, attn="eager"), tiny_bert(0, attn="eager")
+    model = EncoderDistillation(student, teacher, hidden_weight=2.0, attention_weight=0.5)
+    blocks = Dataset.from_dict({"input_ids": torch.randint(0, 50, (11, 12)).tolist()})
+    args = TrainingArguments(str(tmp_path), per_device_eval_batch_size=4, report_to=[], use_cpu=True,
+                             label_names=[])
+    metrics = Trainer(model=model, args=args, eval_dataset=blocks, data_collator=default_data_collator,
+                      compute_metrics=distillation_terms).evaluate()
+    with torch.no_grad():
+        ids = torch.tensor(blocks["input_ids"])
+        whole = model(input_ids=ids)
+    distance, kl = whole.terms[0].tolist()
+    assert distance > 0 and kl > 0
+    assert metrics["eval_layer_distance"] == pytest.approx(distance, rel=1e-5)
+    assert metrics["eval_attention_kl"] == pytest.approx(kl, rel=1e-5)
+    assert metrics["eval_loss"] == pytest.approx(2.0 * distance + 0.5 * kl, rel=1e-5)

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
-from transformers import BertModel, default_data_collator
+from transformers import BertModel, EvalPrediction, default_data_collator
 from transformers.utils import ModelOutput
 
 from sparsebert.data.mlm_data import build_pretrain_data
@@ -38,7 +38,9 @@ class EncoderDistillation(nn.Module):
     The loss is TinyBERT's intermediate-layer loss, the mean squared distance between the two models' layer
     outputs, plus, with ``attention_weight``, the KL divergence between their attention distributions (MiniLM's
     self-attention transfer). It is the model's own output, so the stock Trainer trains and evaluates it like any
-    model: the eval loss is the same distance on held-out text (0 before the first step).
+    model: the eval loss is the same distance on held-out text (0 before the first step). With the attention term
+    the eval loss is the weighted sum; each term also comes back, unweighted, as the output ``terms`` (a row per
+    example), which :func:`distillation_terms` turns into the eval metrics ``layer_distance`` and ``attention_kl``.
 
     The teacher is held outside the module tree: it is not in ``state_dict``, checkpoints, the optimizer, the
     sparsity selection or DDP. Parameter names are the student's with a ``student.`` prefix, which the default
@@ -59,7 +61,9 @@ class EncoderDistillation(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                 token_type_ids: torch.Tensor | None = None, return_loss: bool = True) -> ModelOutput:
-        """``loss`` = hidden_weight x layer distance + attention_weight x attention KL.
+        """``loss`` = hidden_weight x layer distance + attention_weight x attention KL; with the attention term
+        also ``terms``, the two unweighted, detached, repeated for each example of the batch (the Trainer gathers
+        outputs by example).
 
         ``return_loss``: unused; the Trainer computes the loss of evaluation batches, which carry no labels, only
         for a model whose forward has that argument.
@@ -70,11 +74,19 @@ class EncoderDistillation(nn.Module):
         student = self.student(**inputs)
         with torch.no_grad():
             teacher = self.teacher(**inputs)
-        loss = self.hidden_weight * hidden_state_loss(student.hidden_states, teacher.hidden_states, attention_mask)
-        if wants_attention:
-            loss = loss + self.attention_weight * attention_loss(student.attentions, teacher.attentions,
-                                                                 attention_mask)
-        return ModelOutput(loss=loss)
+        distance = hidden_state_loss(student.hidden_states, teacher.hidden_states, attention_mask)
+        if not wants_attention:
+            return ModelOutput(loss=self.hidden_weight * distance)
+        kl = attention_loss(student.attentions, teacher.attentions, attention_mask)
+        terms = torch.stack([distance, kl]).detach().float().expand(input_ids.shape[0], 2)
+        return ModelOutput(loss=self.hidden_weight * distance + self.attention_weight * kl, terms=terms)
+
+
+def distillation_terms(prediction: EvalPrediction) -> dict[str, float]:
+    """The eval metrics of :class:`EncoderDistillation` with the attention term: each term's mean over the held-out
+    examples (the eval loss is their weighted sum, not comparable with a run without the term)."""
+    terms = prediction.predictions
+    return {"layer_distance": float(terms[:, 0].mean()), "attention_kl": float(terms[:, 1].mean())}
 
 
 def load_encoder(source: str, **kwargs: Any) -> BertModel:
@@ -113,7 +125,8 @@ class UpstreamPruningJob(PretrainJob):
         return default_data_collator  # packed blocks of one length: input_ids only, no padding, no masks
 
     def metric_functions(self) -> dict[str, Any]:
-        return {}  # the eval loss is the metric
+        # the eval loss is the metric; with the attention term, each term beside it
+        return {"compute_metrics": distillation_terms} if self.cfg.kd.attention_weight > 0 else {}
 
     def ready(self, trainer: SparseBertTrainer) -> None:
         prepare_teacher(self.model.teacher, trainer.args.device, trainer.args.bf16, trainer.args.fp16)
