@@ -29,6 +29,7 @@ LABELS = {
     "_downstream80": "80 %, downstream GMP + KD",
     "_downstream80_obs": "80 %, downstream oBERT + KD",
     "_downstream90": "90 %, downstream GMP + KD",
+    "_downstream90_obs": "90 %, downstream oBERT + KD",
     "_from_upstream80": "80 %, upstream GMP, transfer + KD",
     "_from_upstream80_obs": "80 %, upstream oBERT, transfer + KD",
     "_from_upstream80_obs_long": "80 %, upstream oBERT for 16k steps, transfer + KD",

@@ -147,6 +147,14 @@ EXPERIMENTS = {
         }
         for dense in ("minilm_glue", "minilm_squad_v1", "minilm_gap_mul", "minilm_gap_concat")
     },
+    **{
+        f"{dense}_downstream90_obs": {
+            "parent": f"{dense}_downstream80_obs",
+            "description": f"{dense}_downstream80_obs at 90% sparse",
+            "sparsity": SPARSE90,
+        }
+        for dense in ("minilm_glue", "minilm_squad_v1", "minilm_gap_mul", "minilm_gap_concat")
+    },
     "glue_from": {
         **MINILM_FINETUNE,
         "description": "finetune a finished pretraining run on every GLUE task (default bert_small_wiki; "
