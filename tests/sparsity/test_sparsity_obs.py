@@ -131,6 +131,33 @@ def test_scores_and_update_match_brute_force_obs():
     assert changed.view(-1).nonzero().flatten().tolist() == [5, 6, 9]
 
 
+def test_the_update_solves_only_the_blocks_where_a_non_zero_weight_goes(monkeypatch):
+    """A block whose masked entries are all zero already has w_Q = 0 and an update of 0: the prune leaves it out
+    of the batched solve (late in a cubic ramp most blocks are such), with the same result as solving it."""
+    import sparsebert.sparsity.scores as scores
+
+    model = _linear(4, 10, seed=3)  # 40 weights in 8 blocks of 5
+    weight = model[0].weight
+    mask = torch.ones(4, 10, dtype=torch.bool)
+    mask.view(-1)[[0, 1, 7, 20, 33]] = False
+    with torch.no_grad():
+        weight.view(-1)[[1, 7, 20]] = 0.0  # pruned before: blocks 1 and 4 hold only zeros among their masked
+    generator = torch.Generator().manual_seed(4)
+    score = _observed_score(model, [torch.randn(4, 10, generator=generator) * mask for _ in range(3)],
+                            block_size=5, num_grads=3)
+    solved = []
+
+    def counting(inverse, weights, pruned):
+        solved.append(len(weights))
+        return correction(inverse, weights, pruned)
+
+    correction = scores.obs_correction
+    monkeypatch.setattr(scores, "obs_correction", counting)
+    score.after_prune({"0.weight": weight}, {"0.weight": mask})
+    assert solved == [2]  # blocks 0 (weight 0) and 6 (weight 33)
+    assert torch.all(weight.detach()[~mask] == 0)
+
+
 def test_the_update_is_the_constrained_minimiser_of_the_quadratic_model():
     generator = torch.Generator().manual_seed(2)
     block_size = 6
