@@ -125,8 +125,13 @@ class UpstreamPruningJob(PretrainJob):
         return default_data_collator  # packed blocks of one length: input_ids only, no padding, no masks
 
     def metric_functions(self) -> dict[str, Any]:
-        # the eval loss is the metric; with the attention term, each term beside it
-        return {"compute_metrics": distillation_terms} if self.cfg.kd.attention_weight > 0 else {}
+        # the eval loss is the metric; with the attention term, each term beside it. The terms are copied as each
+        # batch comes: under train.torch_compile_mode=reduce-overhead they live in a CUDA graph's output buffer,
+        # which the next batch overwrites
+        if self.cfg.kd.attention_weight <= 0:
+            return {}
+        return {"compute_metrics": distillation_terms,
+                "preprocess_logits_for_metrics": lambda terms, labels: terms.clone()}
 
     def ready(self, trainer: SparseBertTrainer) -> None:
         prepare_teacher(self.model.teacher, trainer.args.device, trainer.args.bf16, trainer.args.fp16)
