@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from sparsebert.sparsity import GMPConfig, RigLConfig, SparsityConfig, SparsityController
@@ -96,3 +98,21 @@ def test_controller_validates_its_sections(mlp):
         SparsityController(mlp, SparsityConfig(sparsity=2.0, include=["weight$"]))
     with pytest.raises(ValueError, match=r"^rigl\.end_step is None"):
         SparsityController(mlp, SparsityConfig(include=["weight$"]), rigl=RigLConfig())
+
+
+def test_the_package_names_load_on_first_use_and_the_config_needs_no_torch():
+    """``sparsebert.sparsity`` loads each exported name from its submodule when it is first used, so reading the
+    sparsity config (every command line does, ``--list`` and bad-input errors included) does not import torch."""
+    import subprocess
+    import sys
+
+    import sparsebert.sparsity as sparsity
+
+    for name in sparsity.__all__:
+        assert getattr(sparsity, name) is getattr(importlib.import_module(f"sparsebert.sparsity.{sparsity._SUBMODULE[name]}"), name)
+    assert set(sparsity._SUBMODULE) == set(sparsity.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        sparsity.nothing  # noqa: B018
+    probe = "import sys, sparsebert.cli, sparsebert.sparsity.config; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
