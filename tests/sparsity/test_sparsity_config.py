@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import importlib
+from pathlib import Path
 
 import pytest
 
@@ -109,8 +111,14 @@ def test_the_package_names_load_on_first_use_and_the_config_needs_no_torch():
     import sparsebert.sparsity as sparsity
 
     for name in sparsity.__all__:
-        assert getattr(sparsity, name) is getattr(importlib.import_module(f"sparsebert.sparsity.{sparsity._SUBMODULE[name]}"), name)
+        submodule = importlib.import_module(f"sparsebert.sparsity.{sparsity._SUBMODULE[name]}")
+        assert getattr(sparsity, name) is getattr(submodule, name)
     assert set(sparsity._SUBMODULE) == set(sparsity.__all__)
+    # the imports for type checkers name the same submodule for each name as the table the package loads by
+    tree = ast.parse(Path(sparsity.__file__).read_text())
+    guarded = next(node for node in tree.body if isinstance(node, ast.If))
+    imported = {alias.name: node.module for node in guarded.body for alias in node.names}
+    assert imported == sparsity._SUBMODULE
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         sparsity.nothing  # noqa: B018
     probe = "import sys, sparsebert.cli, sparsebert.sparsity.config; print('torch' in sys.modules)"

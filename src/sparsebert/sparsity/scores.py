@@ -241,7 +241,8 @@ class OBSScore(PruningScore):
                 # in chunks of blocks, so the solve's working space stays bounded whatever the layer's size
                 for start in range(0, len(moving), _UPDATE_CHUNK):
                     chunk = moving[start:start + _UPDATE_CHUNK]
-                    blocks[chunk] += obs_correction(inverse[name][chunk], blocks[chunk], pruned[chunk])
+                    moved = blocks[chunk]
+                    blocks[chunk] = moved + obs_correction(inverse[name][chunk], moved, pruned[chunk])
                 updated = blocks.reshape(-1)[: weight.numel()].view(weight.shape)
                 weight.copy_(updated.masked_fill(~masks[name], 0.0))
             if self._device.type == "cuda":  # one sync per prune, so the time below is the update's own

@@ -108,4 +108,3 @@ def _call(target: Callable[..., None], args: tuple, index: int, errors: SimpleQu
             log.exception("%s failed", multiprocessing.current_process().name)
         errors.put((index, kind, one_line_error(e)[:MAX_ERROR_CHARS]))
         raise SystemExit(1) from None
-
