@@ -11,7 +11,9 @@
 # its teacher. Every task family has its own output root (so its teacher and students share a registry); the
 # upstream runs have theirs. MiniLM at batch 32 is host-bound: many processes share each GPU, one CPU thread each.
 # The upstream runs are not: on one H100 two side by side took 570-740 s, three 890 s (docs/results.md), and the
-# transfers start after them. SECONDS (default 1500): every lane is stopped then; finished runs stay (DONE),
+# transfers start after them. GPU memory bounds the lanes: each downstream oBERT lane holds 2 GB of Fisher
+# inverses, and 16 of them beside the dense and transfer lanes ran one out of memory on an 80 GB H100 (docs/results.md,
+# call G). SECONDS (default 1500): every lane is stopped then; finished runs stay (DONE),
 # unfinished ones do not count. STUDY_UPSTREAM_SET / STUDY_TASK_SET: more "--set k=v" for the upstream runs / for
 # every finetuning run (the CPU test makes them tiny). STUDY_VARIANTS: suffixes of more GLUE transfers from the
 # 80_obs upstream run (e.g. "_lr2e4 _hidden": minilm_glue_from_upstream80_obs_lr2e4 ...), each a lane of its own
