@@ -249,11 +249,9 @@ class TrainConfig:
         if self.fp8_layers not in FP8_LAYERS:
             raise ValueError(f"train.fp8_layers must be one of {', '.join(FP8_LAYERS)}, got {self.fp8_layers!r}")
         # transformers would refuse these only when TrainingArguments are built, after the run directory exists
-        schedulers = scheduler_names()
-        if self.lr_scheduler not in schedulers:
+        if self.lr_scheduler not in COMMON_SCHEDULERS and self.lr_scheduler not in (schedulers := scheduler_names()):
             raise ValueError(f"train.lr_scheduler must be one of {', '.join(schedulers)}, got {self.lr_scheduler!r}")
-        optims = optimizer_names()
-        if self.optim not in optims:
+        if self.optim not in COMMON_OPTIMIZERS and self.optim not in (optims := optimizer_names()):
             raise ValueError(f"train.optim must be auto or a transformers optimizer name ({', '.join(optims[1:])}), "
                              f"got {self.optim!r}")
         unknown = set(self.report_to) - {"tensorboard", "wandb"}
@@ -269,6 +267,13 @@ class TrainConfig:
             raise ValueError(f"train.torch_compile_scope must be model or layers, got {self.torch_compile_scope!r}")
         if self.torch_compile_tune_kernels and not self.torch_compile:
             raise ValueError("train.torch_compile_tune_kernels tunes compiled kernels: it needs train.torch_compile=true")
+
+
+# names every supported transformers accepts (a test checks them against the installed one): a config that uses
+# them is validated without importing transformers, which imports torch (seconds; --show and --list need neither)
+COMMON_SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                     "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay")
+COMMON_OPTIMIZERS = ("auto", "adamw_torch", "adamw_torch_fused", "adafactor", "sgd")
 
 
 def scheduler_names() -> list[str]:
