@@ -2,7 +2,7 @@
 
 The graph is written by ``torch.onnx.export``'s TorchScript exporter: ``optimum-onnx`` (0.1.0, the newest) pins
 ``transformers<4.58`` and would downgrade our transformers 5; torch's dynamo exporter gives the same graph here but
-takes 15 s where this one takes 2 s on a tiny BERT. Inputs are the tokenizer's (``input_ids``, ``attention_mask``,
+is the slower of the two. Inputs are the tokenizer's (``input_ids``, ``attention_mask``,
 ``token_type_ids``), batch and sequence dynamic; outputs are the model's logits under their transformers names.
 
 The export is not kept unless ONNX Runtime (CPU) reproduces PyTorch on real tokenized text, at another batch and

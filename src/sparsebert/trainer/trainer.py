@@ -311,7 +311,7 @@ class SparseBertTrainer(UpstreamTrainer):
 
     def close_train_workers(self) -> None:
         """Stop the training loader's worker processes now. They outlive epochs (get_train_dataloader), and left to
-        the garbage collector they took 5 s each to stop (10 s at the end of every run with 2 workers)."""
+        the garbage collector each one waits out its shutdown timeout, at the end of every run."""
         loader = getattr(self, "_train_loader", None)
         if loader is not None:
             # Accelerate's loader wraps torch's (base_dataloader) and forwards attribute reads to it
