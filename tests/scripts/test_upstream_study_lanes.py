@@ -1,5 +1,5 @@
-"""scripts/upstream_study.sh's lane limit, with a stand-in ``python`` that records when each lane's run.py starts
-and ends (seconds, not a training run): STUDY_MAX_LANES bounds how many lanes of a GPU run at once."""
+"""scripts/upstream_study.sh's lanes, with a stand-in ``python`` that records each run.py it is asked to start (its
+arguments, when it starts and ends; it trains nothing): the lane limit, and which lanes a setting adds."""
 
 from __future__ import annotations
 
@@ -10,33 +10,59 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "upstream_study.sh"
 
 
-def run_study(tmp_path: Path, **env: str) -> list[tuple[float, float]]:
-    """Runs the study with four dense lanes (one per GLUE task) on one GPU; returns each lane's (start, end)."""
+def run_study(tmp_path: Path, **env: str) -> dict[str, tuple[float, float, str]]:
+    """Runs the study (one GPU, no upstream run, no downstream recipe unless ``env`` says so).
+
+    Returns:
+        Per stand-in process: (start, end, its arguments).
+    """
     bin_dir, events = tmp_path / "bin", tmp_path / "events"
     bin_dir.mkdir()
     stand_in = bin_dir / "python"
-    stand_in.write_text(f'#!/usr/bin/env bash\necho "start $$ $(date +%s.%N)" >> {events}\nsleep 1\n'
+    stand_in.write_text(f'#!/usr/bin/env bash\necho "start $$ $(date +%s.%N) $*" >> {events}\nsleep 1\n'
                         f'echo "end $$ $(date +%s.%N)" >> {events}\n')
     stand_in.chmod(0o755)
     subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), str(tmp_path), "minilm", "60"],
                    env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUDY_GPUS": "0",
-                        "STUDY_UPSTREAM": " ", "STUDY_TASKS": "rte mrpc stsb cola", "STUDY_DOWNSTREAM": "", **env},
+                        "STUDY_UPSTREAM": " ", "STUDY_DOWNSTREAM": "", **env},
                    check=True, capture_output=True, timeout=60)
-    times: dict[str, list[float]] = {}
+    runs: dict[str, list] = {}
     for line in events.read_text().splitlines():
-        _, pid, at = line.split()
-        times.setdefault(pid, []).append(float(at))
-    return [(start, end) for start, end in times.values()]
+        what, pid, at, *args = line.split(maxsplit=3)
+        runs.setdefault(pid, [0.0, 0.0, ""])
+        if what == "start":
+            runs[pid][0], runs[pid][2] = float(at), " ".join(args)
+        else:
+            runs[pid][1] = float(at)
+    return {pid: tuple(run) for pid, run in runs.items()}
 
 
-def most_at_once(spans: list[tuple[float, float]]) -> int:
+def most_at_once(runs: dict[str, tuple[float, float, str]]) -> int:
+    spans = [(start, end) for start, end, _ in runs.values()]
     return max(sum(start <= at < end for start, end in spans) for at, _ in spans)
 
 
 def test_max_lanes_bounds_the_lanes_running_on_a_gpu(tmp_path):
-    spans = run_study(tmp_path, STUDY_MAX_LANES="2")
-    assert len(spans) == 4 and most_at_once(spans) == 2
+    runs = run_study(tmp_path, STUDY_TASKS="rte mrpc stsb cola", STUDY_MAX_LANES="2")
+    assert len(runs) == 4 and most_at_once(runs) == 2
 
 
 def test_without_a_limit_every_lane_starts_at_once(tmp_path):
-    assert most_at_once(run_study(tmp_path)) == 4
+    assert most_at_once(run_study(tmp_path, STUDY_TASKS="rte mrpc stsb cola")) == 4
+
+
+def test_a_transfer_variant_is_a_lane_per_seed_from_the_same_model_and_teacher(tmp_path):
+    """STUDY_VARIANTS with STUDY_SEED_LANES: each variant of the 80_obs transfer trains each seed in a process of
+    its own, from the upstream model, distilled from the task's dense run (both finished here already)."""
+    out = tmp_path / "out"
+    upstream, teacher = out / "upstream" / "minilm_upstream_sparse80_obs", out / "rte" / "minilm_glue"
+    for done in (upstream / "DONE", teacher / "glue_rte" / "run0" / "DONE"):
+        done.parent.mkdir(parents=True)
+        done.touch()
+    runs = run_study(tmp_path, STUDY_UPSTREAM="80_obs", STUDY_TASKS="rte", STUDY_VARIANTS="_hidden",
+                     STUDY_SEED_LANES="1")
+    hidden = sorted(args for _, _, args in runs.values() if "minilm_glue_from_upstream80_obs_hidden" in args)
+    assert len(hidden) == 3
+    for seed, args in zip((42, 43, 44), hidden, strict=True):
+        assert f"--output-dir {out}/rte/seed{seed} " in args and f"--set seed={seed} " in args
+        assert f"--set model.init_from={upstream}" in args and f"--set kd.teacher={teacher}" in args
