@@ -65,10 +65,12 @@ def variant(experiment: str, family: str) -> str | None:
 
 
 def glue_average_by_seed(runs: list[RunRecord], suffix: str) -> dict[int, float]:
-    """average_bert of each seed: run k of every task (a task with one run counts its one run for every seed).
+    """average_bert of each seed: that seed's run of every task; a task that ran once counts its one run for every
+    seed (SST-2 runs seed 42 only).
 
-    The seeds are those of the tasks with several runs, or, where every task ran once, that one seed (the
-    downstream recipes run seed 42 only). A variant without all five tasks has none.
+    The seeds are those every task with several runs has (a seed that one of them lacks, e.g. a lane the deadline
+    stopped, has no average), or, where every task ran once, their one common seed (the downstream recipes run
+    seed 42 only). A variant without all five tasks has none.
     """
     by_task: dict[str, dict[int, float]] = {}
     for r in runs:
@@ -77,10 +79,13 @@ def glue_average_by_seed(runs: list[RunRecord], suffix: str) -> dict[int, float]
             by_task.setdefault(task, {})[r.seed] = r.metrics["score"]
     if set(by_task) != set(BERT_TASKS):
         return {}
-    seeds = sorted({seed for scores in by_task.values() for seed in scores if len(scores) > 1}
-                   or {seed for scores in by_task.values() for seed in scores})
-    return {seed: 100 * statistics.fmean(scores.get(seed, next(iter(scores.values()))) for scores in by_task.values())
-            for seed in seeds}
+    several = [set(scores) for scores in by_task.values() if len(scores) > 1]
+    seeds = set.intersection(*several) if several else set.union(*(set(scores) for scores in by_task.values()))
+    if not several and len(seeds) > 1:  # one run a task, at different seeds: no seed has all five
+        return {}
+    return {seed: 100 * statistics.fmean(scores[seed] if len(scores) > 1 else next(iter(scores.values()))
+                                         for scores in by_task.values())
+            for seed in sorted(seeds)}
 
 
 def mean_std(values: list[float]) -> str:
@@ -91,8 +96,16 @@ def mean_std(values: list[float]) -> str:
 
 
 def single(runs: list[RunRecord], family: str, suffix: str, key: str, scale: float = 1.0) -> dict[int, float]:
-    """The metric ``key`` of each seed's run of ``family + suffix``."""
-    return {r.seed: scale * r.metrics[key] for r in runs if variant(r.experiment, family) == suffix and key in r.metrics}
+    """The metric ``key`` of each seed's run of ``family + suffix``; two runs of one seed (a re-run in another
+    output root) are an error naming both, since either could be the one meant."""
+    by_seed: dict[int, RunRecord] = {}
+    for r in runs:
+        if variant(r.experiment, family) == suffix and key in r.metrics:
+            if r.seed in by_seed:
+                raise ValueError(f"two runs of {r.experiment} at seed {r.seed}: {by_seed[r.seed].run_dir} and "
+                                 f"{r.run_dir}; report one output root at a time")
+            by_seed[r.seed] = r
+    return {seed: scale * r.metrics[key] for seed, r in by_seed.items()}
 
 
 def paired_delta(mine: dict[int, float], dense: dict[int, float]) -> list[float]:
@@ -127,9 +140,11 @@ def report(runs: list[RunRecord]) -> str:
         for key in ("glue", "squad", "mul", "concat"):
             deltas = paired_delta(mine[key], dense[key]) if suffix else []
             cells += [mean_std(list(mine[key].values())), delta_cell(deltas)]
-            if suffix in TARGETS and deltas:
+            if suffix in TARGETS and mine[key] and not deltas:
+                checks.append(f"- {LABELS[suffix]}, {key}: no seed in common with dense")
+            elif suffix in TARGETS and deltas:
                 delta, limit = statistics.fmean(deltas), TARGETS[suffix][{"glue": 0, "squad": 1, "mul": 2, "concat": 2}[key]]
-                checks.append(f"- {LABELS[suffix]}, {key}: {delta:+.1f} against a limit of −{limit}: "
+                checks.append(f"- {LABELS[suffix]}, {key}: {delta:+.1f} (n{len(deltas)}) against a limit of −{limit}: "
                               f"{'met' if delta >= -limit else 'not met'}")
         if any(mine.values()):
             rows.append(f"| {LABELS[suffix]} | " + " | ".join(cells) + " |")
@@ -147,7 +162,11 @@ def main(argv: list[str]) -> int:
     if not runs:
         print(f"error: no finished runs in any registry.sqlite under {args.root}", file=sys.stderr)
         return 2
-    print(report(runs))
+    try:
+        print(report(runs))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.json:
         args.json.write_text(json.dumps([dataclasses.asdict(r) for r in runs], indent=1))
     return 0

@@ -24,8 +24,8 @@
 # STUDY_SEARCH="TASK ...": GLUE tasks that also get a --search lane over the transfer's settings from the first upstream
 # run (space STUDY_SEARCH_SPACE, default transfer; STUDY_SEARCH_TRIALS trials, default 8, STUDY_SEARCH_PARALLEL at
 # once, default 4), distilled from the same teacher; its study lands in TASK/search/.
-# STUDY_MAX_LANES=N: at most N lanes train on each GPU at once (a lane takes one of the GPU's N slots when its waits
-# are over and holds it until it ends; a search lane is one lane): bounds the GPU memory that many lanes need.
+# STUDY_MAX_LANES=N: at most N lanes of this study train on each GPU at once (a lane takes one of the GPU's N slots
+# when its waits are over and holds it until it ends; a search lane is one lane): bounds the GPU memory they need.
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))
@@ -39,28 +39,35 @@ if [ -n "${STUDY_SEARCH:-}" ] && ! python -c "import optuna" 2>/dev/null; then
   echo "upstream_study.sh: STUDY_SEARCH needs optuna (pip install optuna), which this python cannot import" >&2
   exit 2
 fi
-if [ -n "${STUDY_MAX_LANES:-}" ] && ! command -v flock >/dev/null; then
-  echo "upstream_study.sh: STUDY_MAX_LANES needs flock (util-linux), which this machine lacks" >&2
-  exit 2
+if [ -n "${STUDY_MAX_LANES:-}" ]; then
+  if ! [[ $STUDY_MAX_LANES =~ ^[1-9][0-9]*$ ]]; then
+    echo "upstream_study.sh: STUDY_MAX_LANES must be a positive whole number, got '$STUDY_MAX_LANES'" >&2
+    exit 2
+  fi
+  if ! command -v flock >/dev/null; then
+    echo "upstream_study.sh: STUDY_MAX_LANES needs flock (util-linux), which this machine lacks" >&2
+    exit 2
+  fi
+  mkdir -p "$root/.slots"
 fi
 common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0)
-mkdir -p "$root/logs" "$root/.slots"
+mkdir -p "$root/logs"
 echo "upstream study: GPUs ${gpus[*]}, upstream runs: $upstreams, tasks: $tasks"
 
 lane_count=0
 # lane NAME COMMAND...: run COMMAND in the background on the next GPU, output to logs/NAME.log
 lane() {
   local name=$1 gpu=${gpus[$(( lane_count % ${#gpus[@]} ))]}; shift
-  local command="$*"
+  local cmd="$*"
   lane_count=$(( lane_count + 1 ))
-  if [ -n "${STUDY_MAX_LANES:-}" ]; then
+  if [ -n "${STUDY_MAX_LANES:-}" ]; then  # the slot is taken after the lane's waits: only training lanes hold one
     local wait_for_slot; wait_for_slot=$(slot "$gpu")
-    command=${command/python run.py/"${wait_for_slot}python run.py"}
+    cmd=${cmd/python run.py/"${wait_for_slot}python run.py"}
   fi
-  CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) bash -c "$command" >"$root/logs/$name.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) bash -c "$cmd" >"$root/logs/$name.log" 2>&1 &
 }
-# slot GPU: the bash that waits for a free one of the GPU's STUDY_MAX_LANES slots; its lock (fd 9) is inherited by
-# run.py and released when the lane ends
+# slot GPU: the bash that waits for a free one of the GPU's STUDY_MAX_LANES slots. Its lock is on fd 9, which run.py
+# and its children inherit: the slot is free again when the lane and everything it started have ended
 slot() {
   local file; file=$(printf %q "$root/.slots/gpu$1")
   printf 'while :; do for i in $(seq %d); do exec 9>%s.$i; if flock -n 9; then break 2; fi; done; sleep 2; done; ' \

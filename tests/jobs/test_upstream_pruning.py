@@ -143,6 +143,17 @@ def test_upstream_settings_are_refused_before_anything_runs(registry, sets, mess
         registry.build("tiny_upstream", sets)
 
 
+def test_the_glue_transfer_variants_change_their_one_setting(registry):
+    """The study's STUDY_VARIANTS lanes (scripts/upstream_study.sh): each variant differs from the plain transfer
+    in the one setting its name says."""
+    plain = registry.build("minilm_glue_from_upstream80_obs", [])
+    hidden = registry.build("minilm_glue_from_upstream80_obs_hidden", [])
+    faster = registry.build("minilm_glue_from_upstream80_obs_lr2e4", [])
+    assert (plain.kd.hidden_weight, hidden.kd.hidden_weight) == (0.0, 1.0)
+    assert (plain.train.learning_rate, faster.train.learning_rate) == (1e-4, 2e-4)
+    assert hidden.train == plain.train and faster.kd == plain.kd
+
+
 def test_the_attention_term_is_for_upstream_only(registry):
     with pytest.raises(ConfigError, match="kd.attention_weight is for task upstream"):
         registry.build("tiny_glue_sparse80", ["kd.attention_weight=1", "model.attn_implementation=eager"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from module_loading import load_module
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "finetune_report.py"
@@ -49,9 +50,27 @@ def test_a_variant_of_one_seed_is_compared_with_dense_at_that_seed():
     assert report.glue_average_by_seed(runs, "")[42] == 100 * (4 * 0.70 + 0.90) / 5  # 74.0
     text = report.report(runs)
     downstream = next(line for line in text.splitlines() if line.startswith("| 80 %, downstream oBERT"))
-    # against dense at seed 42 (74.0), not against dense's mean over seeds (66.0 + ...)
+    # against dense at seed 42 (74.0), not against dense's mean over seeds (66.0)
     assert "| 65.0 ± 0.0 | -9.0 (n1) |" in downstream
     upstream = next(line for line in text.splitlines() if line.startswith("| 90 %, upstream GMP"))
     assert "| 60.0 ± 0.0 | -10.0 (n1) |" in upstream  # seed 44's dense is 70.0
-    assert "- 90 %, upstream GMP, transfer + KD, squad: -10.0 against a limit of −5.0: not met" in text
+    assert "- 90 %, upstream GMP, transfer + KD, squad: -10.0 (n1) against a limit of −5.0: not met" in text
     assert report.delta_cell([1.0, -1.0]) == "+0.0 ± 1.4 (n2)" and report.delta_cell([]) == "-"
+
+
+def test_a_seed_a_task_lacks_has_no_glue_average_and_two_runs_of_one_seed_are_refused():
+    report = load_module(SCRIPT)
+    runs = [record("minilm_glue", f"glue:{task}", seed, score=0.5) for task in ("cola", "mrpc", "stsb")
+            for seed in (42, 43, 44)]
+    # RTE's seed-44 lane did not finish: seed 44 has no average (not one made of RTE's seed-42 run)
+    runs += [record("minilm_glue", "glue:rte", seed, score=0.5) for seed in (42, 43)]
+    runs += [record("minilm_glue", "glue:sst2", 42, score=0.5)]
+    assert sorted(report.glue_average_by_seed(runs, "")) == [42, 43]
+    # one run a task at different seeds: no seed has all five tasks
+    scattered = [record("minilm_glue_downstream80", f"glue:{task}", seed, score=0.5)
+                 for task, seed in zip(report.BERT_TASKS, (42, 42, 43, 42, 42), strict=True)]
+    assert report.glue_average_by_seed(scattered, "_downstream80") == {}
+    twice = [record("minilm_squad_v1", "squad_v1", 42, f1=60.0), record("minilm_squad_v1", "squad_v1", 42, f1=61.0)]
+    twice[1].run_dir = "rerun/" + twice[1].run_dir
+    with pytest.raises(ValueError, match="two runs of minilm_squad_v1 at seed 42"):
+        report.single(twice, "minilm_squad_v1", "", "f1")

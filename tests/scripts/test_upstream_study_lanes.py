@@ -10,8 +10,9 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "upstream_study.sh"
 
 
-def run_study(tmp_path: Path, **env: str) -> dict[str, tuple[float, float, str]]:
-    """Runs the study (one GPU, no upstream run, no downstream recipe unless ``env`` says so).
+def run_study(tmp_path: Path, hold: int = 3, **env: str) -> dict[str, tuple[float, float, str]]:
+    """Runs the study (one GPU, no upstream run, no downstream recipe unless ``env`` says so); each stand-in run.py
+    lasts ``hold`` seconds.
 
     Returns:
         Per stand-in process: (start, end, its arguments).
@@ -19,11 +20,12 @@ def run_study(tmp_path: Path, **env: str) -> dict[str, tuple[float, float, str]]
     bin_dir, events = tmp_path / "bin", tmp_path / "events"
     bin_dir.mkdir()
     stand_in = bin_dir / "python"
-    stand_in.write_text(f'#!/usr/bin/env bash\necho "start $$ $(date +%s.%N) $*" >> {events}\nsleep 1\n'
+    stand_in.write_text(f'#!/usr/bin/env bash\necho "start $$ $(date +%s.%N) $*" >> {events}\nsleep {hold}\n'
                         f'echo "end $$ $(date +%s.%N)" >> {events}\n')
     stand_in.chmod(0o755)
     subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), str(tmp_path), "minilm", "60"],
-                   env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUDY_GPUS": "0",
+                   env={**{k: v for k, v in os.environ.items() if not k.startswith("STUDY_")},
+                        "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUDY_GPUS": "0",
                         "STUDY_UPSTREAM": " ", "STUDY_DOWNSTREAM": "", **env},
                    check=True, capture_output=True, timeout=60)
     runs: dict[str, list] = {}
@@ -59,10 +61,19 @@ def test_a_transfer_variant_is_a_lane_per_seed_from_the_same_model_and_teacher(t
     for done in (upstream / "DONE", teacher / "glue_rte" / "run0" / "DONE"):
         done.parent.mkdir(parents=True)
         done.touch()
-    runs = run_study(tmp_path, STUDY_UPSTREAM="80_obs", STUDY_TASKS="rte", STUDY_VARIANTS="_hidden",
+    runs = run_study(tmp_path, hold=0, STUDY_UPSTREAM="80_obs", STUDY_TASKS="rte", STUDY_VARIANTS="_hidden",
                      STUDY_SEED_LANES="1")
     hidden = sorted(args for _, _, args in runs.values() if "minilm_glue_from_upstream80_obs_hidden" in args)
     assert len(hidden) == 3
     for seed, args in zip((42, 43, 44), hidden, strict=True):
         assert f"--output-dir {out}/rte/seed{seed} " in args and f"--set seed={seed} " in args
         assert f"--set model.init_from={upstream}" in args and f"--set kd.teacher={teacher}" in args
+
+
+def test_a_lane_limit_that_is_not_a_positive_number_is_refused_before_any_lane(tmp_path):
+    done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), str(tmp_path), "minilm", "60"],
+                          env={**os.environ, "STUDY_MAX_LANES": "08", "STUDY_GPUS": "0"},
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == "upstream_study.sh: STUDY_MAX_LANES must be a positive whole number, got '08'"
+    assert not (tmp_path / "out" / "logs").exists()
