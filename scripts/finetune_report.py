@@ -121,6 +121,18 @@ def delta_cell(deltas: list[float]) -> str:
     return f"{statistics.fmean(deltas):+.1f}{spread} (n{len(deltas)})"
 
 
+# the report's task families, each with its place in a TARGETS triple (GLUE, SQuAD, GAP)
+FAMILIES = {"glue": 0, "squad": 1, "mul": 2, "concat": 2}
+
+
+def family_scores(runs: list[RunRecord], suffix: str) -> dict[str, dict[int, float]]:
+    """Each family's score by seed for the variant ``suffix`` ("" is dense): GLUE average_bert, SQuAD F1, GAP
+    accuracy of each head."""
+    return {"glue": glue_average_by_seed(runs, suffix), "squad": single(runs, "minilm_squad_v1", suffix, "f1"),
+            "mul": single(runs, "minilm_gap_mul", suffix, "accuracy", 100),
+            "concat": single(runs, "minilm_gap_concat", suffix, "accuracy", 100)}
+
+
 def report(runs: list[RunRecord]) -> str:
     lines = ["### GLUE dev (mean over seeds; ± is the sample std of the task score)", ""]
     glue = [r for r in runs if r.task.startswith("glue:")]
@@ -128,22 +140,18 @@ def report(runs: list[RunRecord]) -> str:
         lines += [glue_table(glue, agg="mean"), ""]
     rows = [("| variant | GLUE average_bert (seeds) | Δ | SQuAD F1 | Δ | GAP mul acc | Δ | GAP concat acc | Δ |"),
             "|---|---|---|---|---|---|---|---|---|"]
-    dense = {"glue": glue_average_by_seed(runs, ""), "squad": single(runs, "minilm_squad_v1", "", "f1"),
-             "mul": single(runs, "minilm_gap_mul", "", "accuracy", 100),
-             "concat": single(runs, "minilm_gap_concat", "", "accuracy", 100)}
+    dense = family_scores(runs, "")
     checks = []
     for suffix in VARIANTS:
-        mine = {"glue": glue_average_by_seed(runs, suffix), "squad": single(runs, "minilm_squad_v1", suffix, "f1"),
-                "mul": single(runs, "minilm_gap_mul", suffix, "accuracy", 100),
-                "concat": single(runs, "minilm_gap_concat", suffix, "accuracy", 100)}
+        mine = family_scores(runs, suffix)
         cells = []
-        for key in ("glue", "squad", "mul", "concat"):
+        for key in FAMILIES:
             deltas = paired_delta(mine[key], dense[key]) if suffix else []
             cells += [mean_std(list(mine[key].values())), delta_cell(deltas)]
             if suffix in TARGETS and mine[key] and not deltas:
                 checks.append(f"- {LABELS[suffix]}, {key}: no seed in common with dense")
             elif suffix in TARGETS and deltas:
-                delta, limit = statistics.fmean(deltas), TARGETS[suffix][{"glue": 0, "squad": 1, "mul": 2, "concat": 2}[key]]
+                delta, limit = statistics.fmean(deltas), TARGETS[suffix][FAMILIES[key]]
                 checks.append(f"- {LABELS[suffix]}, {key}: {delta:+.1f} (n{len(deltas)}) against a limit of −{limit}: "
                               f"{'met' if delta >= -limit else 'not met'}")
         if any(mine.values()):

@@ -39,6 +39,9 @@ if [ -n "${STUDY_SEARCH:-}" ] && ! python -c "import optuna" 2>/dev/null; then
   echo "upstream_study.sh: STUDY_SEARCH needs optuna (pip install optuna), which this python cannot import" >&2
   exit 2
 fi
+# how a lane starts run.py once its waits are over; with STUDY_MAX_LANES, after taking one of its GPU's slots: the
+# lock is on fd 9, which run.py and its children inherit, so the slot is free again when they have all ended
+run_py="python run.py"
 if [ -n "${STUDY_MAX_LANES:-}" ]; then
   if ! [[ $STUDY_MAX_LANES =~ ^[1-9][0-9]*$ ]]; then
     echo "upstream_study.sh: STUDY_MAX_LANES must be a positive whole number, got '$STUDY_MAX_LANES'" >&2
@@ -49,6 +52,9 @@ if [ -n "${STUDY_MAX_LANES:-}" ]; then
     exit 2
   fi
   mkdir -p "$root/.slots"
+  slots=$(printf %q "$root/.slots")
+  run_py="while :; do for i in \$(seq $STUDY_MAX_LANES); do exec 9>$slots/gpu\$CUDA_VISIBLE_DEVICES.\$i; \
+if flock -n 9; then break 2; fi; done; sleep 2; done; python run.py"
 fi
 common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0)
 mkdir -p "$root/logs"
@@ -58,32 +64,20 @@ lane_count=0
 # lane NAME COMMAND...: run COMMAND in the background on the next GPU, output to logs/NAME.log
 lane() {
   local name=$1 gpu=${gpus[$(( lane_count % ${#gpus[@]} ))]}; shift
-  local cmd="$*"
   lane_count=$(( lane_count + 1 ))
-  if [ -n "${STUDY_MAX_LANES:-}" ]; then  # the slot is taken after the lane's waits: only training lanes hold one
-    local wait_for_slot; wait_for_slot=$(slot "$gpu")
-    cmd=${cmd/python run.py/"${wait_for_slot}python run.py"}
-  fi
-  CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) bash -c "$cmd" >"$root/logs/$name.log" 2>&1 &
-}
-# slot GPU: the bash that waits for a free one of the GPU's STUDY_MAX_LANES slots. Its lock is on fd 9, which run.py
-# and its children inherit: the slot is free again when the lane and everything it started have ended
-slot() {
-  local file; file=$(printf %q "$root/.slots/gpu$1")
-  printf 'while :; do for i in $(seq %d); do exec 9>%s.$i; if flock -n 9; then break 2; fi; done; sleep 2; done; ' \
-    "$STUDY_MAX_LANES" "$file"
+  CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) bash -c "$*" >"$root/logs/$name.log" 2>&1 &
 }
 # after FILE... -- EXPERIMENT ARGS...: once every FILE exists, run.py EXPERIMENT ARGS
 after() {
   local waits=""
   while [ "$1" != "--" ]; do waits+="until [ -f $(printf %q "$1") ]; do sleep 5; done; "; shift; done
   shift
-  printf '%spython run.py %s' "$waits" "$*"
+  printf '%s%s %s' "$waits" "$run_py" "$*"
 }
 
 up_root="$root/upstream"
 for u in $upstreams; do
-  lane "upstream$u" "python run.py minilm_upstream_sparse$u --output-dir $up_root ${common[*]} \
+  lane "upstream$u" "$run_py minilm_upstream_sparse$u --output-dir $up_root ${common[*]} \
     --set kd.teacher=$minilm --set model.tokenizer=$minilm --set train.dataloader_workers=2 ${STUDY_UPSTREAM_SET:-}"
 done
 
@@ -97,9 +91,9 @@ family() {
   esac
   local args="--output-dir $out ${common[*]} ${set[*]} ${STUDY_TASK_SET:-}"
   local teacher="$out/$dense/$dir/run0/DONE"
-  lane "$task-dense" "python run.py $dense $args ${seeds[*]}"
+  lane "$task-dense" "$run_py $dense $args ${seeds[*]}"
   if [ "$dense" = minilm_glue ]; then
-    for d in ${STUDY_DENSE_VARIANTS:-}; do lane "$task-dense$d" "python run.py $dense$d $args"; done
+    for d in ${STUDY_DENSE_VARIANTS:-}; do lane "$task-dense$d" "$run_py $dense$d $args"; done
   fi
   if [[ " ${STUDY_DOWNSTREAM-$tasks} " == *" $task "* ]]; then
     for d in ${STUDY_DOWNSTREAM_VARIANTS:-_downstream80}; do
