@@ -25,7 +25,12 @@
 # run (space STUDY_SEARCH_SPACE, default transfer; STUDY_SEARCH_TRIALS trials, default 8, STUDY_SEARCH_PARALLEL at
 # once, default 4), distilled from the same teacher; its study lands in TASK/search/.
 # STUDY_MAX_LANES=N: at most N lanes of this study train on each GPU at once (a lane takes one of the GPU's N slots
-# when its waits are over and holds it until it ends; a search lane is one lane): bounds the GPU memory they need.
+# when its waits are over and holds it until it ends). Default: what the GPU's memory holds at 3 GiB a lane, less
+# the extra runs of each search lane (a search lane is one lane that trains STUDY_SEARCH_PARALLEL runs at once);
+# no limit where nvidia-smi is absent. In call H (docs/results.md) the finetuning lanes took 1.4-2.7 GiB each on an
+# H100 and 40 at once ran its 80 GB out.
+# Every run.py gets --resume: the same command again, into the same root, skips what finished and continues what a
+# stopped or failed lane left (a run that is still training is refused by its lock).
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))
@@ -41,7 +46,14 @@ if [ -n "${STUDY_SEARCH:-}" ] && ! python -c "import optuna" 2>/dev/null; then
 fi
 # how a lane starts run.py once its waits are over; with STUDY_MAX_LANES, after taking one of its GPU's slots: the
 # lock is on fd 9, which run.py and its children inherit, so the slot is free again when they have all ended
-run_py="python run.py"
+run_py="python run.py --resume"
+if [ -z "${STUDY_MAX_LANES:-}" ] \
+   && mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1) && [ -n "$mem" ]; then
+  searches=$(wc -w <<< "${STUDY_SEARCH:-}")
+  STUDY_MAX_LANES=$(( mem / 3072 - searches * (${STUDY_SEARCH_PARALLEL:-4} - 1) ))
+  [ "$STUDY_MAX_LANES" -ge 1 ] || STUDY_MAX_LANES=1
+  echo "upstream study: at most $STUDY_MAX_LANES lanes a GPU ($mem MiB; STUDY_MAX_LANES sets another limit)"
+fi
 if [ -n "${STUDY_MAX_LANES:-}" ]; then
   if ! [[ $STUDY_MAX_LANES =~ ^[1-9][0-9]*$ ]]; then
     echo "upstream_study.sh: STUDY_MAX_LANES must be a positive whole number, got '$STUDY_MAX_LANES'" >&2
@@ -54,7 +66,7 @@ if [ -n "${STUDY_MAX_LANES:-}" ]; then
   mkdir -p "$root/.slots"
   slots=$(printf %q "$root/.slots")
   run_py="while :; do for i in \$(seq $STUDY_MAX_LANES); do exec 9>$slots/gpu\$CUDA_VISIBLE_DEVICES.\$i; \
-if flock -n 9; then break 2; fi; done; sleep 2; done; python run.py"
+if flock -n 9; then break 2; fi; done; sleep 2; done; $run_py"
 fi
 common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0)
 mkdir -p "$root/logs"

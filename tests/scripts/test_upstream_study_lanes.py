@@ -10,9 +10,10 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "upstream_study.sh"
 
 
-def run_study(tmp_path: Path, hold: int = 3, **env: str) -> dict[str, tuple[float, float, str]]:
+def run_study(tmp_path: Path, hold: int = 3, gpu_mib: int | None = None, **env: str) -> dict[str, tuple[float, float, str]]:
     """Runs the study (one GPU, no upstream run, no downstream recipe unless ``env`` says so); each stand-in run.py
-    lasts ``hold`` seconds.
+    lasts ``hold`` seconds. ``gpu_mib``: a stand-in nvidia-smi reports a GPU of that much memory (otherwise the
+    one on PATH answers, if any).
 
     Returns:
         Per stand-in process: (start, end, its arguments).
@@ -23,6 +24,9 @@ def run_study(tmp_path: Path, hold: int = 3, **env: str) -> dict[str, tuple[floa
     stand_in.write_text(f'#!/usr/bin/env bash\necho "start $$ $(date +%s.%N) $*" >> {events}\nsleep {hold}\n'
                         f'echo "end $$ $(date +%s.%N)" >> {events}\n')
     stand_in.chmod(0o755)
+    if gpu_mib is not None:
+        (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\necho {gpu_mib}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
     subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), str(tmp_path), "minilm", "60"],
                    env={**{k: v for k, v in os.environ.items() if not k.startswith("STUDY_")},
                         "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUDY_GPUS": "0",
@@ -50,7 +54,19 @@ def test_max_lanes_bounds_the_lanes_running_on_a_gpu(tmp_path):
 
 
 def test_without_a_limit_every_lane_starts_at_once(tmp_path):
-    assert most_at_once(run_study(tmp_path, STUDY_TASKS="rte mrpc stsb cola")) == 4
+    assert most_at_once(run_study(tmp_path, gpu_mib=81559, STUDY_TASKS="rte mrpc stsb cola")) == 4
+
+
+def test_the_default_limit_is_what_the_gpu_memory_holds_at_3_gib_a_lane(tmp_path):
+    runs = run_study(tmp_path, gpu_mib=6 * 1024 + 100, STUDY_TASKS="rte mrpc stsb cola")
+    assert len(runs) == 4 and most_at_once(runs) == 2
+
+
+def test_every_lane_resumes_what_an_earlier_invocation_left(tmp_path):
+    """The same command again into the same root continues stopped runs instead of refusing them."""
+    runs = run_study(tmp_path, hold=0, STUDY_TASKS="rte gap_mul")
+    assert len(runs) == 2
+    assert all(args.startswith("run.py --resume ") for _, _, args in runs.values())
 
 
 def test_a_transfer_variant_is_a_lane_per_seed_from_the_same_model_and_teacher(tmp_path):
