@@ -182,3 +182,15 @@ def test_with_the_attention_term_each_term_is_an_eval_metric_of_its_own(tmp_path
     assert metrics["eval_layer_distance"] == pytest.approx(distance, rel=1e-5)
     assert metrics["eval_attention_kl"] == pytest.approx(kl, rel=1e-5)
     assert metrics["eval_loss"] == pytest.approx(2.0 * distance + 0.5 * kl, rel=1e-5)
+
+
+@pytest.mark.parametrize("level, upstream", [(80, "minilm_upstream_sparse80_obs_nodropout"),
+                                             (90, "minilm_upstream_sparse90_obs")])
+def test_each_level_ships_one_upstream_model_that_every_task_starts_from(registry, level, upstream):
+    """Prune once, transfer to every task (docs/results.md): every family's shipped recipe at a level starts from
+    the same upstream run, finetunes with MiniLM's own dropout and distils from its own dense run."""
+    for family, dense in (("glue", "minilm_glue"), ("squad_v1", "minilm_squad_v1"), ("gap_mul", "minilm_gap_mul"),
+                          ("gap_concat", "minilm_gap_concat")):
+        shipped = registry.build(f"minilm_{family}_sparse{level}", [])
+        assert (shipped.model.init_from, shipped.kd.teacher) == (upstream, dense)
+        assert (shipped.model.hidden_dropout, shipped.model.attention_dropout) == (0.1, 0.1)
