@@ -420,7 +420,26 @@ def test_gap_rows_with_mentions_too_far_apart(gap_run, data_dir, tmp_path, capsy
 
 
 def test_every_task_with_a_predictor_has_an_output_format():
-    from sparsebert.predict.finished_run import EXTENSIONS
+    from sparsebert.predict.finished_run import EXTENSIONS, INPUT_FORMATS
     from sparsebert.predict.tasks import PREDICTORS
 
-    assert PREDICTORS.keys() == EXTENSIONS.keys()
+    assert PREDICTORS.keys() == EXTENSIONS.keys() == INPUT_FORMATS.keys()
+
+
+def test_another_tasks_file_is_named_as_such_before_the_model_loads(data_dir, tmp_path, capsys, no_model):
+    """A SQuAD JSON given to an RTE run used to fail as a CSV 'field larger than field limit'."""
+    squad, rte = data_dir / "squad/dev-v1.1.json", data_dir / "glue/RTE/dev.tsv"
+    rte_run, squad_run = _run_without_a_model(tmp_path, "glue:rte"), _run_without_a_model(tmp_path, "squad_v1")
+    _refused(capsys, ["--predict", str(rte_run), "--input", str(squad)],
+             f"--input {squad}: a JSON file; run {rte_run} (task glue:rte) predicts on a GLUE TSV in the task's layout")
+    _refused(capsys, ["--predict", str(squad_run), "--input", str(rte)],
+             f"--input {rte}: not JSON; run {squad_run} (task squad_v1) predicts on a SQuAD JSON")
+    assert not (rte_run / "predict").exists() and not (squad_run / "predict").exists()
+
+
+def test_a_row_that_starts_with_a_bracket_is_not_taken_for_json(tmp_path):
+    from sparsebert.predict.finished_run import FinishedRun, check_input_format
+
+    rows = tmp_path / "rows.csv"
+    rows.write_text("[Verse 1] a song,1\n{braces} in text,0\n")
+    check_input_format(FinishedRun(tmp_path, {"task": "csv"}, "csv", None), rows)  # no error

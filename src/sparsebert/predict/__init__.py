@@ -20,6 +20,7 @@ from pathlib import Path
 from sparsebert.data.gap import LONG_ROWS
 from sparsebert.errors import SparseBertError
 from sparsebert.predict.finished_run import (
+    check_input_format,
     check_output,
     check_readable,
     check_sparse24_device,
@@ -61,6 +62,7 @@ def predict(run: str | Path, input_file: str | Path, output: str | Path | None =
         finished.sparse24_kernel = True
     input_file = Path(input_file)
     check_readable(input_file)
+    check_input_format(finished, input_file)
     output = check_output(Path(output) if output is not None else None, finished, input_file)
     if sparse24_kernel:
         check_sparse24_device()

@@ -209,6 +209,31 @@ def check_readable(input_file: Path) -> None:
         raise SparseBertError(f"--input {input_file}: cannot read it: {e.strerror}") from None
 
 
+# what each task predicts on, for the error when --input is another task's file
+INPUT_FORMATS = {"glue": "a GLUE TSV in the task's layout", "csv": "a CSV/TSV of rows", "gap": "a GAP TSV",
+                 "squad_v1": "a SQuAD JSON", "squad_v2": "a SQuAD JSON"}
+
+
+def check_input_format(run: FinishedRun, input_file: Path) -> None:
+    """``--input`` is JSON exactly where the run's task reads JSON (SQuAD): another task's file is named as such,
+    not left to a reader that trips over it (a SQuAD JSON read as TSV is one 'field larger than the field limit',
+    a TSV read as JSON 'truncated or corrupt')."""
+    with open(input_file, "rb") as f:
+        start = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+    task, wants = run.config["task"], INPUT_FORMATS[run.kind]
+    if run.kind.startswith("squad"):
+        if start != b"{":
+            raise SparseBertError(f"--input {input_file}: not JSON; run {run.path} (task {task}) predicts on {wants}")
+        return
+    if start in (b"{", b"["):  # a CSV row may start with a bracket: only a whole JSON document is refused
+        try:
+            with open(input_file, encoding="utf-8-sig") as f:
+                json.load(f)
+        except (ValueError, UnicodeDecodeError):
+            return
+        raise SparseBertError(f"--input {input_file}: a JSON file; run {run.path} (task {task}) predicts on {wants}")
+
+
 def check_output(output: Path | None, run: FinishedRun, input_file: Path) -> Path:
     """The predictions file, ``--output`` or the run's default, checked to be writable: a destination that cannot
     take the predictions fails before the model loads and the input is featurized, not after."""
