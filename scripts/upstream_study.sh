@@ -73,11 +73,12 @@ mkdir -p "$root/logs"
 echo "upstream study: GPUs ${gpus[*]}, upstream runs: $upstreams, tasks: $tasks"
 
 lane_count=0
-# lane NAME COMMAND...: run COMMAND in the background on the next GPU, output to logs/NAME.log
+# lane NAME COMMAND...: run COMMAND in the background on the next GPU, output appended to logs/NAME.log (a second
+# invocation into the same root, whose lane finds the run finished or running, keeps the first one's log)
 lane() {
   local name=$1 gpu=${gpus[$(( lane_count % ${#gpus[@]} ))]}; shift
   lane_count=$(( lane_count + 1 ))
-  CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) bash -c "$*" >"$root/logs/$name.log" 2>&1 &
+  CUDA_VISIBLE_DEVICES=$gpu timeout $(( deadline - $(date +%s) )) bash -c "$*" >>"$root/logs/$name.log" 2>&1 &
 }
 # after FILE... -- EXPERIMENT ARGS...: once every FILE exists, run.py EXPERIMENT ARGS
 after() {

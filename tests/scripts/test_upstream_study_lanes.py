@@ -63,10 +63,17 @@ def test_the_default_limit_is_what_the_gpu_memory_holds_at_3_gib_a_lane(tmp_path
 
 
 def test_every_lane_resumes_what_an_earlier_invocation_left(tmp_path):
-    """The same command again into the same root continues stopped runs instead of refusing them."""
+    """The same command again into the same root continues stopped runs instead of refusing them, and each lane's
+    log keeps what the first invocation wrote."""
     runs = run_study(tmp_path, hold=0, STUDY_TASKS="rte gap_mul")
     assert len(runs) == 2
     assert all(args.startswith("run.py --resume ") for _, _, args in runs.values())
+    log = tmp_path / "out" / "logs" / "rte-dense.log"
+    log.write_text("the first invocation's lines\n")
+    (tmp_path / "events").unlink()
+    (tmp_path / "bin").rename(tmp_path / "bin0")
+    run_study(tmp_path, hold=0, STUDY_TASKS="rte")
+    assert log.read_text().startswith("the first invocation's lines\n")
 
 
 def test_a_transfer_variant_is_a_lane_per_seed_from_the_same_model_and_teacher(tmp_path):
