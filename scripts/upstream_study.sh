@@ -25,10 +25,11 @@
 # run (space STUDY_SEARCH_SPACE, default transfer; STUDY_SEARCH_TRIALS trials, default 8, STUDY_SEARCH_PARALLEL at
 # once, default 4), distilled from the same teacher; its study lands in TASK/search/.
 # STUDY_MAX_LANES=N: at most N lanes of this study train on each GPU at once (a lane takes one of the GPU's N slots
-# when its waits are over and holds it until it ends). Default: what the GPU's memory holds at 3 GiB a lane, less
-# the extra runs of each search lane (a search lane is one lane that trains STUDY_SEARCH_PARALLEL runs at once);
-# no limit where nvidia-smi is absent. In call H (docs/results.md) the finetuning lanes took 1.4-2.7 GiB each on an
-# H100 and 40 at once ran its 80 GB out.
+# when its waits are over and holds it until it ends). Default: what the GPU's memory holds at 3 GiB a lane (5 GiB
+# when a downstream oBERT recipe is among the lanes: its Fisher inverses take 2 GiB more), less the extra runs of
+# each search lane (a search lane is one lane that trains STUDY_SEARCH_PARALLEL runs at once); no limit where
+# nvidia-smi is absent. In call H (docs/results.md) the finetuning lanes took 1.4-2.7 GiB each on an H100 and 40 at
+# once ran its 80 GB out.
 # Every run.py gets --resume: the same command again, into the same root, skips what finished and continues what a
 # stopped or failed lane left (a run that is still training is refused by its lock).
 set -u
@@ -49,8 +50,9 @@ fi
 run_py="python run.py --resume"
 if [ -z "${STUDY_MAX_LANES:-}" ] \
    && mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1) && [ -n "$mem" ]; then
-  searches=$(wc -w <<< "${STUDY_SEARCH:-}")
-  STUDY_MAX_LANES=$(( mem / 3072 - searches * (${STUDY_SEARCH_PARALLEL:-4} - 1) ))
+  searches=$(wc -w <<< "${STUDY_SEARCH:-}") per_lane=3072
+  [[ "${STUDY_DOWNSTREAM-x}" != "" && "${STUDY_DOWNSTREAM_VARIANTS:-}" == *_obs* ]] && per_lane=5120
+  STUDY_MAX_LANES=$(( mem / per_lane - searches * (${STUDY_SEARCH_PARALLEL:-4} - 1) ))
   [ "$STUDY_MAX_LANES" -ge 1 ] || STUDY_MAX_LANES=1
   echo "upstream study: at most $STUDY_MAX_LANES lanes a GPU ($mem MiB; STUDY_MAX_LANES sets another limit)"
 fi

@@ -62,6 +62,16 @@ def test_the_default_limit_is_what_the_gpu_memory_holds_at_3_gib_a_lane(tmp_path
     assert len(runs) == 4 and most_at_once(runs) == 2
 
 
+def test_the_default_limit_gives_downstream_obert_lanes_5_gib(tmp_path):
+    """Their Fisher inverses take 2 GiB beside the run (RTE's teacher has finished: its downstream lane runs)."""
+    teacher_done = tmp_path / "out" / "rte" / "minilm_glue" / "glue_rte" / "run0" / "DONE"
+    teacher_done.parent.mkdir(parents=True)
+    teacher_done.touch()
+    runs = run_study(tmp_path, gpu_mib=10 * 1024 + 100, STUDY_TASKS="rte mrpc stsb cola", STUDY_DOWNSTREAM="rte",
+                     STUDY_DOWNSTREAM_VARIANTS="_downstream80_obs")
+    assert len(runs) == 5 and most_at_once(runs) == 2
+
+
 def test_every_lane_resumes_what_an_earlier_invocation_left(tmp_path):
     """The same command again into the same root continues stopped runs instead of refusing them, and each lane's
     log keeps what the first invocation wrote."""
