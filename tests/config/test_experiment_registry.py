@@ -234,6 +234,16 @@ def test_set_does_not_leak_into_the_registry(registry):
     assert registry.resolve("bert_base")["train"]["max_steps"] == 1_000_000
 
 
+def test_set_max_steps_on_an_epoch_schedule_is_refused_not_ignored(registry):
+    """minilm_glue trains 3 epochs; --set train.max_steps=2 alone used to train all of them (epochs wins)."""
+    with pytest.raises(ConfigError, match=r"--set train.max_steps: minilm_glue trains by train.epochs=3, which wins "
+                                          r"over max_steps; add --set train.epochs=null to train by steps"):
+        registry.build("minilm_glue", ["train.max_steps=2"])
+    by_steps = registry.build("minilm_glue", ["train.max_steps=2", "train.epochs=null"])
+    assert (by_steps.train.max_steps, by_steps.train.epochs) == (2, None)
+    assert registry.build("bert_tiny_quick", ["train.max_steps=2"]).train.max_steps == 2  # pretraining: steps
+
+
 def test_set_unknown_key_names_full_key_and_suggests(registry):
     with pytest.raises(ConfigError) as e:
         registry.build("bert_tiny_quick", ["train.max_step=3"])

@@ -197,6 +197,7 @@ class ExperimentRegistry:
         data["name"] = name
         for item in overrides or []:
             apply_override(data, item)
+        _check_steps_override(name, data, overrides or [])
         return from_dict(ExperimentConfig, data)
 
     def origins(self, name: str, overrides: list[str] | None = None) -> dict[str, str]:
@@ -221,6 +222,15 @@ class ExperimentRegistry:
                     found.pop(".".join(parts[:end]), None)
             _record_origins(found, {key: None}, None, "", SET_ORIGIN)  # replaces the key whole, as --set does
         return found
+
+
+def _check_steps_override(name: str, data: dict[str, Any], overrides: list[str]) -> None:
+    """``--set train.max_steps`` on an experiment that trains by epochs would be ignored (epochs wins): say so
+    instead of training the whole schedule."""
+    epochs = (data.get("train") or {}).get("epochs")
+    if epochs is not None and any(item.partition("=")[0].strip() == "train.max_steps" for item in overrides):
+        raise ConfigError(f"--set train.max_steps: {name} trains by train.epochs={epochs}, which wins over max_steps; "
+                          "add --set train.epochs=null to train by steps")
 
 
 def origin_of(origins: dict[str, str], key: str) -> str:
