@@ -194,3 +194,13 @@ def test_each_level_ships_one_upstream_model_that_every_task_starts_from(registr
         shipped = registry.build(f"minilm_{family}_sparse{level}", [])
         assert (shipped.model.init_from, shipped.kd.teacher) == (upstream, dense)
         assert (shipped.model.hidden_dropout, shipped.model.attention_dropout) == (0.1, 0.1)
+
+
+@pytest.mark.parametrize("level", [80, 90])
+def test_the_attention_term_builds_on_the_run_without_dropout(registry, level):
+    """The variant differs from the upstream run without dropout (shipped at 80 %) only in the attention term."""
+    base = registry.build(f"minilm_upstream_sparse{level}_obs_nodropout", [])
+    attn = registry.build(f"minilm_upstream_sparse{level}_obs_attn", [])
+    assert (base.model.hidden_dropout, base.model.attention_dropout) == (0.0, 0.0)
+    assert (attn.kd.attention_weight, attn.model.attn_implementation) == (1.0, "eager")
+    assert attn.gmp == base.gmp and attn.train == base.train and attn.sparsity == base.sparsity

@@ -34,6 +34,7 @@ TRANSFER_TRAIN = {"epochs": 8, "learning_rate": 1e-4}
 UPSTREAM_RUNS = {"80": "minilm_upstream_sparse80", "90": "minilm_upstream_sparse90",
                  "80_obs": "minilm_upstream_sparse80_obs", "90_obs": "minilm_upstream_sparse90_obs",
                  "80_obs_nodropout": "minilm_upstream_sparse80_obs_nodropout",
+                 "90_obs_nodropout": "minilm_upstream_sparse90_obs_nodropout",
                  "80_obs_long": "minilm_upstream_sparse80_obs_long",
                  "80_obs_cap90": "minilm_upstream_sparse80_obs_cap90",
                  "80_obs_attn": "minilm_upstream_sparse80_obs_attn",
@@ -72,10 +73,13 @@ EXPERIMENTS = {
     },
     # the student's dropout is noise on a deterministic target: at 80 % its training distance (0.042) is more than
     # the eval one (0.028), and the Fisher's gradients carry that noise
-    "minilm_upstream_sparse80_obs_nodropout": {
-        "parent": "minilm_upstream_sparse80_obs",
-        "description": "minilm_upstream_sparse80_obs with the student's dropout off",
-        "model": {"hidden_dropout": 0.0, "attention_dropout": 0.0},
+    **{
+        f"minilm_upstream_sparse{level}_obs_nodropout": {
+            "parent": f"minilm_upstream_sparse{level}_obs",
+            "description": f"minilm_upstream_sparse{level}_obs with the student's dropout off",
+            "model": {"hidden_dropout": 0.0, "attention_dropout": 0.0},
+        }
+        for level in (80, 90)
     },
     **{
         f"minilm_{family}_from_upstream{suffix}": {
@@ -104,14 +108,14 @@ EXPERIMENTS = {
         "gmp": {"max_tensor_sparsity": 0.9},
     },
     # the attention term (MiniLM's own self-attention transfer): the KL between the two models' attention
-    # distributions beside the layer distance. Eager attention returns them (a slower upstream run), after dropout:
-    # the student's attention dropout is off
+    # distributions beside the layer distance, on the run without dropout (the shipped one at 80 %; eager attention
+    # returns the distributions after dropout, so that must be off anyway). A slower upstream run
     **{
         f"minilm_upstream_sparse{level}_obs_attn": {
-            "parent": f"minilm_upstream_sparse{level}_obs",
-            "description": f"minilm_upstream_sparse{level}_obs also distilling the dense MiniLM's attention "
-                           "distributions",
-            "model": {"attn_implementation": "eager", "attention_dropout": 0.0},
+            "parent": f"minilm_upstream_sparse{level}_obs_nodropout",
+            "description": f"minilm_upstream_sparse{level}_obs_nodropout also distilling the dense MiniLM's "
+                           "attention distributions",
+            "model": {"attn_implementation": "eager"},
             "kd": {"attention_weight": 1.0},
         }
         for level in (80, 90)
