@@ -34,14 +34,14 @@ LABELS = {
     "_from_upstream80_obs": "80 %, upstream oBERT, transfer + KD",
     "_from_upstream80_obs_long": "80 %, upstream oBERT for 16k steps, transfer + KD",
     "_from_upstream80_obs_cap90": "80 %, upstream oBERT, no tensor past 90 %, transfer + KD",
-    "_from_upstream80_obs_attn": "80 %, upstream oBERT without dropout + the attention term, transfer + KD",
+    "_from_upstream80_obs_attn": "80 %, upstream oBERT + the attention term, transfer + KD",
     "_from_upstream80_obs_nodropout": "80 %, upstream oBERT without dropout, transfer + KD",
     "_from_upstream80_obs_lr2e4": "80 %, upstream oBERT, transfer + KD at lr 2e-4",
     "_from_upstream80_obs_hidden": "80 %, upstream oBERT, transfer + KD + the teacher's layers",
     "_from_upstream90": "90 %, upstream GMP, transfer + KD",
     "_from_upstream90_obs": "90 %, upstream oBERT, transfer + KD",
     "_from_upstream90_obs_nodropout": "90 %, upstream oBERT without dropout, transfer + KD",
-    "_from_upstream90_obs_attn": "90 %, upstream oBERT without dropout + the attention term, transfer + KD",
+    "_from_upstream90_obs_attn": "90 %, upstream oBERT + the attention term, transfer + KD",
 }
 VARIANTS = tuple(LABELS)
 BERT_TASKS = ("cola", "mrpc", "rte", "sst2", "stsb")

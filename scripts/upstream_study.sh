@@ -25,13 +25,14 @@
 # run (space STUDY_SEARCH_SPACE, default transfer; STUDY_SEARCH_TRIALS trials, default 8, STUDY_SEARCH_PARALLEL at
 # once, default 4), distilled from the same teacher; its study lands in TASK/search/.
 # STUDY_MAX_LANES=N: at most N lanes of this study train on each GPU at once (a lane takes one of the GPU's N slots
-# when its waits are over and holds it until it ends). Default: what the GPU's memory holds at 3 GiB a lane (5 GiB
-# when a downstream oBERT recipe is among the lanes: its Fisher inverses take 2 GiB more), less the extra runs of
-# each search lane (a search lane is one lane that trains STUDY_SEARCH_PARALLEL runs at once); no limit where
-# nvidia-smi is absent. In call H (docs/results.md) the finetuning lanes took 1.4-2.7 GiB each on an H100 and 40 at
-# once ran its 80 GB out.
-# Every run.py gets --resume: the same command again, into the same root, skips what finished and continues what a
-# stopped or failed lane left (a run that is still training is refused by its lock).
+# when its waits are over and holds it until it ends; 0: no limit). Default: what the smallest GPU in use holds at
+# 3 GiB a lane (5 GiB when a downstream oBERT recipe is among the lanes: its Fisher inverses take 2 GiB more), less
+# the extra runs of each search lane (one lane that trains STUDY_SEARCH_PARALLEL runs at once); no limit where
+# nvidia-smi cannot tell or flock is missing. In call H (docs/results.md) the finetuning lanes took 1.4-2.7 GiB each
+# on an H100 and 40 at once ran its 80 GB out.
+# Every run.py gets --resume: the same command again, into the same root, skips the runs that finished, continues
+# an upstream run from its last checkpoint and starts an unfinished finetuning run over, where without it they would
+# be refused (a run that is still training is refused by its lock).
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))
@@ -45,29 +46,36 @@ if [ -n "${STUDY_SEARCH:-}" ] && ! python -c "import optuna" 2>/dev/null; then
   echo "upstream_study.sh: STUDY_SEARCH needs optuna (pip install optuna), which this python cannot import" >&2
   exit 2
 fi
-# how a lane starts run.py once its waits are over; with STUDY_MAX_LANES, after taking one of its GPU's slots: the
+# the default STUDY_MAX_LANES (above), or nothing
+default_max_lanes() {
+  local mem t searches=0 per_lane=3072 lanes
+  command -v flock >/dev/null || return 0
+  mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i "$(IFS=,; echo "${gpus[*]}")" \
+        2>/dev/null | sort -n | head -1)
+  [[ $mem =~ ^[0-9]+$ ]] || return 0
+  for t in ${STUDY_SEARCH:-}; do [[ " $tasks " == *" $t "* ]] && searches=$(( searches + 1 )); done
+  [[ "${STUDY_DOWNSTREAM-x}" != "" && "${STUDY_DOWNSTREAM_VARIANTS:-}" == *_obs* ]] && per_lane=5120
+  lanes=$(( mem / per_lane - searches * (${STUDY_SEARCH_PARALLEL:-4} - 1) ))
+  (( lanes >= 1 )) || lanes=1
+  echo "upstream study: at most $lanes lanes a GPU ($mem MiB; STUDY_MAX_LANES sets another limit, 0 none)" >&2
+  echo "$lanes"
+}
+# how a lane starts run.py once its waits are over; with a lane limit, after taking one of its GPU's slots: the
 # lock is on fd 9, which run.py and its children inherit, so the slot is free again when they have all ended
 run_py="python run.py --resume"
-if [ -z "${STUDY_MAX_LANES:-}" ] \
-   && mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1) && [ -n "$mem" ]; then
-  searches=$(wc -w <<< "${STUDY_SEARCH:-}") per_lane=3072
-  [[ "${STUDY_DOWNSTREAM-x}" != "" && "${STUDY_DOWNSTREAM_VARIANTS:-}" == *_obs* ]] && per_lane=5120
-  STUDY_MAX_LANES=$(( mem / per_lane - searches * (${STUDY_SEARCH_PARALLEL:-4} - 1) ))
-  [ "$STUDY_MAX_LANES" -ge 1 ] || STUDY_MAX_LANES=1
-  echo "upstream study: at most $STUDY_MAX_LANES lanes a GPU ($mem MiB; STUDY_MAX_LANES sets another limit)"
+max_lanes=${STUDY_MAX_LANES:-$(default_max_lanes)}
+if ! [[ -z $max_lanes || $max_lanes =~ ^(0|[1-9][0-9]*)$ ]]; then
+  echo "upstream_study.sh: STUDY_MAX_LANES must be a whole number (0: no limit), got '$max_lanes'" >&2
+  exit 2
 fi
-if [ -n "${STUDY_MAX_LANES:-}" ]; then
-  if ! [[ $STUDY_MAX_LANES =~ ^[1-9][0-9]*$ ]]; then
-    echo "upstream_study.sh: STUDY_MAX_LANES must be a positive whole number, got '$STUDY_MAX_LANES'" >&2
-    exit 2
-  fi
+if [ "${max_lanes:-0}" != 0 ]; then
   if ! command -v flock >/dev/null; then
     echo "upstream_study.sh: STUDY_MAX_LANES needs flock (util-linux), which this machine lacks" >&2
     exit 2
   fi
   mkdir -p "$root/.slots"
   slots=$(printf %q "$root/.slots")
-  run_py="while :; do for i in \$(seq $STUDY_MAX_LANES); do exec 9>$slots/gpu\$CUDA_VISIBLE_DEVICES.\$i; \
+  run_py="while :; do for i in \$(seq $max_lanes); do exec 9>$slots/gpu\$CUDA_VISIBLE_DEVICES.\$i; \
 if flock -n 9; then break 2; fi; done; sleep 2; done; $run_py"
 fi
 common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0)

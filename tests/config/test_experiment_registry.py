@@ -234,11 +234,21 @@ def test_set_does_not_leak_into_the_registry(registry):
     assert registry.resolve("bert_base")["train"]["max_steps"] == 1_000_000
 
 
-def test_set_max_steps_on_an_epoch_schedule_is_refused_not_ignored(registry):
-    """minilm_glue trains 3 epochs; --set train.max_steps=2 alone used to train all of them (epochs wins)."""
-    with pytest.raises(ConfigError, match=r"--set train.max_steps: minilm_glue trains by train.epochs=3, which wins "
-                                          r"over max_steps; add --set train.epochs=null to train by steps"):
+def test_max_steps_on_an_epoch_schedule_is_refused_not_ignored(registry):
+    """minilm_glue trains 3 epochs; --set train.max_steps=2 alone used to train all of them (epochs win), and so
+    did a user's experiment that set it under such a parent."""
+    message = (r"minilm_glue: train.max_steps=2 would be ignored, since it trains by train.epochs=3; set "
+               r"train.epochs=null \(--set train.epochs=null\) to train by steps")
+    with pytest.raises(ConfigError, match=message):
         registry.build("minilm_glue", ["train.max_steps=2"])
+    mine = ExperimentRegistry.builtin()  # not the module's: it would keep the user's experiments
+    mine.add("my_quick_glue", {"parent": "minilm_glue", "train": {"max_steps": 5}})
+    with pytest.raises(ConfigError, match="my_quick_glue: train.max_steps=5 would be ignored"):
+        mine.build("my_quick_glue")
+    # epochs set nearer than max_steps switch the schedule to epochs: no refusal
+    mine.add("my_epochs", {"parent": "my_quick_glue", "train": {"epochs": 2}})
+    assert mine.build("my_epochs").train.epochs == 2
+    assert mine.build("my_quick_glue", ["train.epochs=1"]).train.epochs == 1
     by_steps = registry.build("minilm_glue", ["train.max_steps=2", "train.epochs=null"])
     assert (by_steps.train.max_steps, by_steps.train.epochs) == (2, None)
     assert registry.build("bert_tiny_quick", ["train.max_steps=2"]).train.max_steps == 2  # pretraining: steps

@@ -437,9 +437,16 @@ def test_another_tasks_file_is_named_as_such_before_the_model_loads(data_dir, tm
     assert not (rte_run / "predict").exists() and not (squad_run / "predict").exists()
 
 
-def test_a_row_that_starts_with_a_bracket_is_not_taken_for_json(tmp_path):
+@pytest.mark.parametrize("kind, content", [
+    ("csv", b"[Verse 1] a song,1\n{braces} in text,0\n"),  # a row may start with a bracket
+    ("csv", b"[" * 100_000 + b",1\n"),  # deeper than json nests: not JSON, and no traceback
+    ("squad_v1", b""),  # the reader says it is empty
+    ("squad_v1", '{"data": []}'.encode("utf-16")),  # the reader says it is not UTF-8
+    ("squad_v1", b"\xef\xbb\xbf" + b" " * 5000 + b'{"data": []}'),  # a BOM, then more than a block of spaces
+])
+def test_what_the_format_check_cannot_tell_is_left_to_the_reader(tmp_path, kind, content):
     from sparsebert.predict.finished_run import FinishedRun, check_input_format
 
-    rows = tmp_path / "rows.csv"
-    rows.write_text("[Verse 1] a song,1\n{braces} in text,0\n")
-    check_input_format(FinishedRun(tmp_path, {"task": "csv"}, "csv", None), rows)  # no error
+    path = tmp_path / "input"
+    path.write_bytes(content)
+    check_input_format(FinishedRun(tmp_path, {"task": kind}, kind, None), path)  # no error

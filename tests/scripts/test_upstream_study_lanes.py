@@ -10,23 +10,24 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "upstream_study.sh"
 
 
-def run_study(tmp_path: Path, hold: int = 3, gpu_mib: int | None = None, **env: str) -> dict[str, tuple[float, float, str]]:
+def run_study(tmp_path: Path, hold: int = 3, gpu_mib: int | None = None,
+              **env: str) -> dict[str, tuple[float, float, str]]:
     """Runs the study (one GPU, no upstream run, no downstream recipe unless ``env`` says so); each stand-in run.py
-    lasts ``hold`` seconds. ``gpu_mib``: a stand-in nvidia-smi reports a GPU of that much memory (otherwise the
-    one on PATH answers, if any).
+    lasts ``hold`` seconds. A stand-in nvidia-smi reports a GPU of ``gpu_mib`` MiB, or fails as on a machine whose
+    driver does not answer (None).
 
     Returns:
         Per stand-in process: (start, end, its arguments).
     """
     bin_dir, events = tmp_path / "bin", tmp_path / "events"
-    bin_dir.mkdir()
+    bin_dir.mkdir(parents=True, exist_ok=True)
     stand_in = bin_dir / "python"
     stand_in.write_text(f'#!/usr/bin/env bash\necho "start $$ $(date +%s.%N) $*" >> {events}\nsleep {hold}\n'
                         f'echo "end $$ $(date +%s.%N)" >> {events}\n')
     stand_in.chmod(0o755)
-    if gpu_mib is not None:
-        (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\necho {gpu_mib}\n")
-        (bin_dir / "nvidia-smi").chmod(0o755)
+    answer = f"echo {gpu_mib}" if gpu_mib is not None else "echo 'NVIDIA-SMI has failed'; exit 9"
+    (bin_dir / "nvidia-smi").write_text(f"#!/usr/bin/env bash\n{answer}\n")
+    (bin_dir / "nvidia-smi").chmod(0o755)
     subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), str(tmp_path), "minilm", "60"],
                    env={**{k: v for k, v in os.environ.items() if not k.startswith("STUDY_")},
                         "PATH": f"{bin_dir}:{os.environ['PATH']}", "STUDY_GPUS": "0",
@@ -54,7 +55,9 @@ def test_max_lanes_bounds_the_lanes_running_on_a_gpu(tmp_path):
 
 
 def test_without_a_limit_every_lane_starts_at_once(tmp_path):
-    assert most_at_once(run_study(tmp_path, gpu_mib=81559, STUDY_TASKS="rte mrpc stsb cola")) == 4
+    """A limit of 0, and no default where nvidia-smi does not answer."""
+    assert most_at_once(run_study(tmp_path, gpu_mib=4000, STUDY_TASKS="rte mrpc stsb cola", STUDY_MAX_LANES="0")) == 4
+    assert most_at_once(run_study(tmp_path / "failing_smi", STUDY_TASKS="rte mrpc stsb cola")) == 4
 
 
 def test_the_default_limit_is_what_the_gpu_memory_holds_at_3_gib_a_lane(tmp_path):
@@ -81,7 +84,6 @@ def test_every_lane_resumes_what_an_earlier_invocation_left(tmp_path):
     log = tmp_path / "out" / "logs" / "rte-dense.log"
     log.write_text("the first invocation's lines\n")
     (tmp_path / "events").unlink()
-    (tmp_path / "bin").rename(tmp_path / "bin0")
     run_study(tmp_path, hold=0, STUDY_TASKS="rte")
     assert log.read_text().startswith("the first invocation's lines\n")
 
@@ -103,10 +105,10 @@ def test_a_transfer_variant_is_a_lane_per_seed_from_the_same_model_and_teacher(t
         assert f"--set model.init_from={upstream}" in args and f"--set kd.teacher={teacher}" in args
 
 
-def test_a_lane_limit_that_is_not_a_positive_number_is_refused_before_any_lane(tmp_path):
+def test_a_lane_limit_that_is_not_a_whole_number_is_refused_before_any_lane(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "out"), str(tmp_path), "minilm", "60"],
                           env={**os.environ, "STUDY_MAX_LANES": "08", "STUDY_GPUS": "0"},
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
-    assert done.stderr.strip() == "upstream_study.sh: STUDY_MAX_LANES must be a positive whole number, got '08'"
+    assert done.stderr.strip() == "upstream_study.sh: STUDY_MAX_LANES must be a whole number (0: no limit), got '08'"
     assert not (tmp_path / "out" / "logs").exists()

@@ -197,8 +197,25 @@ class ExperimentRegistry:
         data["name"] = name
         for item in overrides or []:
             apply_override(data, item)
-        _check_steps_override(name, data, overrides or [])
-        return from_dict(ExperimentConfig, data)
+        cfg = from_dict(ExperimentConfig, data)  # its own checks first (epochs are for finetuning, and finite)
+        self._check_one_schedule(name, overrides or [], data)
+        return cfg
+
+    def _check_one_schedule(self, name: str, overrides: list[str], data: dict[str, Any]) -> None:
+        """A ``train.max_steps`` set nearer than ``train.epochs`` (by ``--set``, or by a child of the experiment that
+        set epochs) would be ignored, since epochs win: say so instead of training the whole epoch schedule. Epochs
+        set nearer are a switch to epochs and pass. (No built-in experiment sets both.)"""
+        train = data.get("train") or {}
+        if "max_steps" not in train or train.get("epochs") is None:
+            return
+        found = self.origins(name, overrides)
+        nearest_first = [SET_ORIGIN, name, *self.parents(name.partition("=")[0])]
+        steps, epochs = (nearest_first.index(origin) if (origin := origin_of(found, f"train.{key}")) in nearest_first
+                         else len(nearest_first) for key in ("max_steps", "epochs"))
+        if steps <= epochs:
+            raise ConfigError(f"{name}: train.max_steps={train['max_steps']} would be ignored, since it trains by "
+                              f"train.epochs={train['epochs']}; set train.epochs=null (--set train.epochs=null) to "
+                              "train by steps")
 
     def origins(self, name: str, overrides: list[str] | None = None) -> dict[str, str]:
         """Who set each key of ``build(name, overrides)``: dotted key -> the experiment of the parent chain that
@@ -222,15 +239,6 @@ class ExperimentRegistry:
                     found.pop(".".join(parts[:end]), None)
             _record_origins(found, {key: None}, None, "", SET_ORIGIN)  # replaces the key whole, as --set does
         return found
-
-
-def _check_steps_override(name: str, data: dict[str, Any], overrides: list[str]) -> None:
-    """``--set train.max_steps`` on an experiment that trains by epochs would be ignored (epochs wins): say so
-    instead of training the whole schedule."""
-    epochs = (data.get("train") or {}).get("epochs")
-    if epochs is not None and any(item.partition("=")[0].strip() == "train.max_steps" for item in overrides):
-        raise ConfigError(f"--set train.max_steps: {name} trains by train.epochs={epochs}, which wins over max_steps; "
-                          "add --set train.epochs=null to train by steps")
 
 
 def origin_of(origins: dict[str, str], key: str) -> str:

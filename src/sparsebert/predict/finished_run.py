@@ -209,6 +209,8 @@ def check_readable(input_file: Path) -> None:
         raise SparseBertError(f"--input {input_file}: cannot read it: {e.strerror}") from None
 
 
+# a larger file that starts like JSON is not parsed to find out (it would be read twice)
+JSON_CHECK_BYTES = 64 * 2**20
 # what each task predicts on, for the error when --input is another task's file
 INPUT_FORMATS = {"glue": "a GLUE TSV in the task's layout", "csv": "a CSV/TSV of rows", "gap": "a GAP TSV",
                  "squad_v1": "a SQuAD JSON", "squad_v2": "a SQuAD JSON"}
@@ -217,19 +219,29 @@ INPUT_FORMATS = {"glue": "a GLUE TSV in the task's layout", "csv": "a CSV/TSV of
 def check_input_format(run: FinishedRun, input_file: Path) -> None:
     """``--input`` is JSON exactly where the run's task reads JSON (SQuAD): another task's file is named as such,
     not left to a reader that trips over it (a SQuAD JSON read as TSV is one 'field larger than the field limit',
-    a TSV read as JSON 'truncated or corrupt')."""
+    a TSV read as JSON 'truncated or corrupt'). What this cannot tell (an empty file, one that is not UTF-8 text,
+    one too large to parse twice) is left to the task's reader and its errors."""
     with open(input_file, "rb") as f:
-        start = f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
+        head = f.read(4096)
+    if len(head) == 4096:  # a character the block cuts in two is not a decoding error
+        head = head[:-3]
+    try:
+        start = head.removeprefix(b"\xef\xbb\xbf").decode("utf-8").lstrip()[:1]
+    except UnicodeDecodeError:
+        return
+    if not start:
+        return
     task, wants = run.config["task"], INPUT_FORMATS[run.kind]
     if run.kind.startswith("squad"):
-        if start != b"{":
+        if start != "{":
             raise SparseBertError(f"--input {input_file}: not JSON; run {run.path} (task {task}) predicts on {wants}")
         return
-    if start in (b"{", b"["):  # a CSV row may start with a bracket: only a whole JSON document is refused
+    # a CSV row may start with a bracket too: only a whole JSON document is refused
+    if start in "{[" and input_file.stat().st_size <= JSON_CHECK_BYTES:
         try:
             with open(input_file, encoding="utf-8-sig") as f:
                 json.load(f)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
             return
         raise SparseBertError(f"--input {input_file}: a JSON file; run {run.path} (task {task}) predicts on {wants}")
 
