@@ -431,7 +431,10 @@ def test_the_memory_is_logged_and_refused_when_it_does_not_fit(caplog, monkeypat
     with caplog.at_level(logging.INFO, logger="sparsebert.sparsity.scores"):
         score = make_score(gmp, params, 4, free_memory=lambda device: 10**9)
     assert score.memory_bytes == 15 * 8 * 8 * 4  # 120 weights in 15 blocks of 8
-    assert f"take {score.memory_bytes} bytes" in caplog.text
+    assert f"take {score.memory_bytes} bytes" in caplog.text and "live on" not in caplog.text  # not yet allocated
+    with caplog.at_level(logging.INFO, logger="sparsebert.sparsity.scores"):
+        score.to(torch.device("cpu"))
+    assert "the block Fisher inverses live on cpu" in caplog.text
 
     with pytest.raises(ValueError) as err:
         make_score(gmp, params, 4, free_memory=lambda device: 1000)

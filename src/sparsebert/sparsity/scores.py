@@ -189,10 +189,11 @@ class OBSScore(PruningScore):
         # layers and the whole window scales every score alike: rankings and the OBS update do not change
         self._scale: torch.Tensor | float = 1.0
         self.memory_bytes = obs_memory_bytes(params.values(), self.block_size)
-        log.info("gmp.score obs: the block Fisher inverses take %d bytes (%.2f GiB; %d blocks of %d x %d float32 "
-                 "over %d layers) on %s", self.memory_bytes, self.memory_bytes / 2**30,
-                 sum(self._n_blocks.values()), self.block_size, self.block_size, len(self._n_blocks), self._device)
         self._check_fits(self._device)
+        # where they will live is said when they are allocated (``to``): the weights may still move to a GPU
+        log.info("gmp.score obs: the block Fisher inverses take %d bytes (%.2f GiB; %d blocks of %d x %d float32 "
+                 "over %d layers); %s has room for them", self.memory_bytes, self.memory_bytes / 2**30,
+                 sum(self._n_blocks.values()), self.block_size, self.block_size, len(self._n_blocks), self._device)
 
     def observes(self, step: int) -> bool:
         # the last m steps up to the prune to come; a step at or before the previous prune has that one as its
@@ -261,11 +262,11 @@ class OBSScore(PruningScore):
         if device != self._device:
             self._check_fits(device)
             self._device = device
-            log.info("gmp.score obs: the block Fisher inverses live on %s", device)
         if self._inverse is None:  # allocated now, so a device without room says so before training starts
             self._inverses()
         else:
             self._inverse = {n: t.to(device) for n, t in self._inverse.items()}
+        log.info("gmp.score obs: the block Fisher inverses live on %s", device)
 
     def _inverses(self) -> dict[str, torch.Tensor]:
         if self._inverse is None:
