@@ -209,10 +209,9 @@ class ExperimentRegistry:
         if "max_steps" not in train or train.get("epochs") is None:
             return
         found = self.origins(name, overrides)
-        nearest_first = [SET_ORIGIN, name, *self.parents(name.partition("=")[0])]
-        steps, epochs = (nearest_first.index(origin) if (origin := origin_of(found, f"train.{key}")) in nearest_first
-                         else len(nearest_first) for key in ("max_steps", "epochs"))
-        if steps <= epochs:
+        nearest_first = [SET_ORIGIN, *self.parents(name.partition("=")[0])]  # both keys are set, so both are here
+        if nearest_first.index(origin_of(found, "train.max_steps")) <= nearest_first.index(
+                origin_of(found, "train.epochs")):
             raise ConfigError(f"{name}: train.max_steps={train['max_steps']} would be ignored, since it trains by "
                               f"train.epochs={train['epochs']}; set train.epochs=null (--set train.epochs=null) to "
                               "train by steps")
