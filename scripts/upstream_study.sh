@@ -16,8 +16,8 @@
 # call G). SECONDS (default 1500): every lane is stopped then; finished runs stay (DONE),
 # unfinished ones do not count. STUDY_UPSTREAM_SET / STUDY_TASK_SET: more "--set k=v" for the upstream runs / for
 # every finetuning run (the CPU test makes them tiny). STUDY_VARIANTS: suffixes of more GLUE transfers from the
-# 80_obs upstream run (e.g. "_lr2e4 _hidden": minilm_glue_from_upstream80_obs_lr2e4 ...), each a lane of its own
-# beside the plain transfer. STUDY_SEED_LANES=1: every seed of a transfer is a process of its own (output root TASK/seedN, the
+# first upstream run, as the search (e.g. "_lr2e4 _hidden" from 80_obs: minilm_glue_from_upstream80_obs_lr2e4 ...;
+# "_searched" from 80_obs_nodropout), each a lane of its own beside the plain transfer. STUDY_SEED_LANES=1: every seed of a transfer is a process of its own (output root TASK/seedN, the
 # teacher named by its path), so that one task's three seeds do not run one after another at the end.
 # STUDY_DOWNSTREAM_VARIANTS (default _downstream80): the downstream recipes, e.g. "_downstream80 _downstream80_obs".
 # STUDY_DENSE_VARIANTS: suffixes of more dense GLUE runs beside the teacher, same seeds (e.g. "_eager": minilm_glue_eager).
@@ -37,6 +37,7 @@ set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-1500} ))
 upstreams=${STUDY_UPSTREAM:-"80_obs 80_obs_nodropout 90_obs"}
+read -r first_upstream _ <<< "$upstreams"  # the search and the variants start from it
 tasks=${STUDY_TASKS:-"rte mrpc stsb cola sst2 gap_mul gap_concat squad_v1"}
 read -r -a gpus <<< "${STUDY_GPUS:-$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\n' ' ')}"
 [ ${#gpus[@]} -gt 0 ] || gpus=(0)
@@ -124,16 +125,15 @@ family() {
     done
   fi
   if [ "$dense" = minilm_glue ] && [[ " ${STUDY_SEARCH:-} " == *" $task "* ]]; then
-    local first=${upstreams%% *}
-    local up="$up_root/minilm_upstream_sparse$first"
-    lane "$task-search" "$(after "$teacher" "$up/DONE" -- "--search ${dense}_from_upstream$first \
+    local up="$up_root/minilm_upstream_sparse$first_upstream"
+    lane "$task-search" "$(after "$teacher" "$up/DONE" -- "--search ${dense}_from_upstream$first_upstream \
       --space ${STUDY_SEARCH_SPACE:-transfer} --trials ${STUDY_SEARCH_TRIALS:-8} --parallel ${STUDY_SEARCH_PARALLEL:-4} \
       $args --set model.init_from=$up --set kd.teacher=$out/$dense")"
   fi
   local variants v
   for u in $upstreams; do
-    variants=("")  # the GLUE variants exist for the 80 % oBERT run only (sparsebert/experiments/upstream.py)
-    [ "$dense" = minilm_glue ] && [ "$u" = 80_obs ] && variants+=(${STUDY_VARIANTS:-})
+    variants=("")  # the GLUE variants exist for one upstream run each (sparsebert/experiments/upstream.py)
+    [ "$dense" = minilm_glue ] && [ "$u" = "$first_upstream" ] && variants+=(${STUDY_VARIANTS:-})
     for v in "${variants[@]}"; do
       transfer "$task" "$task-from$u$v" "${dense}_from_upstream$u$v" "$teacher" "$up_root/minilm_upstream_sparse$u" \
         "$out" "$dense" "$args ${seeds[*]}"

@@ -3,6 +3,7 @@ then finetuned on RTE with the masks fixed (the transfer keeps the upstream mode
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -152,6 +153,20 @@ def test_the_glue_transfer_variants_change_their_one_setting(registry):
     assert (plain.kd.hidden_weight, hidden.kd.hidden_weight) == (0.0, 1.0)
     assert (plain.train.learning_rate, faster.train.learning_rate) == (1e-4, 2e-4)
     assert hidden.train == plain.train and faster.kd == plain.kd
+
+
+def test_the_searched_glue_transfer_changes_only_what_the_search_chose(registry):
+    """The CoLA search's best trial (docs/results.md, call I) on the shipped 80 % transfer: its space's four
+    settings, nothing else."""
+    shipped = registry.build("minilm_glue_sparse80", [])
+    searched = registry.build("minilm_glue_from_upstream80_obs_nodropout_searched", [])
+    assert (searched.train.learning_rate, searched.train.epochs) == (7e-5, 16)
+    assert (searched.kd.alpha, searched.kd.temperature) == (0.5, 1.2)
+    same_elsewhere = dataclasses.replace(searched, name=shipped.name, description=shipped.description,
+                                         train=shipped.train, kd=shipped.kd)
+    assert same_elsewhere == shipped
+    assert dataclasses.replace(searched.train, learning_rate=1e-4, epochs=8) == shipped.train
+    assert dataclasses.replace(searched.kd, alpha=1.0, temperature=2.0) == shipped.kd
 
 
 def test_the_attention_term_is_for_upstream_only(registry):

@@ -88,19 +88,27 @@ def test_every_lane_resumes_what_an_earlier_invocation_left(tmp_path):
     assert log.read_text().startswith("the first invocation's lines\n")
 
 
-def test_a_transfer_variant_is_a_lane_per_seed_from_the_same_model_and_teacher(tmp_path):
-    """STUDY_VARIANTS with STUDY_SEED_LANES: each variant of the 80_obs transfer trains each seed in a process of
-    its own, from the upstream model, distilled from the task's dense run (both finished here already)."""
+def test_a_transfer_variant_is_a_lane_per_seed_from_the_first_upstream_model_and_the_teacher(tmp_path):
+    """STUDY_VARIANTS with STUDY_SEED_LANES: each variant of the first upstream run's transfer trains each seed in a
+    process of its own, from that model, distilled from the task's dense run (all finished here already); the
+    other upstream run gets its plain transfer only."""
     out = tmp_path / "out"
-    upstream, teacher = out / "upstream" / "minilm_upstream_sparse80_obs", out / "rte" / "minilm_glue"
-    for done in (upstream / "DONE", teacher / "glue_rte" / "run0" / "DONE"):
+    upstream = out / "upstream" / "minilm_upstream_sparse80_obs_nodropout"
+    teacher = out / "rte" / "minilm_glue"
+    for done in (upstream / "DONE", out / "upstream" / "minilm_upstream_sparse90_obs" / "DONE",
+                 teacher / "glue_rte" / "run0" / "DONE"):
         done.parent.mkdir(parents=True)
         done.touch()
-    runs = run_study(tmp_path, hold=0, STUDY_UPSTREAM="80_obs", STUDY_TASKS="rte", STUDY_VARIANTS="_hidden",
-                     STUDY_SEED_LANES="1")
-    hidden = sorted(args for _, _, args in runs.values() if "minilm_glue_from_upstream80_obs_hidden" in args)
-    assert len(hidden) == 3
-    for seed, args in zip((42, 43, 44), hidden, strict=True):
+    runs = run_study(tmp_path, hold=0, STUDY_UPSTREAM="80_obs_nodropout 90_obs", STUDY_TASKS="rte",
+                     STUDY_VARIANTS="_searched", STUDY_SEED_LANES="1")
+    experiments = [args.split()[2] for _, _, args in runs.values()]
+    assert sorted(set(experiments)) == ["minilm_glue", "minilm_glue_from_upstream80_obs_nodropout",
+                                        "minilm_glue_from_upstream80_obs_nodropout_searched",
+                                        "minilm_glue_from_upstream90_obs", "minilm_upstream_sparse80_obs_nodropout",
+                                        "minilm_upstream_sparse90_obs"]
+    searched = sorted(args for _, _, args in runs.values() if "_searched " in args)
+    assert len(searched) == 3
+    for seed, args in zip((42, 43, 44), searched, strict=True):
         assert f"--output-dir {out}/rte/seed{seed} " in args and f"--set seed={seed} " in args
         assert f"--set model.init_from={upstream}" in args and f"--set kd.teacher={teacher}" in args
 
