@@ -17,8 +17,9 @@
 # unfinished ones do not count. STUDY_UPSTREAM_SET / STUDY_TASK_SET: more "--set k=v" for the upstream runs / for
 # every finetuning run (the CPU test makes them tiny). STUDY_VARIANTS: suffixes of more GLUE transfers from the
 # first upstream run, as the search (e.g. "_lr2e4 _hidden" from 80_obs: minilm_glue_from_upstream80_obs_lr2e4 ...;
-# "_searched" from 80_obs_nodropout), each a lane of its own beside the plain transfer. STUDY_SEED_LANES=1: every seed of a transfer is a process of its own (output root TASK/seedN, the
-# teacher named by its path), so that one task's three seeds do not run one after another at the end.
+# "_searched" from 80_obs_nodropout), each a lane of its own beside the plain transfer. STUDY_SEED_LANES=1: every
+# seed of a transfer is a process of its own (output root TASK/seedN, the teacher named by its path), so that one
+# task's three seeds do not run one after another at the end.
 # STUDY_DOWNSTREAM_VARIANTS (default _downstream80): the downstream recipes, e.g. "_downstream80 _downstream80_obs".
 # STUDY_DENSE_VARIANTS: suffixes of more dense GLUE runs beside the teacher, same seeds (e.g. "_eager": minilm_glue_eager).
 # STUDY_SEARCH="TASK ...": GLUE tasks that also get a --search lane over the transfer's settings from the first upstream
