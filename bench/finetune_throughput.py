@@ -28,7 +28,10 @@ later ones); ``--repeats N`` runs the whole set N times, each time in another or
 three seeds on the small ones, its epochs) against the plain script run once per task and seed, each a process of
 its own, scored by each task's GLUE number:
 
-    python bench/finetune_throughput.py --data-dir DATA --job glue --out glue_job.json [--parallel-runs 4]
+    python bench/finetune_throughput.py --data-dir DATA --job glue --out glue_job.json [--parallel-runs 4,1]
+
+(``--parallel-runs 4,1``: our job once with 4 runs at once, then one at a time, then the plain side; ``--no-plain``
+leaves the plain side out.)
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import date
 from pathlib import Path
 
@@ -151,7 +155,7 @@ def sst2_only(data_dir: Path, into: Path) -> Path:
 
 
 def run_variant(variant: str, model_dir: str, data_dir: Path, epochs: float, seed: int,
-                max_train: int | None, max_eval: int | None) -> dict:
+                max_train: int | None, max_eval: int | None, logs: Path | None = None) -> dict:
     """Start the variant's process with empty caches (``sparsebert_warm``: filled by an untimed short run), time it
     from start to exit, and read what it measured."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -168,6 +172,8 @@ def run_variant(variant: str, model_dir: str, data_dir: Path, epochs: float, see
         except subprocess.TimeoutExpired:
             return {"variant": variant, "epochs": epochs, "error": f"no exit within {TIMEOUT_S} s"}
         row = {"variant": variant, "epochs": epochs, "end_to_end_s": time.perf_counter() - started}
+        if variant in OURS:
+            keep_log(logs, f"{variant}_{epochs:g}ep", done.stderr)
         metrics = (out / "result.json" if variant in PLAIN_SCRIPTS
                    else next(out.glob(f"{OURS[variant][0]}/glue_sst2/run*/metrics.json"), None))
         if done.returncode != 0 or metrics is None or not metrics.is_file():
@@ -208,23 +214,26 @@ def environment(tmp: str) -> dict:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")]))}
 
 
-def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, max_eval: int | None,
-             parallel_runs: int = 1) -> tuple[dict[str, float], list[dict]]:
-    """The GLUE job two ways: ``run.py minilm_glue`` (every task present, 3 seeds on the small ones, one process;
-    ``parallel_runs`` of them at once, ``finetune.parallel_runs``) and the plain script once per task and seed (each
-    its own process; the datasets cache is shared between them, as between a user's runs of one script).
-
-    Returns:
-        each way's whole time, end to end (``sparsebert``, ``plain``), and one row per run (its loop and score;
-        a plain run's row has its process's time too).
-    """
+def job_runs(data_dir: Path, seed: int) -> list[tuple[str, int, float]]:
+    """The GLUE job's runs as minilm_glue makes them: (task, seed, epochs) for every task with a train file, three
+    seeds on the small ones."""
     from sparsebert.config import ExperimentRegistry
     from sparsebert.data.glue import available_glue_tasks
 
     cfg = ExperimentRegistry.builtin().build("minilm_glue", [f"seed={seed}"])
-    runs = [(task, seed + k) for task in available_glue_tasks(data_dir)
+    return [(task, seed + k, cfg.finetune.epochs_per_task.get(task, cfg.train.epochs))
+            for task in available_glue_tasks(data_dir)
             for k in range(cfg.finetune.runs_per_task.get(task, cfg.finetune.num_runs))]
-    epochs = {task: cfg.finetune.epochs_per_task.get(task, cfg.train.epochs) for task, _ in runs}
+
+
+def ours_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, max_eval: int | None,
+             parallel_runs: int, logs: Path | None) -> tuple[float, list[dict]]:
+    """``run.py minilm_glue``: the whole job in one process, ``parallel_runs`` runs at once
+    (``finetune.parallel_runs``), from empty caches.
+
+    Returns:
+        its time end to end, and one row per run (loop and score).
+    """
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ours"
@@ -233,40 +242,70 @@ def glue_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, m
         done = subprocess.run(run_py("minilm_glue", model_dir, data_dir, out, seed, max_train, max_eval, sets),
                               env=environment(tmp), capture_output=True, text=True, timeout=TIMEOUT_S)
         whole = time.perf_counter() - started
+        keep_log(logs, f"job_parallel{parallel_runs}", done.stderr)
         if done.returncode != 0:
             raise SystemExit(f"finetune_throughput: run.py minilm_glue failed: {done.stderr.strip().splitlines()[-1:]}")
-        for task, run_seed in runs:
+        for task, run_seed, epochs in job_runs(data_dir, seed):
             metrics = json.loads((out / "minilm_glue" / f"glue_{task}" / f"run{run_seed - seed}" / "metrics.json").read_text())
-            rows.append({"variant": "sparsebert", "task": task, "seed": run_seed, "epochs": epochs[task],
-                         "loop_s": metrics["train_runtime_s"], "score": metrics["score"]})
+            rows.append({"variant": "sparsebert", "parallel_runs": parallel_runs, "task": task, "seed": run_seed,
+                         "epochs": epochs, "loop_s": metrics["train_runtime_s"], "score": metrics["score"]})
+    return whole, rows
+
+
+def plain_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, max_eval: int | None,
+              saved: Callable[[list[dict]], None]) -> list[dict]:
+    """The plain script once per task and seed of the job, each its own process, one after another (the datasets
+    cache is shared between them, as between a user's runs of one script); ``saved`` gets the rows so far after
+    each run.
+
+    Returns:
+        one row per run: its process's time end to end, its loop and score.
+    """
+    rows: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for task, run_seed in runs:
+        for task, run_seed, epochs in job_runs(data_dir, seed):
             out = Path(tmp) / f"{task}_{run_seed}"
             started = time.perf_counter()
-            done = subprocess.run(command("plain", model_dir, data_dir, out, epochs[task], run_seed, max_train,
+            done = subprocess.run(command("plain", model_dir, data_dir, out, epochs, run_seed, max_train,
                                           max_eval, task), env=environment(tmp), capture_output=True, text=True,
                                   timeout=TIMEOUT_S)
             if done.returncode != 0:
                 raise SystemExit(f"finetune_throughput: plain {task} seed {run_seed} failed: "
                                  f"{done.stderr.strip().splitlines()[-1:]}")
-            rows.append({"variant": "plain", "task": task, "seed": run_seed, "epochs": epochs[task],
+            rows.append({"variant": "plain", "task": task, "seed": run_seed, "epochs": epochs,
                          "end_to_end_s": time.perf_counter() - started,
                          **json.loads((out / "result.json").read_text())})
-    return {"sparsebert": whole, "plain": sum(r["end_to_end_s"] for r in rows if r["variant"] == "plain")}, rows
+            saved(rows)
+    return rows
 
 
-def job_table(total: dict[str, float], rows: list[dict], card: str) -> str:
-    """Markdown: the job's time both ways, and each task's mean dev score over its seeds."""
-    lines = [f"{card}: the GLUE job, every run of minilm_glue", f"end to end: plain script per task and seed "
-             f"{total['plain']:.1f} s, run.py minilm_glue {total['sparsebert']:.1f} s: "
-             f"{total['plain'] / total['sparsebert']:.2f}x", "| task | runs | plain score | sparsebert score |",
-             "|---|---|---|---|"]
+def keep_log(logs: Path | None, name: str, text: str) -> None:
+    """One of our processes' log (its stderr) as ``logs/NAME.log``: where its time went, line by line."""
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{name}.log").write_text(text)
+
+
+def job_table(totals: dict[str, float], rows: list[dict], card: str) -> str:
+    """Markdown: the job's time each way (``plain``, ``parallel_runs=N``) and each task's mean dev score over its
+    seeds, each way."""
+    ways = list(totals)
+    lines = [f"{card}: the GLUE job, every run of minilm_glue, end to end",
+             *(f"- {way}: {totals[way]:.1f} s" + (f", {totals['plain'] / totals[way]:.2f}x plain"
+                                                  if "plain" in totals and way != "plain" else "") for way in ways),
+             "| task | runs | " + " | ".join(f"{way} score" for way in ways) + " |", "|---|---|" + "---|" * len(ways)]
     for task in dict.fromkeys(r["task"] for r in rows):
-        scores = {v: [r["score"] for r in rows if r["task"] == task and r["variant"] == v]
-                  for v in ("plain", "sparsebert")}
-        lines.append(f"| {task} | {len(scores['plain'])} | {sum(scores['plain']) / len(scores['plain']):.4f} | "
-                     f"{sum(scores['sparsebert']) / len(scores['sparsebert']):.4f} |")
+        cells = []
+        for way in ways:
+            scores = [r["score"] for r in rows if r["task"] == task and way_of(r) == way]
+            cells.append(f"{sum(scores) / len(scores):.4f}" if scores else "-")
+        runs = sum(1 for r in rows if r["task"] == task and way_of(r) == ways[0])
+        lines.append(f"| {task} | {runs} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def way_of(row: dict) -> str:
+    return "plain" if row["variant"] == "plain" else f"parallel_runs={row['parallel_runs']}"
 
 
 def save(out: Path | None, card: str, seed: int, rows: list[dict], **extra) -> None:
@@ -300,8 +339,12 @@ def main() -> None:
     p.add_argument("--job", choices=["glue"], default=None,
                    help="glue: the whole minilm_glue job (every task present, its seeds) in one run.py process "
                         "against the plain script run once per task and seed; --variants and --repeats do not apply")
-    p.add_argument("--parallel-runs", type=int, default=1,
-                   help="--job glue: runs of minilm_glue trained at once (finetune.parallel_runs)")
+    p.add_argument("--parallel-runs", default="1",
+                   help="--job glue: runs of minilm_glue trained at once (finetune.parallel_runs); comma-separated: "
+                        "the job once per value")
+    p.add_argument("--no-plain", action="store_true",
+                   help="--job glue: our side only (the plain side measured by another invocation in the same call)")
+    p.add_argument("--keep-logs", type=Path, default=None, help="a folder for our processes' logs (stderr)")
     args = p.parse_args()
     if args.worker:  # one user's script, in the process the parent times
         args.worker_out.mkdir(parents=True, exist_ok=True)
@@ -327,16 +370,29 @@ def main() -> None:
     rows: list[dict] = []
     warm_up(model_dir)
     if args.job:
-        total, rows = glue_job(model_dir, args.data_dir, args.seed, args.max_train_samples, args.max_eval_samples,
-                               args.parallel_runs)
-        save(args.out, card, args.seed, rows, job_end_to_end_s=total, parallel_runs=args.parallel_runs)
-        print(job_table(total, rows, card))
+        totals: dict[str, float] = {}
+        for parallel_runs in (int(n) for n in args.parallel_runs.split(",")):
+            whole, ours = ours_job(model_dir, args.data_dir, args.seed, args.max_train_samples,
+                                   args.max_eval_samples, parallel_runs, args.keep_logs)
+            totals[f"parallel_runs={parallel_runs}"] = whole
+            rows += ours
+            save(args.out, card, args.seed, rows, job_end_to_end_s=totals)
+        if not args.no_plain:
+            def saved(plain: list[dict]) -> None:  # after every plain run: a cut-off call keeps its numbers
+                save(args.out, card, args.seed, rows + plain, job_end_to_end_s=totals)
+
+            plain = plain_job(model_dir, args.data_dir, args.seed, args.max_train_samples, args.max_eval_samples,
+                              saved)
+            totals["plain"] = sum(r["end_to_end_s"] for r in plain)
+            rows += plain
+            save(args.out, card, args.seed, rows, job_end_to_end_s=totals)
+        print(job_table(totals, rows, card))
         return
     for repeat in range(args.repeats):
         order = variants[repeat % len(variants):] + variants[:repeat % len(variants)]
         for n, variant in ((n, v) for n in epochs for v in order):
             rows.append(run_variant(variant, model_dir, args.data_dir, n, args.seed, args.max_train_samples,
-                                    args.max_eval_samples))
+                                    args.max_eval_samples, args.keep_logs))
             print(json.dumps(rows[-1]), flush=True)
             save(args.out, card, args.seed, rows)  # after every variant: a cut-off call keeps its numbers
     print(table(rows, card))

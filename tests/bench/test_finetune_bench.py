@@ -78,3 +78,27 @@ def test_the_warm_variant_is_timed_after_an_untimed_run_with_the_same_caches(dat
     assert "finetune.max_train_samples=1600" in warm_up and "train.epochs=1" in warm_up
     assert "train.epochs=3" in timed and not any("max_train_samples" in arg for arg in timed)
     assert "error" in row and row["end_to_end_s"] >= 0  # the timed process alone, which failed here
+
+
+def test_the_glue_job_runs_each_way_and_keeps_every_row(data_dir, tmp_path):
+    """--job glue on a data folder with RTE alone (3 seeds): our job with 2 runs at once, then the plain script
+    once per seed; the JSON has every run's row, each way's total, and our process's log."""
+    data = tmp_path / "data" / "glue"
+    data.mkdir(parents=True)
+    (data / "RTE").symlink_to((data_dir / "glue" / "RTE").resolve())
+    out = tmp_path / "job.json"
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "finetune_throughput.py"), "--data-dir", str(tmp_path / "data"),
+         "--job", "glue", "--parallel-runs", "2", "--max-train-samples", "16", "--max-eval-samples", "16",
+         "--out", str(out), "--keep-logs", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads(out.read_text())
+    assert sorted((r["variant"], r["seed"]) for r in saved["rows"]) == [
+        ("plain", 42), ("plain", 43), ("plain", 44), ("sparsebert", 42), ("sparsebert", 43), ("sparsebert", 44)]
+    assert {r["task"] for r in saved["rows"]} == {"rte"}
+    totals = saved["job_end_to_end_s"]
+    assert set(totals) == {"parallel_runs=2", "plain"}
+    assert totals["plain"] == pytest.approx(sum(r["end_to_end_s"] for r in saved["rows"] if r["variant"] == "plain"))
+    assert "in a process of its own (2 at once)" in (tmp_path / "logs" / "job_parallel2.log").read_text()
+    assert "| rte | 3 |" in done.stdout and "x plain" in done.stdout

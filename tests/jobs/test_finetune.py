@@ -82,6 +82,29 @@ def test_parallel_runs_are_refused_where_worker_processes_cannot_follow(registry
         job.prepare()
 
 
+def test_parallel_runs_start_with_the_most_training(registry, data_dir, tmp_path, monkeypatch):
+    """Side by side, the runs are handed out by training rows x epochs, the largest first: the job does not end
+    with its longest run alone on the GPU. Here STS-B (96 rows, 3 epochs) before RTE (96 rows, 1 epoch)."""
+    from sparsebert.jobs.finetune import job as job_module
+
+    handed_out = []
+
+    def record(target, calls, workers, names):
+        handed_out.extend(names)
+        raise KeyboardInterrupt  # stop before training: the order is all this test is about
+
+    monkeypatch.setattr(job_module, "run_in_processes", record)
+    sets = ['finetune.glue_tasks=["rte", "stsb"]', 'finetune.runs_per_task={"rte": 2}',
+            'finetune.epochs_per_task={"rte": 1, "stsb": 3}', "finetune.max_train_samples=96",
+            "finetune.parallel_runs=2"]
+    job = job_module.FinetuneJob(registry.build("tiny_glue", sets), data_dir, tmp_path)
+    job.prepare()
+    assert [job.work(t) for t in job.tasks] == [96, 288]
+    with pytest.raises(KeyboardInterrupt):
+        job.train(tmp_path / "tiny_glue", resume=False)
+    assert handed_out == ["tiny_glue glue:stsb run0", "tiny_glue glue:rte run0", "tiny_glue glue:rte run1"]
+
+
 def test_glue_table_from_the_registry(glue_root, capsys):
     assert cli_main(["--table", "glue", "--output-dir", str(glue_root), "--agg", "mean"]) == 0
     table = capsys.readouterr().out

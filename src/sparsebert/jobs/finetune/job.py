@@ -171,6 +171,10 @@ class FinetuneJob:
         name = task.split(":", 1)[-1]
         return self.cfg.finetune.runs_per_task.get(name, self.cfg.finetune.num_runs)
 
+    def work(self, task: str) -> float:
+        """How much one run of ``task`` trains: its training rows times its epochs."""
+        return self.inputs[task].train_rows * self.task_context(task).cfg.train.epochs
+
     def task_context(self, task: str) -> FinetuneContext:
         """The context of one task: ``finetune.epochs_per_task`` may give it its own number of epochs."""
         epochs = self.ctx.cfg.finetune.epochs_per_task.get(task.split(":", 1)[-1])
@@ -193,6 +197,9 @@ class FinetuneJob:
                     pending.append((task, k, sub))
         workers = min(self.cfg.finetune.parallel_runs, len(pending))
         if workers > 1:
+            # the longest runs first (rows x epochs), so the short ones fill the gaps beside them and the job does
+            # not end with one long run alone on the GPU
+            pending.sort(key=lambda run: -self.work(run[0]))
             run_in_processes(train_in_worker, [(self.cfg, self.data_dir, self.output_root, task, k, sub)
                                                for task, k, sub in pending], workers,
                              [f"{self.cfg.name} {task} run{k}" for task, k, _ in pending])
