@@ -11,7 +11,10 @@
 set -u
 root=$1 data=$2 minilm=$3
 deadline=$(( $(date +%s) + ${4:-540} ))
-common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0)
+# one process per lane (the GPU fast path would otherwise train a lane's seeds side by side): lanes are what
+# this script shares the GPU by
+common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0 \
+  --set finetune.parallel_runs=1)
 export OMP_NUM_THREADS=1
 mkdir -p "$root/logs"
 

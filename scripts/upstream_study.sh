@@ -80,7 +80,10 @@ if [ "${max_lanes:-0}" != 0 ]; then
   run_py="while :; do for i in \$(seq $max_lanes); do exec 9>$slots/gpu\$CUDA_VISIBLE_DEVICES.\$i; \
 if flock -n 9; then break 2; fi; done; sleep 2; done; $run_py"
 fi
-common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0)
+# one process per lane (the GPU fast path would otherwise train a lane's seeds side by side): lanes are what
+# this script shares the GPU by
+common=(--data-dir "$data" --set "model.init_from=$minilm" --set train.dataloader_workers=0 \
+  --set finetune.parallel_runs=1)
 mkdir -p "$root/logs"
 echo "upstream study: GPUs ${gpus[*]}, upstream runs: $upstreams, tasks: $tasks"
 

@@ -29,7 +29,7 @@ from sparsebert.distributed import process_state, world_size
 from sparsebert.env_info import environment
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
-from sparsebert.jobs.finetune.fast_path import trains_on_gpu, with_gpu_fast_path
+from sparsebert.jobs.finetune.fast_path import gpu_runs_at_once, trains_on_gpu, with_gpu_fast_path
 from sparsebert.locks import FileLock, LockHeld
 from sparsebert.results import RunRegistry
 from sparsebert.results.recording import finished, recorded_run, run_record
@@ -110,7 +110,7 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list | None) -> dict[str, Any] | None:
     state = process_state()
     # what a finetuning experiment trains with on this machine: checked against a finished run and written as such
-    cfg = with_gpu_fast_path(cfg, on_gpu=trains_on_gpu())
+    cfg = with_gpu_fast_path(cfg, *gpu_and_runs_at_once(cfg, callbacks or []))
     if is_finished(run_dir) and not opts.overwrite:
         _check_same_config(run_dir, cfg, f"{run_dir} holds a finished run of {cfg.name} with other settings")
         log.warning("%s already finished in %s; skipping (pass --overwrite to run it again)", cfg.name, run_dir)
@@ -154,6 +154,17 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
             atomic_write_text(run_dir / DONE, time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
     state.wait_for_everyone()
     return metrics
+
+
+def gpu_and_runs_at_once(cfg: ExperimentConfig, callbacks: list) -> tuple[bool, int]:
+    """Whether this process trains on a GPU, and how many runs of a finetuning job it could train there side by
+    side (1 where the job's runs cannot leave this process)."""
+    on_gpu = trains_on_gpu()
+    if not (on_gpu and cfg.is_finetuning and cfg.finetune.gpu_fast_path and cfg.finetune.parallel_runs is None):
+        return on_gpu, 1
+    from sparsebert.jobs.finetune.parallel import side_by_side_blocker
+
+    return on_gpu, 1 if side_by_side_blocker(callbacks) else gpu_runs_at_once()
 
 
 def check_train_settings(cfg: ExperimentConfig) -> None:

@@ -307,8 +307,9 @@ class FinetuneConfig:
     gpu_fast_path: bool = False
     num_runs: int = 1  # runs per task with seeds seed, seed + 1, ...; all are kept
     # runs of the job trained at once, each in a process of its own (jobs/finetune/parallel.py): a small model at a
-    # small batch leaves a GPU mostly idle, so the many runs of a GLUE job can share it. 1: one after another
-    parallel_runs: int = 1
+    # small batch leaves a GPU mostly idle, so the many runs of a GLUE job can share it. 1: one after another;
+    # unset: 1, except that the GPU fast path runs up to 4 at once where the GPU has room (fast_path.py)
+    parallel_runs: int | None = None
     runs_per_task: dict[str, int] = field(default_factory=dict)  # e.g. {"rte": 3}: overrides num_runs
     # e.g. {"sst2": 3}: overrides train.epochs for that task (a large task needs fewer passes than a small one)
     epochs_per_task: dict[str, float] = field(default_factory=dict)
@@ -336,7 +337,7 @@ class FinetuneConfig:
             raise ValueError(f"finetune.max_seq_length must be in [16, 4096], got {self.max_seq_length}")
         if self.num_runs < 1 or any(v < 1 for v in self.runs_per_task.values()):
             raise ValueError("finetune.num_runs and finetune.runs_per_task values must be >= 1")
-        if self.parallel_runs < 1:
+        if self.parallel_runs is not None and self.parallel_runs < 1:
             raise ValueError(f"finetune.parallel_runs must be >= 1, got {self.parallel_runs}")
         if any(isinstance(v, bool) or not isinstance(v, int | float) or v <= 0 for v in self.epochs_per_task.values()):
             raise ValueError(f"finetune.epochs_per_task values must be > 0, got {self.epochs_per_task}")

@@ -32,6 +32,44 @@ def test_on_a_gpu_the_run_compiles_one_shape_with_cuda_graphs():
                                drop_last_batch=False) == cfg.train
     assert fast.model == cfg.model and fast.finetune.runs_per_task == cfg.finetune.runs_per_task
     assert not fast.finetune.gpu_fast_path  # consumed: config.json shows the settings it stood for
+    assert fast.finetune.parallel_runs == 1  # what this process can run side by side: 1 unless told
+
+
+def test_on_a_gpu_the_runs_go_side_by_side_unless_the_experiment_says_how_many():
+    cfg = REGISTRY.build("minilm_glue")
+    assert cfg.finetune.parallel_runs is None
+    assert with_gpu_fast_path(cfg, on_gpu=True, runs_at_once=4).finetune.parallel_runs == 4
+    one = REGISTRY.build("minilm_glue", ["finetune.parallel_runs=1"])
+    assert with_gpu_fast_path(one, on_gpu=True, runs_at_once=4).finetune.parallel_runs == 1
+    assert with_gpu_fast_path(cfg, on_gpu=False, runs_at_once=4).finetune.parallel_runs is None  # one at a time
+
+
+@pytest.mark.parametrize(("gib", "runs"), [(80, 4), (24, 3), (16, 2), (6, 1)])
+def test_the_runs_at_once_fit_the_gpus_memory(monkeypatch, gib, runs):
+    import torch
+
+    from sparsebert.jobs.finetune.fast_path import gpu_runs_at_once
+
+    class Properties:
+        total_memory = gib * 2**30
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    assert gpu_runs_at_once() == runs
+
+
+@pytest.mark.parametrize(("world", "callbacks", "runs"), [("1", [], 4), ("1", [object()], 1), ("2", [], 1)])
+def test_runs_stay_in_this_process_where_workers_cannot_follow(monkeypatch, world, callbacks, runs):
+    """--profile's callbacks and a multi-process launch keep the runs in this process: the fast path then trains
+    them one at a time instead of refusing the job."""
+    from sparsebert.trainer.termination import StopWhenTerminated
+
+    monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.setattr(runner, "trains_on_gpu", lambda: True)
+    monkeypatch.setattr(runner, "gpu_runs_at_once", lambda: 4)
+    callbacks = [StopWhenTerminated(lambda: None), *callbacks]
+    assert runner.gpu_and_runs_at_once(REGISTRY.build("minilm_glue"), callbacks) == (True, runs)
+    # the eager recipes and an experiment that says how many are left alone
+    assert runner.gpu_and_runs_at_once(REGISTRY.build("minilm_glue_eager"), []) == (True, 1)
 
 
 def test_a_cpu_run_and_the_eager_recipes_stay_eager():
@@ -75,5 +113,6 @@ def test_an_eager_run_is_not_taken_for_the_gpu_runs_experiment(data_dir, tmp_pat
     monkeypatch.setattr(runner, "trains_on_gpu", lambda: False)
     run_experiment(cfg, opts)
     monkeypatch.setattr(runner, "trains_on_gpu", lambda: True)
+    monkeypatch.setattr(runner, "gpu_runs_at_once", lambda: 4)  # runs at once: no setting of the runs
     with pytest.raises(SparseBertError, match=r"other settings \(finetune.pad_to_multiple_of, train.drop_last_batch"):
         run_experiment(cfg, opts)

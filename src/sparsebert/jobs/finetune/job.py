@@ -22,13 +22,13 @@ from sparsebert.config import ExperimentConfig, from_dict
 from sparsebert.console import configure_logging, quiet_progress_bars
 from sparsebert.data.glue import available_glue_tasks, get_glue_task
 from sparsebert.data.tokenizer import load_tokenizer
-from sparsebert.distributed import process_state, world_size
+from sparsebert.distributed import process_state
 from sparsebert.errors import SparseBertError
 from sparsebert.jobs.finetune.common import FinetuneContext, check_batches_fit, read_metrics
 from sparsebert.jobs.finetune.csv_task import load_csv, run_csv
 from sparsebert.jobs.finetune.gap import load_gap, run_gap
 from sparsebert.jobs.finetune.glue import load_glue_task, run_glue
-from sparsebert.jobs.finetune.parallel import run_in_processes
+from sparsebert.jobs.finetune.parallel import run_in_processes, side_by_side_blocker
 from sparsebert.jobs.finetune.squad import load_squad, run_squad
 from sparsebert.results.recording import recorded_run, run_record
 from sparsebert.results.runs import resolve_pretrained
@@ -145,15 +145,9 @@ class FinetuneJob:
             check_batches_fit(self.task_context(task).cfg, inputs.train_rows)
 
     def _check_parallel_runs(self) -> None:
-        if self.cfg.finetune.parallel_runs == 1:
-            return
-        if world_size() > 1:
-            raise SparseBertError(f"finetune.parallel_runs={self.cfg.finetune.parallel_runs} trains runs in processes "
-                                  f"of their own on one machine; under accelerate launch / torchrun ({world_size()} "
-                                  "processes) each run spans them all: set finetune.parallel_runs=1")
-        if any(not isinstance(c, StopWhenTerminated) for c in self.callbacks):
-            raise SparseBertError(f"finetune.parallel_runs={self.cfg.finetune.parallel_runs} trains runs in worker "
-                                  "processes, which this job's callbacks (--profile) cannot follow: set "
+        runs_at_once = self.cfg.finetune.parallel_runs or 1
+        if runs_at_once > 1 and (blocker := side_by_side_blocker(self.callbacks)):
+            raise SparseBertError(f"finetune.parallel_runs={runs_at_once} trains runs in {blocker}: set "
                                   "finetune.parallel_runs=1")
 
     def _inputs(self, task: str) -> Any:
@@ -195,7 +189,7 @@ class FinetuneJob:
                     metrics[task, k] = read_metrics(sub)
                 else:
                     pending.append((task, k, sub))
-        workers = min(self.cfg.finetune.parallel_runs, len(pending))
+        workers = min(self.cfg.finetune.parallel_runs or 1, len(pending))
         if workers > 1:
             # the longest runs first (rows x epochs), so the short ones fill the gaps beside them and the job does
             # not end with one long run alone on the GPU

@@ -26,6 +26,26 @@ log = logging.getLogger(__name__)
 MAX_ERROR_CHARS = 2000
 
 
+def side_by_side_blocker(callbacks: Sequence[object]) -> str | None:
+    """Why this process cannot hand its job's runs to worker processes, or None where it can.
+
+    Args:
+        callbacks: the job's Trainer callbacks (a worker gets only the SIGTERM one).
+
+    Returns:
+        the reason, to end a sentence "finetune.parallel_runs=N trains runs in ...".
+    """
+    from sparsebert.distributed import world_size
+    from sparsebert.trainer.termination import StopWhenTerminated
+
+    if world_size() > 1:
+        return (f"processes of their own on one machine; under accelerate launch / torchrun ({world_size()} "
+                "processes) each run spans them all")
+    if any(not isinstance(c, StopWhenTerminated) for c in callbacks):
+        return "worker processes, which this job's callbacks (--profile) cannot follow"
+    return None
+
+
 def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], workers: int,
                      names: Sequence[str]) -> None:
     """Call ``target(*call)`` for every call, each in a spawned process, at most ``workers`` at once.
