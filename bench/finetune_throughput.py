@@ -155,7 +155,7 @@ def sst2_only(data_dir: Path, into: Path) -> Path:
 
 
 def run_variant(variant: str, model_dir: str, data_dir: Path, epochs: float, seed: int,
-                max_train: int | None, max_eval: int | None, logs: Path | None = None) -> dict:
+                max_train: int | None, max_eval: int | None, logs: Path | None = None, log_name: str = "repeat0") -> dict:
     """Start the variant's process with empty caches (``sparsebert_warm``: filled by an untimed short run), time it
     from start to exit, and read what it measured."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -173,7 +173,7 @@ def run_variant(variant: str, model_dir: str, data_dir: Path, epochs: float, see
             return {"variant": variant, "epochs": epochs, "error": f"no exit within {TIMEOUT_S} s"}
         row = {"variant": variant, "epochs": epochs, "end_to_end_s": time.perf_counter() - started}
         if variant in OURS:
-            keep_log(logs, f"{variant}_{epochs:g}ep", done.stderr)
+            keep_log(logs, f"{variant}_{epochs:g}ep_{log_name}", done.stderr)
         metrics = (out / "result.json" if variant in PLAIN_SCRIPTS
                    else next(out.glob(f"{OURS[variant][0]}/glue_sst2/run*/metrics.json"), None))
         if done.returncode != 0 or metrics is None or not metrics.is_file():
@@ -227,9 +227,9 @@ def job_runs(data_dir: Path, seed: int) -> list[tuple[str, int, float]]:
 
 
 def ours_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, max_eval: int | None,
-             parallel_runs: int, logs: Path | None) -> tuple[float, list[dict]]:
-    """``run.py minilm_glue``: the whole job in one process, ``parallel_runs`` runs at once
-    (``finetune.parallel_runs``), from empty caches.
+             parallel_runs: str, logs: Path | None) -> tuple[float, list[dict]]:
+    """``run.py minilm_glue``: the whole job in one process, from empty caches, ``parallel_runs`` runs at once
+    (``finetune.parallel_runs=N``; ``auto``: left unset, the recipe's own choice on this machine).
 
     Returns:
         its time end to end, and one row per run (loop and score).
@@ -238,17 +238,20 @@ def ours_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, m
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ours"
         started = time.perf_counter()
-        sets = [f"finetune.parallel_runs={parallel_runs}"]
+        sets = [] if parallel_runs == "auto" else [f"finetune.parallel_runs={parallel_runs}"]
         done = subprocess.run(run_py("minilm_glue", model_dir, data_dir, out, seed, max_train, max_eval, sets),
                               env=environment(tmp), capture_output=True, text=True, timeout=TIMEOUT_S)
         whole = time.perf_counter() - started
         keep_log(logs, f"job_parallel{parallel_runs}", done.stderr)
         if done.returncode != 0:
             raise SystemExit(f"finetune_throughput: run.py minilm_glue failed: {done.stderr.strip().splitlines()[-1:]}")
+        # what ran: config.json holds the number the recipe resolved on this machine (auto) or was given
+        at_once = json.loads((out / "minilm_glue" / "config.json").read_text())["finetune"]["parallel_runs"]
         for task, run_seed, epochs in job_runs(data_dir, seed):
             metrics = json.loads((out / "minilm_glue" / f"glue_{task}" / f"run{run_seed - seed}" / "metrics.json").read_text())
-            rows.append({"variant": "sparsebert", "parallel_runs": parallel_runs, "task": task, "seed": run_seed,
-                         "epochs": epochs, "loop_s": metrics["train_runtime_s"], "score": metrics["score"]})
+            rows.append({"variant": "sparsebert", "parallel_runs": parallel_runs, "runs_at_once": at_once,
+                         "task": task, "seed": run_seed, "epochs": epochs, "loop_s": metrics["train_runtime_s"],
+                         "score": metrics["score"]})
     return whole, rows
 
 
@@ -277,6 +280,14 @@ def plain_job(model_dir: str, data_dir: Path, seed: int, max_train: int | None, 
                          **json.loads((out / "result.json").read_text())})
             saved(rows)
     return rows
+
+
+def parallel_values(text: str) -> list[str]:
+    """``--parallel-runs``: each value once, a whole number >= 1 or ``auto``."""
+    values = [v.strip() for v in text.split(",")]
+    if any(v != "auto" and not (v.isdigit() and int(v) >= 1) for v in values) or len(set(values)) < len(values):
+        raise SystemExit(f"finetune_throughput: --parallel-runs takes distinct whole numbers >= 1 or auto, got {text!r}")
+    return values
 
 
 def keep_log(logs: Path | None, name: str, text: str) -> None:
@@ -339,9 +350,9 @@ def main() -> None:
     p.add_argument("--job", choices=["glue"], default=None,
                    help="glue: the whole minilm_glue job (every task present, its seeds) in one run.py process "
                         "against the plain script run once per task and seed; --variants and --repeats do not apply")
-    p.add_argument("--parallel-runs", default="1",
-                   help="--job glue: runs of minilm_glue trained at once (finetune.parallel_runs); comma-separated: "
-                        "the job once per value")
+    p.add_argument("--parallel-runs", default="auto",
+                   help="--job glue: runs of minilm_glue trained at once (finetune.parallel_runs; auto: as the "
+                        "recipe sets it on this machine); comma-separated: the job once per value")
     p.add_argument("--no-plain", action="store_true",
                    help="--job glue: our side only (the plain side measured by another invocation in the same call)")
     p.add_argument("--keep-logs", type=Path, default=None, help="a folder for our processes' logs (stderr)")
@@ -371,7 +382,7 @@ def main() -> None:
     warm_up(model_dir)
     if args.job:
         totals: dict[str, float] = {}
-        for parallel_runs in (int(n) for n in args.parallel_runs.split(",")):
+        for parallel_runs in parallel_values(args.parallel_runs):
             whole, ours = ours_job(model_dir, args.data_dir, args.seed, args.max_train_samples,
                                    args.max_eval_samples, parallel_runs, args.keep_logs)
             totals[f"parallel_runs={parallel_runs}"] = whole
@@ -392,7 +403,7 @@ def main() -> None:
         order = variants[repeat % len(variants):] + variants[:repeat % len(variants)]
         for n, variant in ((n, v) for n in epochs for v in order):
             rows.append(run_variant(variant, model_dir, args.data_dir, n, args.seed, args.max_train_samples,
-                                    args.max_eval_samples, args.keep_logs))
+                                    args.max_eval_samples, args.keep_logs, f"repeat{repeat}"))
             print(json.dumps(rows[-1]), flush=True)
             save(args.out, card, args.seed, rows)  # after every variant: a cut-off call keeps its numbers
     print(table(rows, card))

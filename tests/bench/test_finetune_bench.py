@@ -102,3 +102,38 @@ def test_the_glue_job_runs_each_way_and_keeps_every_row(data_dir, tmp_path):
     assert totals["plain"] == pytest.approx(sum(r["end_to_end_s"] for r in saved["rows"] if r["variant"] == "plain"))
     assert "in a process of its own (2 at once)" in (tmp_path / "logs" / "job_parallel2.log").read_text()
     assert "| rte | 3 |" in done.stdout and "x plain" in done.stdout
+
+
+def _bench_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("finetune_throughput", REPO / "bench" / "finetune_throughput.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_plain_side_of_the_job_is_saved_after_every_run(tmp_path, monkeypatch):
+    """A call cut off mid-job keeps the plain runs that finished: the rows so far are handed out after each run."""
+    bench = _bench_module()
+    monkeypatch.setattr(bench, "job_runs", lambda data_dir, seed: [("rte", 42, 3.0), ("rte", 43, 3.0)])
+
+    def fake_run(cmd, **kwargs):  # the plain script's process: its result file, at once
+        out = Path(cmd[cmd.index("--worker-out") + 1])
+        out.mkdir(parents=True)
+        (out / "result.json").write_text(json.dumps({"loop_s": 1.0, "score": 0.5}))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    saved: list[list[int]] = []
+    rows = bench.plain_job("MODEL", tmp_path, 42, None, None, lambda so_far: saved.append([r["seed"] for r in so_far]))
+    assert saved == [[42], [42, 43]]
+    assert [(r["variant"], r["task"], r["loop_s"]) for r in rows] == [("plain", "rte", 1.0), ("plain", "rte", 1.0)]
+
+
+@pytest.mark.parametrize("text", ["4,4", "0", "four", "auto,auto"])
+def test_parallel_runs_values_are_distinct_numbers_or_auto(text):
+    bench = _bench_module()
+    assert bench.parallel_values("auto,4,1") == ["auto", "4", "1"]
+    with pytest.raises(SystemExit, match="--parallel-runs takes distinct whole numbers"):
+        bench.parallel_values(text)

@@ -103,6 +103,12 @@ def test_parallel_runs_start_with_the_most_training(registry, data_dir, tmp_path
     with pytest.raises(KeyboardInterrupt):
         job.train(tmp_path / "tiny_glue", resume=False)
     assert handed_out == ["tiny_glue glue:stsb run0", "tiny_glue glue:rte run0", "tiny_glue glue:rte run1"]
+    # runs counted in steps train on steps x batch rows each: the same for every task, and nothing to sort by
+    by_steps = job_module.FinetuneJob(registry.build("tiny_glue", [
+        *sets[:2], "finetune.max_train_samples=96", "finetune.parallel_runs=2", "train.epochs=null",
+        "train.max_steps=3"]), data_dir, tmp_path)
+    by_steps.prepare()
+    assert [by_steps.work(t) for t in by_steps.tasks] == [48, 48]
 
 
 def test_glue_table_from_the_registry(glue_root, capsys):

@@ -209,6 +209,18 @@ def test_each_trial_gets_one_gpu_or_a_share_of_the_cpu(registry, asset_data_dir,
     assert trial_env(p, None)["PYTHONPATH"].split(os.pathsep)[0] == src  # the trial imports this sparsebert
 
 
+def test_trials_side_by_side_train_their_runs_one_at_a_time(registry, asset_data_dir, tmp_path):
+    """Trials that share the GPU do not each start the GPU fast path's 4 runs at once, unless the search says so."""
+    from sparsebert.search.trials import trial_sets
+
+    params = {"train.learning_rate": 1e-4}
+    assert "finetune.parallel_runs=1" in trial_sets(plan(registry, tmp_path, asset_data_dir, parallel=2), params)
+    assert not any("parallel_runs" in item
+                   for item in trial_sets(plan(registry, tmp_path, asset_data_dir, parallel=1), params))
+    told = plan(registry, tmp_path, asset_data_dir, parallel=2, overrides=["finetune.parallel_runs=2"])
+    assert [item for item in trial_sets(told, params) if "parallel_runs" in item] == ["finetune.parallel_runs=2"]
+
+
 def test_a_users_experiment_file_reaches_the_trials(asset_data_dir, tmp_path, monkeypatch):
     """A search of an experiment of ``--experiments FILE``: each trial process loads the file too, and the best
     command names it."""

@@ -49,7 +49,7 @@ def start_trial(trial: optuna.Trial, plan: SearchPlan, gpu: str | None) -> Trial
         command += ["--experiments", str(path)]
     if plan.data_dir is not None:
         command += ["--data-dir", str(plan.data_dir)]
-    for item in plan.trial_overrides(trial.params):
+    for item in trial_sets(plan, trial.params):
         command += ["--set", item]
     log.info("trial %d%s: %s -> %s", trial.number, f" on GPU {gpu}" if gpu is not None else "",
              " ".join(set_item(k, v) for k, v in trial.params.items()), plan.output_root / run_name)
@@ -57,6 +57,16 @@ def start_trial(trial: optuna.Trial, plan: SearchPlan, gpu: str | None) -> Trial
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=trial_env(plan, gpu),
                                    preexec_fn=_die_with_parent())
     return TrialProcess(trial, process, gpu, log_path, run_name)
+
+
+def trial_sets(plan: SearchPlan, params: dict) -> list[str]:
+    """The trial's ``--set`` items: the search's overrides and the trial's values, and, where trials run side by side
+    (``--parallel`` > 1), ``finetune.parallel_runs=1`` unless the search sets it: the trials already share the
+    GPU, so each trains its runs one at a time (the GPU fast path would otherwise start up to 4 per trial)."""
+    sets = plan.trial_overrides(params)
+    if plan.parallel > 1 and not any(item.startswith("finetune.parallel_runs=") for item in sets):
+        sets.append("finetune.parallel_runs=1")
+    return sets
 
 
 def trial_env(plan: SearchPlan, gpu: str | None) -> dict[str, str]:

@@ -68,8 +68,15 @@ def test_runs_stay_in_this_process_where_workers_cannot_follow(monkeypatch, worl
     monkeypatch.setattr(runner, "gpu_runs_at_once", lambda: 4)
     callbacks = [StopWhenTerminated(lambda: None), *callbacks]
     assert runner.gpu_and_runs_at_once(REGISTRY.build("minilm_glue"), callbacks) == (True, runs)
-    # the eager recipes and an experiment that says how many are left alone
+
+
+def test_the_eager_recipes_and_a_set_number_are_left_alone(monkeypatch):
+    monkeypatch.setattr(runner, "trains_on_gpu", lambda: True)
+    monkeypatch.setattr(runner, "gpu_runs_at_once", lambda: 4)
     assert runner.gpu_and_runs_at_once(REGISTRY.build("minilm_glue_eager"), []) == (True, 1)
+    assert runner.gpu_and_runs_at_once(REGISTRY.build("minilm_glue", ["finetune.parallel_runs=2"]), []) == (True, 1)
+    monkeypatch.setattr(runner, "trains_on_gpu", lambda: False)
+    assert runner.gpu_and_runs_at_once(REGISTRY.build("minilm_glue"), []) == (False, 1)
 
 
 def test_a_cpu_run_and_the_eager_recipes_stay_eager():

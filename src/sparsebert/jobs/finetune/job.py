@@ -166,8 +166,12 @@ class FinetuneJob:
         return self.cfg.finetune.runs_per_task.get(name, self.cfg.finetune.num_runs)
 
     def work(self, task: str) -> float:
-        """How much one run of ``task`` trains: its training rows times its epochs."""
-        return self.inputs[task].train_rows * self.task_context(task).cfg.train.epochs
+        """How many rows one run of ``task`` trains on: its training rows times its epochs, or, for a run counted in
+        steps (``train.max_steps``), its steps times the global batch."""
+        train = self.task_context(task).cfg.train
+        if train.epochs is None:
+            return train.max_steps * train.global_batch_size
+        return self.inputs[task].train_rows * train.epochs
 
     def task_context(self, task: str) -> FinetuneContext:
         """The context of one task: ``finetune.epochs_per_task`` may give it its own number of epochs."""
@@ -193,7 +197,7 @@ class FinetuneJob:
         if workers > 1:
             # the longest runs first (rows x epochs), so the short ones fill the gaps beside them and the job does
             # not end with one long run alone on the GPU
-            pending.sort(key=lambda run: -self.work(run[0]))
+            pending.sort(key=lambda run: self.work(run[0]), reverse=True)
             run_in_processes(train_in_worker, [(self.cfg, self.data_dir, self.output_root, task, k, sub)
                                                for task, k, sub in pending], workers,
                              [f"{self.cfg.name} {task} run{k}" for task, k, _ in pending])
