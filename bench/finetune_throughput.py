@@ -367,6 +367,7 @@ def main() -> None:
     variants = args.variants.split(",")
     if unknown := [v for v in variants if v not in VARIANTS]:
         raise SystemExit(f"finetune_throughput: unknown variant(s) {unknown}; known: {', '.join(VARIANTS)}")
+    parallel_runs_values = parallel_values(args.parallel_runs)  # checked before anything runs
     import torch
 
     if not torch.cuda.is_available() and not args.max_train_samples:
@@ -382,7 +383,7 @@ def main() -> None:
     warm_up(model_dir)
     if args.job:
         totals: dict[str, float] = {}
-        for parallel_runs in parallel_values(args.parallel_runs):
+        for parallel_runs in parallel_runs_values:
             whole, ours = ours_job(model_dir, args.data_dir, args.seed, args.max_train_samples,
                                    args.max_eval_samples, parallel_runs, args.keep_logs)
             totals[f"parallel_runs={parallel_runs}"] = whole

@@ -17,8 +17,10 @@ from multiprocessing.queues import SimpleQueue
 
 from sparsebert.config import ConfigError
 from sparsebert.data.featurize import available_cores
+from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError, Terminated
 from sparsebert.results.recording import one_line_error
+from sparsebert.trainer.termination import StopWhenTerminated
 
 log = logging.getLogger(__name__)
 # a worker's error as it reaches the parent: one line, short (the parent reads the queue once a process has ended,
@@ -35,9 +37,6 @@ def side_by_side_blocker(callbacks: Sequence[object]) -> str | None:
     Returns:
         the reason, to end a sentence "finetune.parallel_runs=N trains runs in ...".
     """
-    from sparsebert.distributed import world_size
-    from sparsebert.trainer.termination import StopWhenTerminated
-
     if world_size() > 1:
         return (f"processes of their own on one machine; under accelerate launch / torchrun ({world_size()} "
                 "processes) each run spans them all")
