@@ -145,6 +145,8 @@ OURS += [(f"{key}-clip-outside", experiment, compiled, (*overrides, CLIP_OUTSIDE
 # naming them: torchao's conversion patches Inductor's code generation for the rest of the process
 FP8 = "train.precision=fp8"
 FP8_AUTO = (FP8, "train.fp8_layers=auto")
+GW_HP = "train.fp8_recipe=tensorwise_with_gw_hp"
+ROWWISE_GW_HP = "train.fp8_recipe=rowwise_with_gw_hp"
 OURS += [
     ("ours-static-half-residual-fast-dropout-fp8", "bert_100k", True, (*HALF, FAST_DROPOUT, FP8),
      " + static mask count + bf16 residual stream + fast dropout + FP8 encoder products"),
@@ -152,6 +154,16 @@ OURS += [
      " + static mask count + bf16 residual stream + fast dropout + FP8 where torchao expects a gain"),
     ("ours-sparse-static-half-residual-fast-dropout-fp8", "sparse_80_rigl", True, (*HALF, GRAPHS, FAST_DROPOUT, FP8),
      " + static mask count + CUDA graphs + bf16 residual stream + fast dropout + FP8 encoder products"),
+    # the defaults (fused QKV: one FP8 cast of each layer's input for Q, K and V) in FP8, then with the
+    # weight-gradient products in bf16 (fewer casts: tensorwise or rowwise scales for the other two products)
+    ("ours-fused-qkv-fp8", "bert_100k", True, (*HALF, FAST_DROPOUT, FUSED_QKV, FP8),
+     " + the defaults (fused QKV) + FP8 encoder products"),
+    ("ours-fused-qkv-fp8-gw-hp", "bert_100k", True, (*HALF, FAST_DROPOUT, FUSED_QKV, FP8, GW_HP),
+     " + the defaults (fused QKV) + FP8 encoder products, weight gradients in bf16"),
+    ("ours-fused-qkv-fp8-rowwise-gw-hp", "bert_100k", True, (*HALF, FAST_DROPOUT, FUSED_QKV, FP8, ROWWISE_GW_HP),
+     " + the defaults (fused QKV) + FP8 encoder products, rowwise scales, weight gradients in bf16"),
+    ("ours-sparse-fused-qkv-fp8-gw-hp", "sparse_80_rigl", True, (*HALF, GRAPHS, FAST_DROPOUT, FUSED_QKV, FP8, GW_HP),
+     " + the defaults (fused QKV) + FP8 encoder products, weight gradients in bf16"),
 ]
 
 
@@ -201,6 +213,17 @@ def decoder_rows(batch: int, seq: int, mlm_probability: float, static_mask_count
     if static_mask_count:
         return static_prediction_rows(batch * seq, mlm_probability)
     return mlm_probability * batch * (seq - 2)
+
+
+def bert_config(size: str, vocab: int, attn: str | None = None) -> BertConfig:
+    """The references' ``BertConfig`` of a named size (MODEL_SIZES: heads = hidden / 64, intermediate 4 x hidden),
+    the shape ours builds from ``model.size``."""
+    from sparsebert.config.sections import MODEL_SIZES
+
+    layers, hidden = MODEL_SIZES[size]
+    extra = {} if attn is None else {"attn_implementation": attn}
+    return BertConfig(vocab_size=vocab, num_hidden_layers=layers, hidden_size=hidden,
+                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden, **extra)
 
 
 def measure_peak_tflops(n: int = 8192, calls: int = 100) -> float:
@@ -316,8 +339,8 @@ def timing_result(variant: str, batch: int, seq: int, timed_steps: int, start: f
 
 
 def ours(callbacks: list, experiment: str, tokenizer_path: str, batch: int, steps: int, warmup: int,
-         compiled: bool, extra: tuple[str, ...] = (), label: str = "", inductor: dict | None = None,
-         sdpa_backends: tuple[str, ...] = ()) -> dict:
+         compiled: bool, extra: tuple[str, ...] = (), label: str = "", size: str = "base",
+         inductor: dict | None = None, sdpa_backends: tuple[str, ...] = ()) -> dict:
     from sparse_overhead import random_blocks, time_variant, timing_overrides
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -325,7 +348,7 @@ def ours(callbacks: list, experiment: str, tokenizer_path: str, batch: int, step
     from sparsebert.data.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_path)
-    overrides = [*timing_overrides(steps, batch, tokenizer_path), f"train.torch_compile={str(compiled).lower()}",
+    overrides = [*timing_overrides(steps, batch, tokenizer_path, size), f"train.torch_compile={str(compiled).lower()}",
                  *extra]
     data = random_blocks(steps * batch, SEQ, len(tokenizer), tokenizer, seed=0)
     registry = ExperimentRegistry.builtin()
@@ -390,6 +413,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tokenizer", default="minilm")
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--size", default="base", choices=("base", "large"),
+                   help="the BERT size of every row (the references' BertConfig, ours' model.size)")
     p.add_argument("--steps", type=int, default=50, help="reference steps (the first --warmup untimed)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--ours-steps", type=int, default=120, help="Trainer steps (RigL: one update per 100)")
@@ -411,12 +436,12 @@ def main() -> None:
 
     vocab = len(load_tokenizer(args.tokenizer))
     steps = (args.batch, SEQ, args.steps, args.warmup)
-    plan = {PLAIN: lambda cb: plain_loop(BertConfig(vocab_size=vocab, attn_implementation="sdpa"), *steps)}
+    plan = {PLAIN: lambda cb: plain_loop(bert_config(args.size, vocab, "sdpa"), *steps)}
     plan |= {key: lambda cb, attn=attn, compiled=compiled, mask=mask: baseline(
-        BertConfig(vocab_size=vocab, attn_implementation=attn), *steps, compiled=compiled, mask=mask)
+        bert_config(args.size, vocab, attn), *steps, compiled=compiled, mask=mask)
         for key, attn, compiled, mask in BASELINES}
     plan |= {key: lambda cb, key=key, v=v: ours(cb, v[0], args.tokenizer, args.batch, args.ours_steps, args.warmup,
-                                                 *v[1:], inductor=INDUCTOR_PATCHES.get(key, {}),
+                                                 *v[1:], size=args.size, inductor=INDUCTOR_PATCHES.get(key, {}),
                                                  sdpa_backends=SDPA_BACKENDS.get(key, ()))
              for key, *v in OURS}
     timed = select_rows(args.only, args.skip, list(plan))
@@ -506,7 +531,7 @@ def add_metrics(results: list[dict], cfg: BertConfig, batch: int, peak_tflops: f
 def report(results: list[dict], vocab: int, args: argparse.Namespace, table: bool = True) -> None:
     from sparsebert.env_info import git_commit
 
-    cfg = BertConfig(vocab_size=vocab)
+    cfg = bert_config(args.size, vocab)
     warnings = add_metrics(results, cfg, args.batch, args.peak_tflops)
     card = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
 
@@ -527,7 +552,7 @@ def report(results: list[dict], vocab: int, args: argparse.Namespace, table: boo
         for warning in warnings:
             print(warning, file=sys.stderr, flush=True)
     summary = {"card": card, "date": date.today().isoformat(), "commit": git_commit(ROOT),
-               "torch": torch.__version__, "batch": args.batch, "seq": SEQ,
+               "torch": torch.__version__, "size": args.size, "batch": args.batch, "seq": SEQ,
                "peak_tflops": args.peak_tflops, "peak_source": args.peak_source,
                "flops_per_step": FLOPS_FORMULA,
                "plain": PLAIN, "baseline": BASELINE, "warnings": warnings, "runs": results}

@@ -40,6 +40,32 @@ def test_rows_are_unique_and_the_headline_exists(bench):
     assert all(hasattr(SDPBackend, name) for names in bench.SDPA_BACKENDS.values() for name in names)
 
 
+@pytest.mark.parametrize("size", ["base", "large"])
+def test_every_ours_row_is_a_config_the_registry_accepts(bench, size):
+    """What each row sets (FP8 recipes and layers included) is checked here, not after minutes on a GPU."""
+    from sparse_overhead import timing_overrides, variant_config
+
+    from sparsebert.config import ExperimentRegistry
+
+    registry = ExperimentRegistry.builtin()
+    for key, experiment, compiled, extra, _ in bench.OURS:
+        overrides = [*timing_overrides(120, 256, "minilm", size), f"train.torch_compile={str(compiled).lower()}",
+                     *extra]
+        cfg = variant_config(registry, experiment, overrides)
+        assert cfg.model.size == size, key
+        assert (cfg.train.precision == "fp8") == ("fp8" in key), key
+        if "fp8" in key:
+            assert cfg.model.fused_qkv == ("fused-qkv" in key), key
+
+
+def test_the_references_are_the_named_sizes(bench):
+    assert bench.bert_config("base", 30522).to_dict() == BertConfig(vocab_size=30522).to_dict()
+    large = bench.bert_config("large", 30522, "sdpa")
+    assert (large.num_hidden_layers, large.hidden_size, large.num_attention_heads, large.intermediate_size) == \
+        (24, 1024, 16, 4096)
+    assert large._attn_implementation == "sdpa"
+
+
 def test_select_rows(bench):
     known = keys(bench)
     assert bench.select_rows("", "", known) == list(bench.HEADLINE)
@@ -113,9 +139,11 @@ def test_report_json(bench, tmp_path, capsys):
 
     rows = [{"key": key, "variant": key, "samples_per_second": sps, "decoder_rows": rows, "peak_memory_gb": None}
             for key, sps, rows in (("plain", 100.0, 4 * 128), ("compiled-mask", 90.0, 4 * 128), ("ours", 150.0, 80))]
-    args = argparse.Namespace(batch=4, peak_tflops=2.0, peak_source="--peak-tflops", out=tmp_path / "r.json")
+    args = argparse.Namespace(batch=4, size="base", peak_tflops=2.0, peak_source="--peak-tflops",
+                              out=tmp_path / "r.json")
     bench.report(rows, 10, args)
     out = json.loads(args.out.read_text())
+    assert out["size"] == "base"
     assert out["plain"] == "plain" and out["baseline"] == "compiled-mask" and len(out["warnings"]) == 1
     assert {"samples_per_second", "ratio_vs_plain", "ratio_vs_baseline", "model_tflops_per_step", "mfu",
             "mfu_baseline_flops"} <= set(out["runs"][2])

@@ -1,7 +1,7 @@
 """train.precision=fp8 on a GPU with FP8 matrix products (sm89+): a compiled, 80 %-masked training step in FP8
 keeps the masked weights exactly zero and follows the bf16 step's loss.
 
-Skipped, with the reason, where there is no such GPU (CI has none; tests/trainer/test_fp8.py covers the swap on
+Skipped, with the reason, where there is no such GPU (CI has none; tests/models/test_fp8.py covers the swap on
 CPU under emulation).
 """
 
@@ -15,6 +15,7 @@ from transformers import BertConfig
 
 from sparsebert.models.bert import BertForMaskedLMAtMasked
 from sparsebert.models.fp8 import fp8_unavailable_reason, use_fp8_matmuls
+from sparsebert.models.fused_qkv import use_fused_qkv
 
 REASON = fp8_unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -27,7 +28,9 @@ def masked_copy(model: torch.nn.Module, masks: dict[str, torch.Tensor]) -> None:
             params[name].mul_(mask)
 
 
-def test_compiled_fp8_step_keeps_masked_weights_zero_and_follows_bf16():
+@pytest.mark.parametrize("fused_qkv, recipe", [(False, "tensorwise"), (True, "tensorwise_with_gw_hp"),
+                                               (True, "rowwise_with_gw_hp")])
+def test_compiled_fp8_step_keeps_masked_weights_zero_and_follows_bf16(fused_qkv, recipe):
     torch.manual_seed(0)
     config = BertConfig(vocab_size=1024, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
                         intermediate_size=1024, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
@@ -38,7 +41,9 @@ def test_compiled_fp8_step_keeps_masked_weights_zero_and_follows_bf16():
              if ".encoder.layer." in n and n.endswith("weight") and p.dim() == 2}
     masked_copy(bf16, masks)
     fp8 = copy.deepcopy(bf16)
-    assert len(use_fp8_matmuls(fp8)) == 12
+    if fused_qkv:  # one FP8 product for Q, K and V (FP8FusedQKVSelfAttention), the defaults' layout
+        assert use_fused_qkv(fp8) == 2
+    assert len(use_fp8_matmuls(fp8, recipe=recipe)) == 12
     ids = torch.randint(5, 1024, (64, 128), device="cuda")
     labels = torch.where(torch.rand(64, 128, device="cuda") < 0.15, ids, -100)
     curves = []

@@ -14,8 +14,8 @@ from transformers import BertConfig, BertForMaskedLM, BertForSequenceClassificat
 import sparsebert.models.prepare as prepare
 from sparsebert.config import ConfigError, ExperimentRegistry
 from sparsebert.errors import SparseBertError
-from sparsebert.models.fp8 import use_fp8_matmuls
-from sparsebert.models.fused_qkv import FusedQKVSelfAttention
+from sparsebert.models.fp8 import FP8FusedQKVSelfAttention, use_fp8_matmuls
+from sparsebert.models.fused_qkv import FusedQKVSelfAttention, use_fused_qkv
 from sparsebert.runner import check_train_settings
 
 
@@ -52,13 +52,53 @@ def test_unknown_fp8_settings_are_refused_with_the_choices(registry, key, value)
         registry.build("tiny_glue", ["train.precision=fp8", f"train.{key}={value}"])
 
 
-def test_the_model_transforms_swap_the_encoder_and_leave_fused_qkv_off(registry, monkeypatch):
+def test_the_model_transforms_swap_the_encoder_and_fuse_qkv_in_fp8(registry, monkeypatch):
     monkeypatch.setattr(prepare, "use_fp8_matmuls", partial(use_fp8_matmuls, emulate=True))
     cfg = registry.build("tiny_glue", ["train.precision=fp8", "model.fused_qkv=true"])
     model = prepare.prepare_model(tiny_bert(BertForSequenceClassification), cfg)
     kinds = [type(m) for m in model.modules()]
-    assert kinds.count(Float8Linear) == 12 and FusedQKVSelfAttention not in kinds
+    assert kinds.count(Float8Linear) == 12 and kinds.count(FP8FusedQKVSelfAttention) == 2
+    assert FusedQKVSelfAttention not in kinds  # every fused product multiplies in FP8
     assert type(model.classifier) is torch.nn.Linear
+
+
+def test_fused_qkv_in_fp8_follows_its_three_fp8_projections():
+    reference, separate, fused = tiny_bert(seed=3), tiny_bert(seed=3), tiny_bert(seed=3)
+    use_fp8_matmuls(separate, emulate=True)
+    assert use_fused_qkv(fused) == 2
+    use_fp8_matmuls(fused, emulate=True)
+    ids = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(4))
+    losses = []
+    for net in (reference, separate, fused):
+        loss = net(input_ids=ids, labels=ids).loss
+        loss.backward()
+        losses.append(loss.item())
+    # the fused product went through FP8 (not fp32's number), with one scale for the three weights instead of
+    # three: the same loss to FP8's rounding
+    assert losses[2] != losses[0] and losses[2] == pytest.approx(losses[1], rel=1e-2)
+    grads = {n: p.grad for n, p in reference.named_parameters()}
+    for name, p in fused.named_parameters():
+        if ".attention.self." in name and name.endswith("weight"):  # the three Parameters the fused product reads
+            cosine = torch.nn.functional.cosine_similarity(p.grad.flatten(), grads[name].flatten(), dim=0)
+            assert cosine > 0.99, (name, cosine.item())
+
+
+@pytest.mark.parametrize("recipe, exact", [("tensorwise_with_gw_hp", True), ("tensorwise", False)])
+def test_tensorwise_with_gw_hp_leaves_the_weight_gradient_in_high_precision(recipe, exact):
+    torch.manual_seed(5)
+    model = BertForMaskedLM(BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=64, max_position_embeddings=32))
+    layer = model.bert.encoder.layer[0].output.dense
+    linear = torch.nn.Linear(64, 64)
+    linear.load_state_dict(layer.state_dict())
+    use_fp8_matmuls(model, recipe=recipe, emulate=True)
+    fp8 = model.bert.encoder.layer[0].output.dense
+    x, g = torch.randn(40, 64), torch.randn(40, 64)
+    for net in (linear, fp8):
+        (net(x) * g).sum().backward()  # the output gradient is g itself: nothing upstream went through FP8
+    # the weight gradient is g^T x: in high precision it is exactly fp32's; through FP8 casts it is not
+    assert torch.allclose(fp8.weight.grad, linear.weight.grad, rtol=1e-5, atol=1e-5) is exact
+    assert torch.allclose(fp8.bias.grad, linear.bias.grad)
 
 
 def test_only_the_encoder_linears_multiply_in_fp8_and_keep_their_parameters(tmp_path):

@@ -21,7 +21,8 @@ MODEL_SIZES: dict[str, tuple[int, int]] = {
 }
 
 PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp8")
-FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")  # torchao's Float8LinearConfig.from_recipe_name
+# torchao's Float8LinearConfig.from_recipe_name, and tensorwise with the weight gradient in bf16 (models/fp8.py)
+FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "tensorwise_with_gw_hp")
 FP8_LAYERS = ("encoder", "auto")  # every encoder Linear, or those torchao's shape heuristic picks (models/fp8.py)
 CORPUS_FORMATS = ("wikiextractor", "text", "hub")
 

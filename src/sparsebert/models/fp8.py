@@ -17,6 +17,13 @@ head and task heads stay bf16: they are small or, for the MLM decoder (vocabular
 cannot run in FP8. Each product's token dimension is padded to a multiple of 16 (``pad_inner_dim``: a weight
 gradient's inner dimension is batch x length, which dynamic padding leaves at any multiple of 8).
 
+Recipes (``train.fp8_recipe``): torchao's ``tensorwise``, ``rowwise`` and ``rowwise_with_gw_hp``, and
+``tensorwise_with_gw_hp``: tensorwise scales for the output and input-gradient products, the weight-gradient
+product in bf16 (as torchao's ``rowwise_with_gw_hp`` does for rowwise). That product needs the input and the
+output gradient transposed, which in FP8 means two more casts of activation-sized tensors per layer; in bf16 it
+reads what the forward saved. Under ``model.fused_qkv`` the fused Q/K/V product multiplies in FP8 too (one cast of
+the input instead of three; ``FP8FusedQKVSelfAttention``).
+
 Two side effects: evaluation during training also runs the FP8 layers (a finetuning run's dev metrics are those
 of the FP8 forward; the saved checkpoint is a plain BERT one that ``--predict`` runs in bf16), and torchao's
 conversion patches Inductor's min/max code generation for the whole process.
@@ -32,6 +39,7 @@ import torch
 from torch import nn
 
 from sparsebert.config.sections import FP8_LAYERS, FP8_RECIPES
+from sparsebert.models.fused_qkv import FusedQKVSelfAttention
 
 log = logging.getLogger(__name__)
 
@@ -73,20 +81,51 @@ def use_fp8_matmuls(model: nn.Module, recipe: str = "tensorwise", layers: str = 
         The names of the swapped layers.
     """
     from accelerate.utils.ao import convert_model_to_fp8_ao
-    from torchao.float8 import Float8LinearConfig, _auto_filter_for_recipe
+    from torchao.float8 import _auto_filter_for_recipe
     from torchao.float8.float8_linear import Float8Linear
 
     if recipe not in FP8_RECIPES:
         raise ValueError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {recipe!r}")
     if layers not in FP8_LAYERS:
         raise ValueError(f"fp8 layers must be one of {', '.join(FP8_LAYERS)}, got {layers!r}")
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=emulate, pad_inner_dim=True)
+    config = dataclasses.replace(fp8_config(recipe), emulate=emulate, pad_inner_dim=True)
     chosen = is_fp8_layer
     if layers == "auto":
-        profitable = _auto_filter_for_recipe(recipe, filter_fqns=[])
+        profitable = _auto_filter_for_recipe(recipe.replace("tensorwise_with_gw_hp", "tensorwise"), filter_fqns=[])
         chosen = lambda module, name: is_fp8_layer(module, name) and profitable(module, name)  # noqa: E731
     convert_model_to_fp8_ao(model, config=config, module_filter_func=chosen)
     swapped = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+    for module in model.modules():
+        if type(module) is FusedQKVSelfAttention and isinstance(module.query, Float8Linear):
+            module.__class__ = FP8FusedQKVSelfAttention
     log.info("train.precision=fp8 (%s scaling, %s layers): %d encoder Linear layers multiply in FP8; the rest in "
              "bf16", recipe, layers, len(swapped))
     return swapped
+
+
+def fp8_config(recipe: str):
+    """torchao's ``Float8LinearConfig`` for one of ``FP8_RECIPES``."""
+    from torchao.float8 import CastConfig, Float8LinearConfig, ScalingType
+
+    if recipe == "tensorwise_with_gw_hp":
+        # torchao checks that an operand's two configs name one FP8 type, even where one is not cast: e4m3 for
+        # the input, e5m2 for the output gradient (its range), as in the tensorwise recipe
+        keep_input = CastConfig(scaling_type=ScalingType.DISABLED, target_dtype=torch.float8_e4m3fn)
+        keep_grad = CastConfig(scaling_type=ScalingType.DISABLED, target_dtype=torch.float8_e5m2)
+        return Float8LinearConfig(cast_config_input_for_grad_weight=keep_input,
+                                  cast_config_grad_output_for_grad_weight=keep_grad)
+    return Float8LinearConfig.from_recipe_name(recipe)
+
+
+class FP8FusedQKVSelfAttention(FusedQKVSelfAttention):
+    """Fused Q/K/V whose one product multiplies in FP8, as its three ``Float8Linear`` projections would (their
+    recipe: the query's config; the concatenated weight takes one scale under tensorwise scaling)."""
+
+    def project(self, hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
+
+        if torch.is_autocast_enabled():  # as Float8Linear.forward: the input in the autocast dtype, the weight not
+            hidden_states = hidden_states.to(torch.get_autocast_gpu_dtype())
+        out = matmul_with_hp_or_float8_args.apply(hidden_states, weight.t(), self.query.linear_mm_config,
+                                                  self.query.config)
+        return out + bias.to(out.dtype)

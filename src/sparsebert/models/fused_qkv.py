@@ -35,13 +35,17 @@ class FusedQKVSelfAttention(BertSelfAttention):
         weight = torch.cat([p.weight for p in projections])
         bias = torch.cat([p.bias for p in projections])
         input_shape = hidden_states.shape[:-1]
-        qkv = F.linear(hidden_states, weight, bias).view(*input_shape, 3, -1, self.attention_head_size)
+        qkv = self.project(hidden_states, weight, bias).view(*input_shape, 3, -1, self.attention_head_size)
         query, key, value = (qkv.select(-3, i).transpose(1, 2) for i in range(3))  # (batch, heads, seq, head)
         attention = modeling_bert.ALL_ATTENTION_FUNCTIONS.get_interface(
             attn_implementation(self.config), modeling_bert.eager_attention_forward)
         out, weights = attention(self, query, key, value, attention_mask,
                                  dropout=self.dropout.p if self.training else 0.0, scaling=self.scaling, **kwargs)
         return out.reshape(*input_shape, -1).contiguous(), weights
+
+    def project(self, hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """The one product of the concatenated weights (the FP8 subclass, models/fp8.py, multiplies in FP8)."""
+        return F.linear(hidden_states, weight, bias)
 
 
 def use_fused_qkv(model: nn.Module) -> int:

@@ -36,17 +36,13 @@ def prepare_model(model: nn.Module, cfg: ExperimentConfig) -> nn.Module:
         apply_half_precision_residual(model, _precision(cfg.train.precision))
     if cfg.model.fast_dropout:
         apply_fast_dropout(model, compiled)
-    fp8 = cfg.train.precision == "fp8"
-    if cfg.model.fused_qkv and fp8:
-        # the fused product calls F.linear on a concatenated weight, which the FP8 swap cannot reach
-        log.warning("model.fused_qkv: left off under train.precision=fp8 (Q, K and V multiply in FP8 one by one)")
-    elif cfg.model.fused_qkv:
+    if cfg.model.fused_qkv:  # before the FP8 swap, which then makes the fused product an FP8 one
         swapped = use_fused_qkv(model)
         log.info("model.fused_qkv: %d attention layers compute Q, K and V in one matrix product", swapped)
         if swapped == 0:
             log.warning("model.fused_qkv: no encoder self-attention of this model can be fused (not BERT's, a "
                         "decoder, no biases or projections other than nn.Linear); nothing changes")
-    if fp8:
+    if cfg.train.precision == "fp8":
         use_fp8_matmuls(model, cfg.train.fp8_recipe, cfg.train.fp8_layers)
     return model
 
