@@ -162,6 +162,8 @@ OURS += [
      " + the defaults (fused QKV) + FP8 encoder products, weight gradients in bf16"),
     ("ours-fused-qkv-fp8-rowwise-gw-hp", "bert_100k", True, (*HALF, FAST_DROPOUT, FUSED_QKV, FP8, ROWWISE_GW_HP),
      " + the defaults (fused QKV) + FP8 encoder products, rowwise scales, weight gradients in bf16"),
+    ("ours-fused-qkv-fp8-auto", "bert_100k", True, (*HALF, FAST_DROPOUT, FUSED_QKV, *FP8_AUTO),
+     " + the defaults (fused QKV) + FP8 where torchao expects a gain"),
     ("ours-sparse-fused-qkv-fp8-gw-hp", "sparse_80_rigl", True, (*HALF, GRAPHS, FAST_DROPOUT, FUSED_QKV, FP8, GW_HP),
      " + the defaults (fused QKV) + FP8 encoder products, weight gradients in bf16"),
 ]
