@@ -1,7 +1,8 @@
 """Pretraining throughput: sparsebert's real training step against plain Hugging Face loops, same call, same card.
 
-Two references, both BERT-base ``BertForMaskedLM`` (the tokenizer's vocabulary), seq 128, batch 256, bf16
-autocast, fused AdamW, gradient clipping at 1.0, 15 % of positions labelled, 30 timed steps after 20:
+Two references, both ``BertForMaskedLM`` of ``--size`` (BERT-base, or BERT-large; ours then sets ``model.size``
+to match) with the tokenizer's vocabulary, seq 128, batch 256, bf16 autocast, fused AdamW, gradient clipping at
+1.0, 15 % of positions labelled, 30 timed steps after 20:
 
 - ``plain``: the plainest compiled loop a user writes (issue 36), :func:`plain_loop`: one fixed batch made on the
   GPU before the loop, an all-ones attention mask passed in.
