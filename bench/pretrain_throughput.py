@@ -141,8 +141,8 @@ OURS += [(f"{key}-clip-outside", experiment, compiled, (*overrides, CLIP_OUTSIDE
          for key, experiment, compiled, overrides, label in OURS
          if key in ("ours-static-half-residual-fast-dropout", "ours-sparse-static-half-residual-fast-dropout")]
 
-# FP8 (train.precision=fp8, models/fp8.py): the twins of the fast-dropout rows without fused QKV, which FP8
-# leaves off; every encoder Linear, or torchao's choice (fp8_layers=auto). Last in the list and only with --only
+# FP8 (train.precision=fp8, models/fp8.py): every encoder Linear, or torchao's choice (fp8_layers=auto); first the
+# twins of the fast-dropout rows without fused QKV, then the defaults' layout. Last in the list and only with --only
 # naming them: torchao's conversion patches Inductor's code generation for the rest of the process
 FP8 = "train.precision=fp8"
 FP8_AUTO = (FP8, "train.fp8_layers=auto")

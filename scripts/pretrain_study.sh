@@ -38,7 +38,8 @@ common="$common --set train.save_steps=4000 --set train.report_to=[] ${STUDY_SET
 # loss only), dense + KD and 80 % RigL ERK + KD with the one-cycle peak at 2e-3 (with GLUE); the same two KD runs
 # at a second seed, and with the hidden-state term (kd.hidden_weight) at three seeds; 80 % RigL ERK with the
 # regrown weights' Adam second moment seeded (rigl.grow_second_moment=layer_mean), plain and with KD + hidden; the
-# gradual-pruning recipe (GMP global ending at 90 %) at a third seed
+# gradual-pruning recipe (GMP global ending at 90 %) at a third seed; the FP8 quality pair (docs/performance.md:
+# with bert_small_wiki and kd_hidden_gmp_global at seeds 42 and 43, the same runs with train.precision=fp8)
 early="--set train.stop_after_steps=4000"
 
 # NAME|NEEDS|ARGUMENTS: pretraining run NAME (run.py ARGUMENTS), started once run NEEDS (if any) is done
@@ -94,6 +95,12 @@ kd_hidden_rigl_erk_grow_layer_mean|small_wiki_teacher|small_wiki_sparse_80_kd_hi
 --set rigl.grow_second_moment=layer_mean
 numerics_fast_seed43||bert_small_wiki --set seed=43
 numerics_exact_seed43||small_wiki_dense_exact_numerics --set seed=43
+fp8pair_dense_seed43||bert_small_wiki --set seed=43
+fp8pair_dense_fp8||bert_small_wiki --set train.precision=fp8
+fp8pair_dense_fp8_seed43||bert_small_wiki --set seed=43 --set train.precision=fp8
+fp8pair_sparse_fp8|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global --set train.precision=fp8
+fp8pair_sparse_fp8_seed43|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global --set seed=43 \
+--set train.precision=fp8
 "
 # STUDY_RUNS: any whitespace between names (a list written over several lines loses no run); a name the list
 # above does not hold is an error before anything starts

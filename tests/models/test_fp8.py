@@ -62,25 +62,50 @@ def test_the_model_transforms_swap_the_encoder_and_fuse_qkv_in_fp8(registry, mon
     assert type(model.classifier) is torch.nn.Linear
 
 
-def test_fused_qkv_in_fp8_follows_its_three_fp8_projections():
-    reference, separate, fused = tiny_bert(seed=3), tiny_bert(seed=3), tiny_bert(seed=3)
-    use_fp8_matmuls(separate, emulate=True)
-    assert use_fused_qkv(fused) == 2
+def test_the_fused_product_runs_in_fp8_and_follows_its_three_fp8_projections():
+    model = tiny_bert(seed=3)
+    assert use_fused_qkv(model) == 2
+    use_fp8_matmuls(model, emulate=True)
+    attention = model.bert.encoder.layer[0].attention.self
+    assert type(attention) is FP8FusedQKVSelfAttention
+    projections = (attention.query, attention.key, attention.value)
+    weight, bias = torch.cat([p.weight for p in projections]), torch.cat([p.bias for p in projections])
+    hidden = torch.randn(4, 16, 32, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        fused = attention.project(hidden, weight, bias)
+        exact = torch.nn.functional.linear(hidden, weight, bias)
+        separate = torch.cat([p(hidden) for p in projections], dim=-1)  # each its own FP8 scale
+
+    def off(a: torch.Tensor, b: torch.Tensor) -> float:
+        return ((a - b).norm() / b.norm()).item()
+
+    # through FP8 (3 mantissa bits: not the fp32 product), and what the three FP8 projections give to FP8's rounding
+    assert 0 < off(fused, exact) < 0.05 and off(fused, separate) < 0.05
+
+
+def test_fused_qkv_in_fp8_trains_its_three_projections():
+    reference, fused = tiny_bert(seed=3), tiny_bert(seed=3)
+    use_fused_qkv(fused)
     use_fp8_matmuls(fused, emulate=True)
     ids = torch.randint(0, 100, (4, 16), generator=torch.Generator().manual_seed(4))
     losses = []
-    for net in (reference, separate, fused):
+    for net in (reference, fused):
         loss = net(input_ids=ids, labels=ids).loss
         loss.backward()
         losses.append(loss.item())
-    # the fused product went through FP8 (not fp32's number), with one scale for the three weights instead of
-    # three: the same loss to FP8's rounding
-    assert losses[2] != losses[0] and losses[2] == pytest.approx(losses[1], rel=1e-2)
+    assert losses[1] == pytest.approx(losses[0], rel=1e-2)
     grads = {n: p.grad for n, p in reference.named_parameters()}
     for name, p in fused.named_parameters():
         if ".attention.self." in name and name.endswith("weight"):  # the three Parameters the fused product reads
             cosine = torch.nn.functional.cosine_similarity(p.grad.flatten(), grads[name].flatten(), dim=0)
             assert cosine > 0.99, (name, cosine.item())
+
+
+def test_auto_layers_with_rowwise_gw_hp_are_refused(registry):
+    # torchao's shape heuristic knows no rule for this recipe: refused when the experiment is built, not at the swap
+    with pytest.raises(ConfigError, match="train.fp8_layers=auto has no shape rule for .*rowwise_with_gw_hp"):
+        registry.build("tiny_glue", ["train.precision=fp8", "train.fp8_layers=auto",
+                                     "train.fp8_recipe=rowwise_with_gw_hp"])
 
 
 @pytest.mark.parametrize("recipe, exact", [("tensorwise_with_gw_hp", True), ("tensorwise", False)])

@@ -87,6 +87,25 @@ def test_study_runs_over_several_lines_and_an_unknown_name(tmp_path):
     assert sorted(p.name for p in (root / "glue_jobs").iterdir()) == ["small_wiki_sparse_80_gmp"]
 
 
+def test_the_fp8_pair_is_its_bf16_runs_with_fp8_and_each_gets_glue(tmp_path):
+    root = tmp_path / "fp8"
+    (root / "hold").mkdir(parents=True)
+    (root / "hold" / "cpu").touch()  # the one worker waits: the queue stays as the script wrote it
+    pair = "small_wiki_teacher bert_small_wiki fp8pair_dense_seed43 fp8pair_dense_fp8 fp8pair_dense_fp8_seed43 " \
+           "kd_hidden_gmp_global kd_hidden_gmp_global_seed43 fp8pair_sparse_fp8 fp8pair_sparse_fp8_seed43"
+    subprocess.run(["bash", str(SCRIPT), str(root), "DATA", "TOK", "3"], capture_output=True, timeout=60,
+                   env={**os.environ, "STUDY_GPUS": "cpu", "STUDY_RUNS": pair})
+    queue = {name: (needs, args.split()) for name, needs, args in
+             (line.split("|") for line in (root / "queue").read_text().splitlines())}
+    fp8 = ["--set", "train.precision=fp8"]
+    for bf16, with_fp8 in (("bert_small_wiki", "fp8pair_dense_fp8"), ("fp8pair_dense_seed43", "fp8pair_dense_fp8_seed43"),
+                           ("kd_hidden_gmp_global", "fp8pair_sparse_fp8"),
+                           ("kd_hidden_gmp_global_seed43", "fp8pair_sparse_fp8_seed43")):
+        assert queue[with_fp8] == (queue[bf16][0], queue[bf16][1] + fp8), with_fp8
+    # every model of the pair gets GLUE (the teacher does not)
+    assert sorted(p.name for p in (root / "glue_jobs").iterdir()) == sorted(pair.split()[1:])
+
+
 def test_glue_runs_on_half_the_cpus_although_the_script_sets_omp_num_threads(tmp_path):
     """GNU nproc counts only OMP_NUM_THREADS CPUs, and the script exports OMP_NUM_THREADS=1 for its processes: the
     default GLUE pool must count the machine's CPUs, not that one (a 16-CPU lease ran its GLUE one at a time)."""

@@ -249,6 +249,9 @@ class TrainConfig:
             raise ValueError(f"train.fp8_recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         if self.fp8_layers not in FP8_LAYERS:
             raise ValueError(f"train.fp8_layers must be one of {', '.join(FP8_LAYERS)}, got {self.fp8_layers!r}")
+        if self.fp8_layers == "auto" and self.fp8_recipe == "rowwise_with_gw_hp":  # torchao has no shape rule for it
+            raise ValueError("train.fp8_layers=auto has no shape rule for train.fp8_recipe=rowwise_with_gw_hp: use "
+                             "fp8_layers=encoder or another recipe")
         # transformers would refuse these only when TrainingArguments are built, after the run directory exists
         if self.lr_scheduler not in COMMON_SCHEDULERS and self.lr_scheduler not in (schedulers := scheduler_names()):
             raise ValueError(f"train.lr_scheduler must be one of {', '.join(schedulers)}, got {self.lr_scheduler!r}")

@@ -12,7 +12,8 @@ weights stay zero in the master weights and outputs; RigL's dense gradient still
 Which layers (``train.fp8_layers``): ``encoder``, every encoder-layer (``encoder.layer.N.``) Linear whose sides
 are multiples of 16 (FP8 matrix products need it); ``auto``, of those only the ones torchao's shape heuristic
 expects to gain (H100 measurements: for the tensorwise recipe it skips layers with K <= 4096 and N <= 1024, so
-BERT-base keeps only its FFN up-projection in FP8). Embeddings are lookups, not products; the pooler, the MLM
+BERT-base keeps only its FFN up-projection in FP8; under fused QKV it judges each projection's own shape, so Q, K
+and V stay bf16). Embeddings are lookups, not products; the pooler, the MLM
 head and task heads stay bf16: they are small or, for the MLM decoder (vocabulary 30 522, not a multiple of 16),
 cannot run in FP8. Each product's token dimension is padded to a multiple of 16 (``pad_inner_dim``: a weight
 gradient's inner dimension is batch x length, which dynamic padding leaves at any multiple of 8).
@@ -21,8 +22,8 @@ Recipes (``train.fp8_recipe``): torchao's ``tensorwise``, ``rowwise`` and ``roww
 ``tensorwise_with_gw_hp``: tensorwise scales for the output and input-gradient products, the weight-gradient
 product in bf16 (as torchao's ``rowwise_with_gw_hp`` does for rowwise). That product needs the input and the
 output gradient transposed, which in FP8 means two more casts of activation-sized tensors per layer; in bf16 it
-reads what the forward saved. Under ``model.fused_qkv`` the fused Q/K/V product multiplies in FP8 too (one cast of
-the input instead of three; ``FP8FusedQKVSelfAttention``).
+reads what the forward saved; it is not faster for it (docs/performance.md). Under ``model.fused_qkv`` the fused
+Q/K/V product multiplies in FP8 too (one cast of the input instead of three; ``FP8FusedQKVSelfAttention``).
 
 Two side effects: evaluation during training also runs the FP8 layers (a finetuning run's dev metrics are those
 of the FP8 forward; the saved checkpoint is a plain BERT one that ``--predict`` runs in bf16), and torchao's
@@ -95,11 +96,14 @@ def use_fp8_matmuls(model: nn.Module, recipe: str = "tensorwise", layers: str = 
         chosen = lambda module, name: is_fp8_layer(module, name) and profitable(module, name)  # noqa: E731
     convert_model_to_fp8_ao(model, config=config, module_filter_func=chosen)
     swapped = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]
+    fused = 0
     for module in model.modules():
-        if type(module) is FusedQKVSelfAttention and isinstance(module.query, Float8Linear):
-            module.__class__ = FP8FusedQKVSelfAttention
-    log.info("train.precision=fp8 (%s scaling, %s layers): %d encoder Linear layers multiply in FP8; the rest in "
-             "bf16", recipe, layers, len(swapped))
+        if type(module) is FusedQKVSelfAttention and all(
+                isinstance(p, Float8Linear) for p in (module.query, module.key, module.value)):
+            module.__class__ = FP8FusedQKVSelfAttention  # one FP8 product with the projections' shared config
+            fused += 1
+    log.info("train.precision=fp8 (%s scaling, %s layers): %d encoder Linear layers in FP8 (in %d attention layers "
+             "Q, K and V as one FP8 product); the rest in bf16", recipe, layers, len(swapped), fused)
     return swapped
 
 
@@ -124,8 +128,8 @@ class FP8FusedQKVSelfAttention(FusedQKVSelfAttention):
     def project(self, hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         from torchao.float8.float8_linear import matmul_with_hp_or_float8_args
 
-        if torch.is_autocast_enabled():  # as Float8Linear.forward: the input in the autocast dtype, the weight not
-            hidden_states = hidden_states.to(torch.get_autocast_gpu_dtype())
+        if torch.is_autocast_enabled("cuda"):  # as Float8Linear.forward: the input in autocast's dtype, not the weight
+            hidden_states = hidden_states.to(torch.get_autocast_dtype("cuda"))
         out = matmul_with_hp_or_float8_args.apply(hidden_states, weight.t(), self.query.linear_mm_config,
                                                   self.query.config)
         return out + bias.to(out.dtype)
