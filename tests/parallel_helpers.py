@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 from pathlib import Path
 
 from sparsebert.errors import SparseBertError
@@ -20,3 +21,8 @@ def refuse(message: str) -> None:
 def call(target, argument) -> None:
     """``target(argument)``: one target per call of a list."""
     target(argument)
+
+
+def record_gpu(path: str) -> None:
+    """Write the GPUs this process was left to see."""
+    Path(path).write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))

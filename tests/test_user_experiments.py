@@ -60,6 +60,8 @@ def shown_rows(out: str) -> dict[str, tuple[str, str]]:
     """``--show``'s rows: key -> (value, origin), origin ``default`` for the rows under ``defaults:``."""
     rows, origin_default = {}, False
     for line in out.splitlines():
+        if line.startswith("on a GPU"):  # what the GPU fast path changes: not the experiment's values
+            break
         if line == "defaults:":
             origin_default = True
         elif line.startswith("  ") and not line.startswith(("  defined in", "  parents:")):
@@ -94,6 +96,22 @@ def test_user_files_derive_from_built_in_parents_and_show_the_origin_of_each_val
     cfg = ExperimentRegistry.builtin([user_dir]).build("my_yaml", ["train.epochs=2"])
     assert (cfg.kd.temperature, cfg.train.learning_rate, cfg.sparsity.sparsity) == (4.0, 3e-5, 0.5)
     assert repr(cfg.sparsity.distribution) == rows["sparsity.distribution"][0]
+
+
+def test_show_says_what_the_gpu_fast_path_changes_on_a_gpu(capsys):
+    code, out, _ = run_main(["--show", "minilm_glue"], capsys)
+    assert code == 0
+    fast = out.split("on a GPU, finetune.gpu_fast_path makes these", 1)[1].splitlines()[1:]
+    changes = {line.split()[0]: line.split(None, 1)[1] for line in fast}
+    assert changes["train.torch_compile"] == "False -> True"
+    assert changes["finetune.pad_to_multiple_of"] == "8 -> 128"
+    assert changes["finetune.parallel_runs"].startswith("None -> up to 4 per GPU")
+    assert shown_rows(out)["train.torch_compile"] == ("False", "default")  # the experiment as written
+    # runs at once the experiment sets stay; without the fast path there is nothing to add
+    code, out, _ = run_main(["--show", "minilm_glue", "--set", "finetune.parallel_runs=2"], capsys)
+    assert "finetune.parallel_runs" not in out.split("on a GPU", 1)[1]
+    code, out, _ = run_main(["--show", "bert_100k"], capsys)
+    assert code == 0 and "on a GPU" not in out
 
 
 def test_a_folder_adds_its_experiments_and_search_spaces_to_the_built_in_ones(user_dir, capsys):

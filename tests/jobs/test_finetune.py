@@ -89,7 +89,8 @@ def test_parallel_runs_start_with_the_most_training(registry, data_dir, tmp_path
 
     handed_out = []
 
-    def record(target, calls, workers, names):
+    def record(target, calls, workers, names, gpus):
+        assert gpus == []  # this machine's GPUs (none here): the workers spread over them
         handed_out.extend(names)
         raise KeyboardInterrupt  # stop before training: the order is all this test is about
 

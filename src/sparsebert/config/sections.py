@@ -311,8 +311,9 @@ class FinetuneConfig:
     gpu_fast_path: bool = False
     num_runs: int = 1  # runs per task with seeds seed, seed + 1, ...; all are kept
     # runs of the job trained at once, each in a process of its own (jobs/finetune/parallel.py): a small model at a
-    # small batch leaves a GPU mostly idle, so the many runs of a GLUE job can share it. 1: one after another;
-    # unset: 1, except that the GPU fast path runs up to 4 at once where the GPU has room (fast_path.py)
+    # small batch leaves a GPU mostly idle, so the many runs of a GLUE job can share it; with several GPUs each run
+    # gets one. 1: one after another; unset: 1, except that the GPU fast path runs up to 4 at once per GPU where
+    # it has room (fast_path.py)
     parallel_runs: int | None = None
     runs_per_task: dict[str, int] = field(default_factory=dict)  # e.g. {"rte": 3}: overrides num_runs
     # e.g. {"sst2": 3}: overrides train.epochs for that task (a large task needs fewer passes than a small one)

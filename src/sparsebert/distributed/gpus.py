@@ -6,14 +6,27 @@ starts again under torchrun with one process per GPU, so the choice is made once
 
 Ids are NVML's, which number GPUs in PCI bus order; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA number them the
 same way. Where a scheduler already set ``CUDA_VISIBLE_DEVICES`` to numeric ids, the choice stays inside them.
+``visible_gpus`` names the GPUs this process may hand to a child process (search trials, side-by-side runs).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 
 from sparsebert.errors import SparseBertError
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` for a child names them; empty on CPU."""
+    import torch
+
+    count = torch.cuda.device_count()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # a child's CUDA_VISIBLE_DEVICES counts all devices: pass on the names given here
+        return [name.strip() for name in visible.split(",") if name.strip()][:count]
+    return [str(i) for i in range(count)]
 
 
 @dataclass(frozen=True)

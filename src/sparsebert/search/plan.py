@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -12,6 +11,7 @@ from typing import Any
 from optuna.distributions import BaseDistribution
 
 from sparsebert.config import ExperimentRegistry
+from sparsebert.distributed.gpus import visible_gpus
 from sparsebert.errors import SparseBertError
 from sparsebert.search.metrics import check_metric, default_direction, default_metric
 from sparsebert.search.space import check_space_keys, parse_space, set_item
@@ -59,17 +59,6 @@ class SearchPlan:
         """What makes trials comparable; kept in the study so a resumed search cannot silently change it."""
         return {"experiment": self.experiment, "space": self.space_params, "overrides": self.overrides,
                 "metric": self.metric}
-
-
-def visible_gpus() -> list[str]:
-    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` for a child names them; empty on CPU."""
-    import torch
-
-    count = torch.cuda.device_count()
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:  # a child's CUDA_VISIBLE_DEVICES counts all devices: pass on the names given here
-        return [name.strip() for name in visible.split(",") if name.strip()][:count]
-    return [str(i) for i in range(count)]
 
 
 def plan_search(registry: ExperimentRegistry, experiment: str, space: str, trials: int, *, output_root: Path,

@@ -44,16 +44,22 @@ def test_on_a_gpu_the_runs_go_side_by_side_unless_the_experiment_says_how_many()
     assert with_gpu_fast_path(cfg, on_gpu=False, runs_at_once=4).finetune.parallel_runs is None  # one at a time
 
 
-@pytest.mark.parametrize(("gib", "runs"), [(80, 4), (24, 3), (16, 2), (6, 1)])
-def test_the_runs_at_once_fit_the_gpus_memory(monkeypatch, gib, runs):
+@pytest.mark.parametrize(("gib", "gpus", "cores", "runs"),
+                         [(80, 1, 16, 4), (24, 1, 16, 3), (16, 1, 16, 2), (6, 1, 16, 1),
+                          (80, 4, 64, 16), (24, 2, 16, 6),  # up to 4 a GPU on each GPU: the job spreads them
+                          (80, 4, 8, 8), (80, 1, 2, 2)])  # and at most one per core: each run's step is host-bound
+def test_the_runs_at_once_fit_the_gpus_and_the_cores(monkeypatch, gib, gpus, cores, runs):
     import torch
 
+    import sparsebert.data.featurize as featurize
     from sparsebert.jobs.finetune.fast_path import gpu_runs_at_once
 
     class Properties:
         total_memory = gib * 2**30
 
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Properties())
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(featurize, "available_cores", lambda: cores)
     assert gpu_runs_at_once() == runs
 
 

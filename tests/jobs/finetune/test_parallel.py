@@ -1,15 +1,15 @@
-"""run_in_processes: each call a spawned process, at most N at once; the first failure stops what is queued (a job's
-runs in worker processes: tests/jobs/test_finetune.py)."""
+"""run_in_processes: each call a spawned process, at most N at once, spread over the GPUs it is given; the first
+failure stops what is queued (a job's runs in worker processes: tests/jobs/test_finetune.py)."""
 
 from __future__ import annotations
 
 import multiprocessing
 
 import pytest
-from parallel_helpers import call, refuse, touch
+from parallel_helpers import call, record_gpu, refuse, touch
 
 from sparsebert.errors import SparseBertError
-from sparsebert.jobs.finetune.parallel import run_in_processes
+from sparsebert.jobs.finetune.parallel import least_used, run_in_processes
 
 
 def test_the_first_failure_is_raised_in_one_line_and_nothing_queued_starts(tmp_path):
@@ -28,3 +28,25 @@ def test_a_run_beside_the_failure_ends_on_its_own(tmp_path):
     with pytest.raises(SparseBertError, match=r"^first failed: bad row 7$"):
         run_in_processes(call, [(refuse, "bad row 7"), (touch, str(beside))], workers=2, names=["first", "second"])
     assert beside.is_file()  # started with it, not stopped by it
+
+
+def test_each_process_sees_the_gpu_with_the_fewest_processes(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")  # what this process sees; each worker is given one of them
+    seen = [tmp_path / f"run{i}" for i in range(4)]
+    run_in_processes(call, [(record_gpu, str(path)) for path in seen], workers=4,
+                     names=[f"run{i}" for i in range(4)], gpus=["2", "5"])
+    assert [path.read_text() for path in seen] == ["2", "5", "2", "5"]  # all four start at once: two on each
+
+
+@pytest.mark.parametrize("gpus", [[], ["3"]])
+def test_one_gpu_or_none_leaves_the_workers_environment_alone(tmp_path, monkeypatch, gpus):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    run_in_processes(call, [(record_gpu, str(tmp_path / "run"))], workers=2, names=["run"], gpus=gpus)
+    assert (tmp_path / "run").read_text() == "3"
+
+
+def test_least_used_takes_the_first_of_the_least_busy():
+    assert least_used(["0", "1", "2"], ["0", "1", "0"]) == "2"
+    assert least_used(["0", "1"], ["1"]) == "0"
+    assert least_used(["0", "1"], []) == "0"
+    assert least_used(["0"], ["0", "0"]) is None and least_used([], []) is None

@@ -15,7 +15,7 @@ def trains_on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-# the fast path's runs at once on a GPU (finetune.parallel_runs left unset): MiniLM's step at batch 32 keeps a GPU
+# the fast path's runs at once per GPU (finetune.parallel_runs left unset): MiniLM's step at batch 32 keeps a GPU
 # busy a quarter of the time (docs/performance.md), and each run needs at most a few GiB; a smaller GPU gets one
 # run per GIB_PER_RUN of its memory
 GPU_RUNS_AT_ONCE = 4
@@ -23,11 +23,16 @@ GIB_PER_RUN = 8
 
 
 def gpu_runs_at_once() -> int:
-    """How many runs of a finetuning job the fast path trains side by side on this machine's first GPU."""
+    """How many runs of a finetuning job the fast path trains side by side on this machine: per visible GPU up to
+    GPU_RUNS_AT_ONCE (one per GIB_PER_RUN of the first GPU's memory; the job gives each run one GPU), and at most
+    one per CPU core (each run's step is bound by its host)."""
     import torch
 
+    from sparsebert.data.featurize import available_cores
+
     gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    return max(1, min(GPU_RUNS_AT_ONCE, int(gib // GIB_PER_RUN)))
+    per_gpu = max(1, min(GPU_RUNS_AT_ONCE, int(gib // GIB_PER_RUN)))
+    return max(1, min(per_gpu * torch.cuda.device_count(), available_cores()))
 
 
 def with_gpu_fast_path(cfg: ExperimentConfig, on_gpu: bool, runs_at_once: int = 1) -> ExperimentConfig:

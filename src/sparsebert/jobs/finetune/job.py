@@ -23,6 +23,7 @@ from sparsebert.console import configure_logging, quiet_progress_bars
 from sparsebert.data.glue import available_glue_tasks, get_glue_task
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.distributed import process_state
+from sparsebert.distributed.gpus import visible_gpus
 from sparsebert.errors import SparseBertError
 from sparsebert.jobs.finetune.common import FinetuneContext, check_batches_fit, read_metrics
 from sparsebert.jobs.finetune.csv_task import load_csv, run_csv
@@ -200,7 +201,7 @@ class FinetuneJob:
             pending.sort(key=lambda run: self.work(run[0]), reverse=True)
             run_in_processes(train_in_worker, [(self.cfg, self.data_dir, self.output_root, task, k, sub)
                                                for task, k, sub in pending], workers,
-                             [f"{self.cfg.name} {task} run{k}" for task, k, _ in pending])
+                             [f"{self.cfg.name} {task} run{k}" for task, k, _ in pending], gpus=visible_gpus())
             metrics.update({(task, k): read_metrics(sub) for task, k, sub in pending})
         else:
             metrics.update({(task, k): self.train_run(task, k, sub) for task, k, sub in pending})

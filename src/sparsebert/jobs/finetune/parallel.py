@@ -3,13 +3,15 @@
 MiniLM at batch 32 leaves a GPU mostly idle: its step is bound by the host's Python and kernel launches
 (docs/performance.md), so runs side by side on one GPU finish a job of many small runs (GLUE: every task, three
 seeds) sooner than one after another. Each run is a spawned process (CUDA cannot be forked) that trains it exactly
-as the job's own loop would: same seed, run directory, files and registry row.
+as the job's own loop would: same seed, run directory, files and registry row. On a machine with several GPUs (and
+one process: torchrun's ranks each span every run) each run gets one of them, the one with the fewest runs.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
@@ -46,7 +48,7 @@ def side_by_side_blocker(callbacks: Sequence[object]) -> str | None:
 
 
 def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], workers: int,
-                     names: Sequence[str]) -> None:
+                     names: Sequence[str], gpus: Sequence[str] = ()) -> None:
     """Call ``target(*call)`` for every call, each in a spawned process, at most ``workers`` at once.
 
     Args:
@@ -54,6 +56,8 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
         calls: the arguments of each call (picklable).
         workers: processes at once.
         names: what each call is, for the error and the log.
+        gpus: where there are several, ``CUDA_VISIBLE_DEVICES`` names to spread the processes over: each sees
+            only the one with the fewest processes when it starts. Empty: each sees what this process sees.
 
     Raises:
         SparseBertError: a call failed on bad input (or ``Terminated``: its process got SIGTERM; another error:
@@ -70,15 +74,18 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
     children_start = multiprocessing.get_start_method()
     queued = list(range(len(calls)))
     running: dict[int, BaseProcess] = {}
+    placed: dict[int, str | None] = {}  # call -> the GPU it was given
     reported: dict[int, tuple[str, str]] = {}  # call -> (kind of error, its line)
     failed: int | None = None
     try:
         while running or (queued and failed is None):
             while queued and failed is None and len(running) < workers:
                 i = queued.pop(0)
-                log.info("starting %s in a process of its own (%d at once)", names[i], workers)
+                placed[i] = least_used(gpus, [placed[j] for j in running])
+                log.info("starting %s in a process of its own (%d at once)%s", names[i], workers,
+                         f" on GPU {placed[i]}" if placed[i] is not None else "")
                 process = context.Process(target=_call, name=names[i],
-                                          args=(target, calls[i], i, errors, threads, children_start))
+                                          args=(target, calls[i], i, errors, threads, children_start, placed[i]))
                 process.start()
                 running[i] = process
             ready = set(wait([p.sentinel for p in running.values()]))
@@ -100,6 +107,13 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
         raise error(f"{names[failed]} failed: {message}")
 
 
+def least_used(gpus: Sequence[str], in_use: Sequence[str | None]) -> str | None:
+    """Of ``gpus``, the one fewest of ``in_use`` name (the first of a tie); None unless there are several."""
+    if len(gpus) < 2:
+        return None
+    return min(gpus, key=list(in_use).count)
+
+
 def _end(processes: list[BaseProcess]) -> None:
     """SIGTERM (each run records itself failed), then SIGKILL for a process that has not ended within a minute."""
     for process in processes:
@@ -112,8 +126,11 @@ def _end(processes: list[BaseProcess]) -> None:
 
 
 def _call(target: Callable[..., None], args: tuple, index: int, errors: SimpleQueue, threads: int,
-          children_start: str) -> None:
-    """The spawned process: ``target(*args)``; its error, as one line, goes back to the parent."""
+          children_start: str, gpu: str | None) -> None:
+    """The spawned process: ``target(*args)`` (on ``gpu`` alone, where given); its error, as one line, goes back to
+    the parent."""
+    if gpu is not None:  # before CUDA starts in this process: it reads the variable once
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     import torch
 
     torch.set_num_threads(threads)
