@@ -26,3 +26,11 @@ def call(target, argument) -> None:
 def record_gpu(path: str) -> None:
     """Write the GPUs this process was left to see."""
     Path(path).write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+
+
+def record_cuda_device(path: str) -> None:
+    """Write how many GPUs this process sees and the UUID of the one it computes on."""
+    import torch
+
+    torch.ones(1, device="cuda")  # CUDA starts here, after the worker set its CUDA_VISIBLE_DEVICES
+    Path(path).write_text(f"{torch.cuda.device_count()} {torch.cuda.get_device_properties(0).uuid}")
