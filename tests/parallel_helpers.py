@@ -6,7 +6,14 @@ import multiprocessing
 import os
 from pathlib import Path
 
+import torch
+
 from sparsebert.errors import SparseBertError
+
+# what a job's modules do while a worker imports them (torchao asks whether CUDA is there): CUDA's driver starts
+# and reads CUDA_VISIBLE_DEVICES, before the worker's own code runs
+torch.cuda.is_available()
+VISIBLE_AT_IMPORT = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
 
 
 def touch(path: str) -> None:
@@ -24,13 +31,11 @@ def call(target, argument) -> None:
 
 
 def record_gpu(path: str) -> None:
-    """Write the GPUs this process was left to see."""
-    Path(path).write_text(os.environ.get("CUDA_VISIBLE_DEVICES", "unset"))
+    """Write the GPUs this process saw when it imported this module, and sees now."""
+    Path(path).write_text(f"{VISIBLE_AT_IMPORT} {os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')}")
 
 
 def record_cuda_device(path: str) -> None:
     """Write how many GPUs this process sees and the UUID of the one it computes on."""
-    import torch
-
-    torch.ones(1, device="cuda")  # CUDA starts here, after the worker set its CUDA_VISIBLE_DEVICES
+    torch.ones(1, device="cuda")
     Path(path).write_text(f"{torch.cuda.device_count()} {torch.cuda.get_device_properties(0).uuid}")

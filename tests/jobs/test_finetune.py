@@ -90,11 +90,12 @@ def test_parallel_runs_start_with_the_most_training(registry, data_dir, tmp_path
     handed_out = []
 
     def record(target, calls, workers, names, gpus):
-        assert gpus == []  # this machine's GPUs (none here): the workers spread over them
+        assert gpus == ["0", "1"]  # the machine's GPUs: the workers spread over them
         handed_out.extend(names)
         raise KeyboardInterrupt  # stop before training: the order is all this test is about
 
     monkeypatch.setattr(job_module, "run_in_processes", record)
+    monkeypatch.setattr(job_module, "visible_gpus", lambda: ["0", "1"])
     sets = ['finetune.glue_tasks=["rte", "stsb"]', 'finetune.runs_per_task={"rte": 2}',
             'finetune.epochs_per_task={"rte": 1, "stsb": 3}', "finetune.max_train_samples=96",
             "finetune.parallel_runs=2"]

@@ -41,7 +41,7 @@ def with_gpu_fast_path(cfg: ExperimentConfig, on_gpu: bool, runs_at_once: int = 
     Args:
         cfg: the experiment as asked for.
         on_gpu: whether it trains on a GPU.
-        runs_at_once: how many of its runs this process could train side by side on the GPU
+        runs_at_once: how many of its runs this process could train side by side on its GPUs
             (``gpu_runs_at_once()``; 1 where runs cannot leave this process: several processes, ``--profile``).
 
     Returns:

@@ -9,10 +9,11 @@ one process: torchrun's ranks each span every run) each run gets one of them, th
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import SimpleQueue
@@ -56,8 +57,8 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
         calls: the arguments of each call (picklable).
         workers: processes at once.
         names: what each call is, for the error and the log.
-        gpus: where there are several, ``CUDA_VISIBLE_DEVICES`` names to spread the processes over: each sees
-            only the one with the fewest processes when it starts. Empty: each sees what this process sees.
+        gpus: where there are several, ``CUDA_VISIBLE_DEVICES`` names to spread the processes over: each starts
+            seeing only the one with the fewest processes. Otherwise each sees what this process sees.
 
     Raises:
         SparseBertError: a call failed on bad input (or ``Terminated``: its process got SIGTERM; another error:
@@ -85,8 +86,11 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
                 log.info("starting %s in a process of its own (%d at once)%s", names[i], workers,
                          f" on GPU {placed[i]}" if placed[i] is not None else "")
                 process = context.Process(target=_call, name=names[i],
-                                          args=(target, calls[i], i, errors, threads, children_start, placed[i]))
-                process.start()
+                                          args=(target, calls[i], i, errors, threads, children_start))
+                # the GPU goes into the environment the process starts with: the child starts CUDA's driver
+                # (which reads CUDA_VISIBLE_DEVICES once) while it imports the target's modules, before _call runs
+                with visible_gpu(placed[i]):
+                    process.start()
                 running[i] = process
             ready = set(wait([p.sentinel for p in running.values()]))
             for i in [i for i, p in running.items() if p.sentinel in ready]:
@@ -114,6 +118,23 @@ def least_used(gpus: Sequence[str], in_use: Sequence[str | None]) -> str | None:
     return min(gpus, key=list(in_use).count)
 
 
+@contextlib.contextmanager
+def visible_gpu(gpu: str | None) -> Iterator[None]:
+    """``CUDA_VISIBLE_DEVICES`` set to ``gpu`` inside (unchanged for None), as it was after."""
+    if gpu is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
 def _end(processes: list[BaseProcess]) -> None:
     """SIGTERM (each run records itself failed), then SIGKILL for a process that has not ended within a minute."""
     for process in processes:
@@ -126,11 +147,8 @@ def _end(processes: list[BaseProcess]) -> None:
 
 
 def _call(target: Callable[..., None], args: tuple, index: int, errors: SimpleQueue, threads: int,
-          children_start: str, gpu: str | None) -> None:
-    """The spawned process: ``target(*args)`` (on ``gpu`` alone, where given); its error, as one line, goes back to
-    the parent."""
-    if gpu is not None:  # before CUDA starts in this process: it reads the variable once
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+          children_start: str) -> None:
+    """The spawned process: ``target(*args)``; its error, as one line, goes back to the parent."""
     import torch
 
     torch.set_num_threads(threads)
