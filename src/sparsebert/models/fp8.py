@@ -13,9 +13,8 @@ Which layers (``train.fp8_layers``): ``encoder``, every encoder-layer (``encoder
 are multiples of 16 (FP8 matrix products need it); ``auto``, of those only the ones torchao's shape heuristic
 expects to gain (H100 measurements: for the tensorwise recipe it skips layers with K <= 4096 and N <= 1024, so
 BERT-base keeps only its FFN up-projection in FP8; under fused QKV it judges each projection's own shape, so Q, K
-and V stay bf16). Embeddings are lookups, not products; the pooler, the MLM
-head and task heads stay bf16: they are small or, for the MLM decoder (vocabulary 30 522, not a multiple of 16),
-cannot run in FP8. Each product's token dimension is padded to a multiple of 16 (``pad_inner_dim``: a weight
+and V stay bf16). Embeddings are lookups, not products; the pooler, the MLM head and task heads stay bf16: they
+are small or, for the MLM decoder (vocabulary 30 522, not a multiple of 16), cannot run in FP8. Each product's token dimension is padded to a multiple of 16 (``pad_inner_dim``: a weight
 gradient's inner dimension is batch x length, which dynamic padding leaves at any multiple of 8).
 
 Recipes (``train.fp8_recipe``): torchao's ``tensorwise``, ``rowwise`` and ``rowwise_with_gw_hp``, and
