@@ -315,23 +315,23 @@ def format_experiment(registry: ExperimentRegistry, name: str, overrides: list[s
     lines += [f"  {key:<{width}}  {value:<{value_width}}  <- {origin}" for key, value, origin in set_rows]
     lines.append("defaults:")
     lines += [f"  {key:<{width}}  {value!r}" for key, value, origin in rows if origin == DEFAULT_ORIGIN]
-    return "\n".join(lines + _gpu_fast_path_changes(cfg, width))
+    before = {key: value for key, value, _ in rows}
+    return "\n".join(lines + _gpu_fast_path_changes(cfg, before, width))
 
 
-def _gpu_fast_path_changes(cfg, width: int) -> list[str]:
-    """The rows ``finetune.gpu_fast_path`` changes when the run starts on a GPU (none where it is off): --show
-    prints the experiment as written, the run directory's config.json what ran."""
+def _gpu_fast_path_changes(cfg, before: dict[str, object], width: int) -> list[str]:
+    """The rows ``finetune.gpu_fast_path`` changes when the run starts on a GPU (none where it is off), against
+    ``before``, the experiment's settings as written (--show's rows; the run directory's config.json: what ran)."""
     from sparsebert.config import to_dict
     from sparsebert.jobs.finetune.fast_path import GIB_PER_RUN, GPU_RUNS_AT_ONCE, with_gpu_fast_path
 
     if not cfg.finetune.gpu_fast_path:
         return []
-    before = dict(_flat_settings(to_dict(cfg), type(cfg)))
     gpu = with_gpu_fast_path(cfg, on_gpu=True, runs_at_once=GPU_RUNS_AT_ONCE)
     after = dict(_flat_settings(to_dict(gpu), type(cfg)))
     lines = ["on a GPU, finetune.gpu_fast_path makes these (the run's config.json records what ran):"]
     for key, value in after.items():
-        if value != before[key] and key != "finetune.gpu_fast_path":
+        if key in before and value != before[key] and key != "finetune.gpu_fast_path":
             # unset runs at once resolve on the machine (fast_path.gpu_runs_at_once): the rule, not a number
             shown = (f"up to {GPU_RUNS_AT_ONCE} per GPU (one per {GIB_PER_RUN} GiB), at most one per CPU core; 1 "
                      "under torchrun or --profile" if key == "finetune.parallel_runs" else repr(value))

@@ -189,7 +189,8 @@ class TrainConfig:
     # "auto": bf16 where the GPU supports it, else fp32; "fp8": the encoder's Linear layers multiply in FP8 (torchao,
     # sm89+ GPUs), the rest as under bf16 (models/fp8.py)
     precision: str = "auto"
-    fp8_recipe: str = "tensorwise"  # with precision fp8: scales per tensor or per row, weight gradients in FP8 or bf16 (FP8_RECIPES)
+    # with precision fp8: scales per tensor or per row, weight gradients in FP8 or bf16 (FP8_RECIPES)
+    fp8_recipe: str = "tensorwise"
     fp8_layers: str = "encoder"  # with precision fp8: which Linear layers (FP8_LAYERS)
     eval_steps: int = 1000
     eval_at_start: bool = True  # report the eval loss before training too

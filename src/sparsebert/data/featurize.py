@@ -73,10 +73,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from sparsebert.environ import environ
 from sparsebert.io import publish_permissions
 from sparsebert.locks import FileLock
 from sparsebert.upstream.libraries import row_indices
@@ -524,20 +524,6 @@ def _map_shard(shared: dict[str, Any], index: int, start: int, stop: int) -> dic
             "began": began, "seconds": time.time() - began, "cpu_seconds": time.process_time() - cpu}
 
 
-@contextmanager
-def _env(**values: str) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 # In a worker process: what every shard of the build shares (function, kwargs with the tokenizer, the input),
 # set once by _init_worker. Under fork it is inherited from the parent, never pickled; under spawn or
 # forkserver it arrives pickled once per worker, serialized once for all of them.
@@ -626,7 +612,7 @@ def _map_parallel(shared: dict[str, Any], dataset, bounds: list[tuple[int, int]]
     began = time.time()
     try:
         # set before the workers start: they then neither warn about nor use the tokenizers thread pool
-        with _env(TOKENIZERS_PARALLELISM="false"):
+        with environ(TOKENIZERS_PARALLELISM="false"):
             for _ in range(procs):
                 if next_job.value >= len(jobs):
                     break  # the workers started so far have taken every job (a tiny input)

@@ -14,8 +14,9 @@ are multiples of 16 (FP8 matrix products need it); ``auto``, of those only the o
 expects to gain (H100 measurements: for the tensorwise recipe it skips layers with K <= 4096 and N <= 1024, so
 BERT-base keeps only its FFN up-projection in FP8; under fused QKV it judges each projection's own shape, so Q, K
 and V stay bf16). Embeddings are lookups, not products; the pooler, the MLM head and task heads stay bf16: they
-are small or, for the MLM decoder (vocabulary 30 522, not a multiple of 16), cannot run in FP8. Each product's token dimension is padded to a multiple of 16 (``pad_inner_dim``: a weight
-gradient's inner dimension is batch x length, which dynamic padding leaves at any multiple of 8).
+are small or, for the MLM decoder (vocabulary 30 522, not a multiple of 16), cannot run in FP8. Each product's
+token dimension is padded to a multiple of 16 (``pad_inner_dim``: a weight gradient's inner dimension is batch x
+length, which dynamic padding leaves at any multiple of 8).
 
 Recipes (``train.fp8_recipe``): torchao's ``tensorwise``, ``rowwise`` and ``rowwise_with_gw_hp``, and
 ``tensorwise_with_gw_hp``: tensorwise scales for the output and input-gradient products, the weight-gradient
@@ -91,7 +92,9 @@ def use_fp8_matmuls(model: nn.Module, recipe: str = "tensorwise", layers: str = 
     config = dataclasses.replace(fp8_config(recipe), emulate=emulate, pad_inner_dim=True)
     chosen = is_fp8_layer
     if layers == "auto":
-        profitable = _auto_filter_for_recipe(recipe.replace("tensorwise_with_gw_hp", "tensorwise"), filter_fqns=[])
+        # ours has torchao's tensorwise shape rule (the forward products are the same)
+        rule = {"tensorwise_with_gw_hp": "tensorwise"}.get(recipe, recipe)
+        profitable = _auto_filter_for_recipe(rule, filter_fqns=[])
         chosen = lambda module, name: is_fp8_layer(module, name) and profitable(module, name)  # noqa: E731
     convert_model_to_fp8_ao(model, config=config, module_filter_func=chosen)
     swapped = [name for name, module in model.named_modules() if isinstance(module, Float8Linear)]

@@ -12,8 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import multiprocessing
-import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.queues import SimpleQueue
@@ -21,6 +20,7 @@ from multiprocessing.queues import SimpleQueue
 from sparsebert.config import ConfigError
 from sparsebert.data.featurize import available_cores
 from sparsebert.distributed import world_size
+from sparsebert.environ import environ
 from sparsebert.errors import SparseBertError, Terminated
 from sparsebert.results.recording import one_line_error
 from sparsebert.trainer.termination import StopWhenTerminated
@@ -89,7 +89,8 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
                                           args=(target, calls[i], i, errors, threads, children_start))
                 # the GPU goes into the environment the process starts with: the child starts CUDA's driver
                 # (which reads CUDA_VISIBLE_DEVICES once) while it imports the target's modules, before _call runs
-                with visible_gpu(placed[i]):
+                gpu = placed[i]
+                with environ(CUDA_VISIBLE_DEVICES=gpu) if gpu is not None else contextlib.nullcontext():
                     process.start()
                 running[i] = process
             ready = set(wait([p.sentinel for p in running.values()]))
@@ -116,23 +117,6 @@ def least_used(gpus: Sequence[str], in_use: Sequence[str | None]) -> str | None:
     if len(gpus) < 2:
         return None
     return min(gpus, key=list(in_use).count)
-
-
-@contextlib.contextmanager
-def visible_gpu(gpu: str | None) -> Iterator[None]:
-    """``CUDA_VISIBLE_DEVICES`` set to ``gpu`` inside (unchanged for None), as it was after."""
-    if gpu is None:
-        yield
-        return
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["CUDA_VISIBLE_DEVICES"]
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = before
 
 
 def _end(processes: list[BaseProcess]) -> None:
