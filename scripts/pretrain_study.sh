@@ -39,7 +39,8 @@ common="$common --set train.save_steps=4000 --set train.report_to=[] ${STUDY_SET
 # at a second seed, and with the hidden-state term (kd.hidden_weight) at three seeds; 80 % RigL ERK with the
 # regrown weights' Adam second moment seeded (rigl.grow_second_moment=layer_mean), plain and with KD + hidden; the
 # gradual-pruning recipe (GMP global ending at 90 %) at a third seed; the FP8 quality pair (docs/performance.md:
-# with bert_small_wiki and kd_hidden_gmp_global at seeds 42 and 43, the same runs with train.precision=fp8)
+# with bert_small_wiki and kd_hidden_gmp_global at seeds 42 and 43, the same runs with train.precision=fp8; and
+# without a teacher, 80 % GMP, small_wiki_sparse_80_gmp: a sparse pair that fits a one-GPU lease)
 early="--set train.stop_after_steps=4000"
 
 # NAME|NEEDS|ARGUMENTS: pretraining run NAME (run.py ARGUMENTS), started once run NEEDS (if any) is done
@@ -101,6 +102,9 @@ fp8pair_dense_fp8_seed43||bert_small_wiki --set seed=43 --set train.precision=fp
 fp8pair_sparse_fp8|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global --set train.precision=fp8
 fp8pair_sparse_fp8_seed43|small_wiki_teacher|small_wiki_sparse_80_kd_hidden_onecycle_lr_gmp_global --set seed=43 \
 --set train.precision=fp8
+fp8pair_gmp_fp8||small_wiki_sparse_80_gmp --set train.precision=fp8
+fp8pair_gmp_seed43||small_wiki_sparse_80_gmp --set seed=43
+fp8pair_gmp_fp8_seed43||small_wiki_sparse_80_gmp --set seed=43 --set train.precision=fp8
 "
 # STUDY_RUNS: any whitespace between names (a list written over several lines loses no run); a name the list
 # above does not hold is an error before anything starts

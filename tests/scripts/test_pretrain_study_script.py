@@ -92,7 +92,8 @@ def test_the_fp8_pair_is_its_bf16_runs_with_fp8_and_each_gets_glue(tmp_path):
     (root / "hold").mkdir(parents=True)
     (root / "hold" / "cpu").touch()  # the one worker waits: the queue stays as the script wrote it
     pair = "small_wiki_teacher bert_small_wiki fp8pair_dense_seed43 fp8pair_dense_fp8 fp8pair_dense_fp8_seed43 " \
-           "kd_hidden_gmp_global kd_hidden_gmp_global_seed43 fp8pair_sparse_fp8 fp8pair_sparse_fp8_seed43"
+           "kd_hidden_gmp_global kd_hidden_gmp_global_seed43 fp8pair_sparse_fp8 fp8pair_sparse_fp8_seed43 " \
+           "small_wiki_sparse_80_gmp fp8pair_gmp_seed43 fp8pair_gmp_fp8 fp8pair_gmp_fp8_seed43"
     subprocess.run(["bash", str(SCRIPT), str(root), "DATA", "TOK", "3"], capture_output=True, timeout=60,
                    env={**os.environ, "STUDY_GPUS": "cpu", "STUDY_RUNS": pair})
     queue = {name: (needs, args.split()) for name, needs, args in
@@ -100,7 +101,9 @@ def test_the_fp8_pair_is_its_bf16_runs_with_fp8_and_each_gets_glue(tmp_path):
     fp8 = ["--set", "train.precision=fp8"]
     for bf16, with_fp8 in (("bert_small_wiki", "fp8pair_dense_fp8"), ("fp8pair_dense_seed43", "fp8pair_dense_fp8_seed43"),
                            ("kd_hidden_gmp_global", "fp8pair_sparse_fp8"),
-                           ("kd_hidden_gmp_global_seed43", "fp8pair_sparse_fp8_seed43")):
+                           ("kd_hidden_gmp_global_seed43", "fp8pair_sparse_fp8_seed43"),
+                           ("small_wiki_sparse_80_gmp", "fp8pair_gmp_fp8"),
+                           ("fp8pair_gmp_seed43", "fp8pair_gmp_fp8_seed43")):
         assert queue[with_fp8] == (queue[bf16][0], queue[bf16][1] + fp8), with_fp8
     # every model of the pair gets GLUE (the teacher does not)
     assert sorted(p.name for p in (root / "glue_jobs").iterdir()) == sorted(pair.split()[1:])
