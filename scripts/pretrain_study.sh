@@ -17,8 +17,8 @@
 #   GLUE_LRS       extra finetuning learning rates (default "1e-4 2e-4") for the tasks in GLUE_LR_TASKS (default
 #                  "cola stsb mrpc rte") on the models in GLUE_LR_RUNS (default: the two dense baselines and the
 #                  RigL KD runs at 80 and 90 %, and plain 80 % RigL)
-#   STUDY_RUNS     the pretraining runs to make, separated by any whitespace (default: all, in the queue order
-#                  below); a name the queue does not hold is an error
+#   STUDY_RUNS     the pretraining runs to make, in this order, separated by any whitespace (default: all, in
+#                  the queue order below); a name the queue does not hold is an error
 #   STUDY_SET, GLUE_SET  extra arguments for every pretraining / GLUE process (a CPU dry run shrinks the model)
 # A pretraining worker waits while OUT_ROOT/hold/GPU exists: another job (a benchmark, say) has that GPU (GLUE
 # processes do not look at holds). Use a fresh OUT_ROOT per call: nothing is resumed, and the logs/*.exit and hold/*
@@ -115,11 +115,16 @@ for name in $wanted; do
 done
 queue=$root/queue
 : >"$queue"
-while IFS='|' read -r name needs args; do
-  [ -n "$name" ] || continue
-  if [ -n "${wanted// /}" ] && ! [[ "$wanted" == *" $name "* ]]; then continue; fi
-  echo "$name|$needs|$args" >>"$queue"
-done <<<"$all_runs"  # (inside double quotes bash removes each backslash-newline)
+# in the order STUDY_RUNS names them (a run that needs another still waits for it), else in the list's order; each
+# run once. (Inside double quotes bash removed each backslash-newline: every run is one line of all_runs.)
+order=$wanted
+[ -n "${order// /}" ] || order=$known
+queued=" "
+for name in $order; do
+  [[ "$queued" == *" $name "* ]] && continue
+  queued="$queued$name "
+  awk -F'|' -v name="$name" '$1 == name' <<<"$all_runs" >>"$queue"
+done
 
 seconds_left() {  # until the deadline, at least 1 ("timeout 0" would mean no limit at all)
   local left=$(( deadline - $(date +%s) ))

@@ -74,16 +74,20 @@ def test_study_runs_over_several_lines_and_an_unknown_name(tmp_path):
     assert bad.returncode == 2
     assert bad.stderr.strip() == "pretrain_study.sh: STUDY_RUNS names an unknown run: small_wiki_tacher"
     assert not (tmp_path / "bad" / "queue").exists()
-    # the queue of a multi-line list (the workers fail at once here: no python data; the queue file is what counts)
+    # the queue of a multi-line list, in its order, each run once (the workers fail at once here: no python data;
+    # the queue file is what counts)
     root = tmp_path / "ok"
     (root / "hold").mkdir(parents=True)
     (root / "hold" / "cpu").touch()  # the one worker waits, so the queue stays as the script wrote it
+    runs = "numerics_fast_seed43\n  ablation_rigl_eager small_wiki_sparse_80_gmp\nsmall_wiki_teacher numerics_fast_seed43\n"
     subprocess.run(["bash", str(SCRIPT), str(root), "DATA", "TOK", "3"], capture_output=True, timeout=60,
-                   env={**env, "STUDY_RUNS": "small_wiki_teacher\n  small_wiki_sparse_80_gmp\nnumerics_fast_seed43\n"})
+                   env={**env, "STUDY_RUNS": runs})
     queue = [line.split("|") for line in (root / "queue").read_text().splitlines()]
-    assert [name for name, _, _ in queue] == ["small_wiki_teacher", "small_wiki_sparse_80_gmp", "numerics_fast_seed43"]
-    assert queue[2][2].split() == ["bert_small_wiki", "--set", "seed=43"]  # a seed variant is its parent + --set
-    # GLUE jobs for the study's models only: none for the teacher or a numerics run
+    assert [name for name, _, _ in queue] == ["numerics_fast_seed43", "ablation_rigl_eager", "small_wiki_sparse_80_gmp",
+                                              "small_wiki_teacher"]
+    assert queue[0][2].split() == ["bert_small_wiki", "--set", "seed=43"]  # a seed variant is its parent + --set
+    assert queue[1][2].split()[-2:] == ["--set", "train.clip_in_optimizer=false"]  # a run written over two lines
+    # GLUE jobs for the study's models only: none for the teacher, an ablation or a numerics run
     assert sorted(p.name for p in (root / "glue_jobs").iterdir()) == ["small_wiki_sparse_80_gmp"]
 
 
