@@ -3,15 +3,17 @@ against the same layer with its weight pruned to 2:4 at every forward (torchao's
 same shapes, same weights, same call.
 
 The pruning works on 4 x 4 tiles, so that the weight and its transpose are both 2:4 (the input gradient multiplies
-by the transpose); this keeps half the weights, but not always the two largest of every four a
-``sparsity.pattern=2:4`` mask keeps. The weight gradient is dense (a straight-through estimate). The pruning is part
-of every step: the weights change. Two backends of the 2:4 product: ``cusparselt`` (torchao's ``SemiSparseLinear``)
-and ``cutlass``; one that fails at this torch / torchao pair is reported as a row with its error, and the others
-still run. The baseline is what a user writes: ``nn.Linear`` in bf16, eager (one product per call: nothing for a
+by the transpose). Its default rule (torchao's, ``--algorithm ""``) picks greedily by signed value and may keep
+fewer than 8 of a tile's 16 (about 0.49 of the weights, not 0.5); ``largest_abs_values_greedy`` picks by magnitude,
+closer to what a ``sparsity.pattern=2:4`` mask keeps. The weight gradient is dense (a straight-through estimate).
+The pruning is part of every step: the weights change. Two backends of the 2:4 product: ``cusparselt`` (torchao's
+``SemiSparseLinear``) and ``cutlass``; one that fails at this torch / torchao pair is printed and listed under
+``failed`` in the report with its error, and the others still run (a fault that breaks the CUDA context ends the
+process: run that backend alone with ``--backends``). The baseline is what a user writes: ``nn.Linear`` in bf16, eager (one product per call: nothing for a
 compiler to fuse). Rows: the four products of one encoder layer with fused QKV (hidden H: QKV H -> 3H, attention
 output H -> H, feed-forward up H -> 4H and down 4H -> H) at batch x 128 tokens, and their sum, the layer's products.
-Every 2:4 layer is checked first: the weight it multiplies by (read back through the layer itself) is 2:4 and keeps
-half, and its output is that weight's dense product.
+Every 2:4 layer is checked first: the weight it multiplies by (read back through the layer itself) keeps at most 2
+of every 4 inputs and about half in all, and its output is that weight's dense product.
 
     python bench/semi_sparse_training.py --out semi_sparse_training.json
 """
@@ -43,17 +45,18 @@ def layer_products(hidden: int) -> dict[str, tuple[int, int]]:
 
 
 class RuntimeSemiSparseLinear(nn.Linear):
-    """``nn.Linear`` whose weight is pruned to 2:4 at every forward through ``backend`` (torchao's
-    ``SemiSparseLinear`` with the backend a choice)."""
+    """``nn.Linear`` whose weight is pruned to 2:4 at every forward through ``backend`` by ``algorithm`` (torchao's
+    ``SemiSparseLinear`` with both a choice)."""
 
-    def __init__(self, dense: nn.Linear, backend: str):
-        super().__init__(dense.in_features, dense.out_features, device="meta")
-        self.weight, self.bias, self.backend = dense.weight, dense.bias, backend
+    def __init__(self, dense: nn.Linear, backend: str, algorithm: str = ""):
+        super().__init__(dense.in_features, dense.out_features, bias=dense.bias is not None, device="meta")
+        self.weight, self.bias, self.backend, self.algorithm = dense.weight, dense.bias, backend, algorithm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from torchao.sparsity.training import semi_structured_sparsify
 
-        return nn.functional.linear(x, semi_structured_sparsify(self.weight, backend=self.backend), self.bias)
+        sparse = semi_structured_sparsify(self.weight, algo=self.algorithm, backend=self.backend)
+        return nn.functional.linear(x, sparse, self.bias)
 
 
 def fwd_bwd(linear: nn.Module, x: torch.Tensor, grad: torch.Tensor):
@@ -67,7 +70,8 @@ def fwd_bwd(linear: nn.Module, x: torch.Tensor, grad: torch.Tensor):
 
 def check_2_4(layer: nn.Module, x: torch.Tensor) -> dict[str, float]:
     """The weight ``layer`` multiplies by, read back through the layer (its product with the identity, less the
-    bias), must keep 2 of every 4 inputs of each output and half in all, and ``layer(x)`` must be its dense product.
+    bias), must keep at most 2 of every 4 inputs of each output and about half in all (the tile rule may keep a
+    little less), and ``layer(x)`` must be its dense product.
 
     Returns:
         ``relative_error`` of ``layer(x)`` against that product and ``kept``, the fraction of weights kept.
@@ -76,12 +80,12 @@ def check_2_4(layer: nn.Module, x: torch.Tensor) -> dict[str, float]:
     """
     with torch.no_grad():
         eye = torch.eye(layer.in_features, device=x.device, dtype=x.dtype)
-        weight = (layer(eye) - layer.bias).t()
+        weight = (layer(eye) - (0 if layer.bias is None else layer.bias)).t()
         per_group = (weight != 0).reshape(weight.shape[0], -1, 4).sum(-1)
         want = nn.functional.linear(x, weight, layer.bias)
         error = ((layer(x) - want).norm() / want.norm()).item()
     kept = (weight != 0).float().mean().item()
-    if per_group.max().item() > 2 or abs(kept - 0.5) > 1e-3 or error > 1e-2:
+    if per_group.max().item() > 2 or not 0.45 <= kept <= 0.5 or error > 1e-2:
         raise ValueError(f"not a 2:4 product: up to {per_group.max().item()} of 4 kept, {kept:.3f} of all, "
                          f"output off by {error:.3g} (relative)")
     return {"relative_error": error, "kept": kept}
@@ -91,6 +95,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="base,large", help="comma list of " + ", ".join(SIZES))
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma list of " + ", ".join(BACKENDS))
+    p.add_argument("--algorithm", default="", help='the 2:4 tile rule: "" (torchao\'s default) or '
+                   "largest_abs_values_greedy")
     p.add_argument("--tokens", type=int, default=256 * 128, help="rows of every product: batch x sequence length")
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--repeats", type=int, default=7, help="dense and 2:4 alternate; the median is reported")
@@ -119,14 +125,16 @@ def main() -> None:
             for backend in backends:
                 if backend in failed:
                     continue
-                sparse = RuntimeSemiSparseLinear(copy.deepcopy(dense), backend)
+                sparse = RuntimeSemiSparseLinear(copy.deepcopy(dense), backend, args.algorithm)
                 try:
                     checks[backend] = check_2_4(sparse, x)
                     calls[backend] = fwd_bwd(sparse, x, grad)
                     ms_per_call(calls[backend], 3)  # warm-up: cuSPARSELt's plans; a failing backward fails here
-                except (RuntimeError, ValueError) as error:
+                except Exception as error:  # a torch / torchao pair may break a backend anywhere in its stack
                     calls.pop(backend, None)
-                    failed[backend] = f"{size} {name}: {str(error).strip().splitlines()[0]}"
+                    checks.pop(backend, None)
+                    message = (str(error).strip().splitlines() or [""])[0]
+                    failed[backend] = f"{size} {name}: {type(error).__name__}: {message}"
                     print(f"{backend}: failed at {failed[backend]}", flush=True)
             ms_per_call(calls["dense"], 3)  # warm-up: cuBLAS's heuristics
             times: dict[str, list[float]] = {key: [] for key in calls}
@@ -150,7 +158,7 @@ def main() -> None:
 
         report = {"bench": "semi_sparse_training", "card": torch.cuda.get_device_name(0), "date": str(date.today()),
                   "commit": git_commit(ROOT), "torch": torch.__version__, "torchao": torchao.__version__,
-                  "tokens": args.tokens, "failed": failed, "rows": rows}
+                  "algorithm": args.algorithm, "tokens": args.tokens, "failed": failed, "rows": rows}
         tmp = args.out.with_suffix(args.out.suffix + ".tmp")
         tmp.write_text(json.dumps(report, indent=1) + "\n")
         tmp.replace(args.out)

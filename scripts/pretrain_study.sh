@@ -39,8 +39,8 @@ common="$common --set train.save_steps=4000 --set train.report_to=[] ${STUDY_SET
 # at a second seed, and with the hidden-state term (kd.hidden_weight) at three seeds; 80 % RigL ERK with the
 # regrown weights' Adam second moment seeded (rigl.grow_second_moment=layer_mean), plain and with KD + hidden; the
 # gradual-pruning recipe (GMP global ending at 90 %) at a third seed; the FP8 quality pair (docs/performance.md:
-# with bert_small_wiki and kd_hidden_gmp_global at seeds 42 and 43, the same runs with train.precision=fp8; and
-# without a teacher, 80 % GMP, small_wiki_sparse_80_gmp: a sparse pair that fits a one-GPU lease)
+# with bert_small_wiki and kd_hidden_gmp_global at seeds 42 and 43, the same runs with train.precision=fp8; also
+# small_wiki_sparse_80_gmp, a sparse pair without a teacher that fits a one-GPU lease)
 early="--set train.stop_after_steps=4000"
 
 # NAME|NEEDS|ARGUMENTS: pretraining run NAME (run.py ARGUMENTS), started once run NEEDS (if any) is done
