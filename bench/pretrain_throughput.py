@@ -219,14 +219,15 @@ def decoder_rows(batch: int, seq: int, mlm_probability: float, static_mask_count
 
 
 def bert_config(size: str, vocab: int, attn: str | None = None) -> BertConfig:
-    """The references' ``BertConfig`` of a named size (MODEL_SIZES: heads = hidden / 64, intermediate 4 x hidden),
-    the shape ours builds from ``model.size``."""
-    from sparsebert.config.sections import MODEL_SIZES
+    """The references' ``BertConfig`` of a named size: the one ours builds from ``model.size``
+    (``sparsebert.models.bert.bert_config``), with ``attn`` as its attention implementation if given."""
+    from sparsebert.config.sections import ModelConfig
+    from sparsebert.models.bert import bert_config as ours
 
-    layers, hidden = MODEL_SIZES[size]
-    extra = {} if attn is None else {"attn_implementation": attn}
-    return BertConfig(vocab_size=vocab, num_hidden_layers=layers, hidden_size=hidden,
-                      num_attention_heads=hidden // 64, intermediate_size=4 * hidden, **extra)
+    config = ours(ModelConfig(size=size), vocab, pad_token_id=BertConfig().pad_token_id)
+    if attn is not None:
+        config._attn_implementation = attn
+    return config
 
 
 def measure_peak_tflops(n: int = 8192, calls: int = 100) -> float:
