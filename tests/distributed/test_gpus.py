@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from sparsebert.distributed.gpus import GpuState, allowed_gpus, pick_gpus, torchrun_command, without_gpus_flag
+from sparsebert.distributed.gpus import (
+    GpuState,
+    allowed_gpus,
+    least_used,
+    pick_gpus,
+    torchrun_command,
+    without_gpus_flag,
+)
 from sparsebert.errors import SparseBertError
 
 NODE = [GpuState(0, 1_000, 95), GpuState(1, 70_000, 0), GpuState(2, 80_000, 0), GpuState(3, 40_000, 10)]
@@ -44,3 +51,13 @@ def test_a_schedulers_visible_devices_bound_the_choice():
     assert allowed_gpus(NODE, "") == NODE
     with pytest.raises(SparseBertError, match="UUID"):
         allowed_gpus(NODE, "GPU-8f2e")
+
+
+def test_a_child_gets_the_least_used_gpu():
+    """Side-by-side finetuning runs and search trials alike: the GPU with the fewest running children, the first of
+    a tie; None (the child sees what its parent sees) with one GPU or none."""
+    assert least_used(["0", "1", "2"], ["0", "1", "0"]) == "2"
+    assert least_used(["0", "1"], ["1"]) == "0"
+    assert least_used(["0", "1"], []) == "0"
+    assert least_used(["0"], ["0", "0"]) is None and least_used([], []) is None
+

@@ -4,6 +4,7 @@ searches of the tiny MiniLM experiment on CPU: killed mid-trial, resumed, comple
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import io
 import json
@@ -22,10 +23,11 @@ from sparsebert.config import ConfigError, ExperimentRegistry
 from sparsebert.errors import SparseBertError
 from sparsebert.results import RunRegistry
 from sparsebert.search import plan_search, run_search
+from sparsebert.search import study as study_module
 from sparsebert.search.metrics import check_metric, default_direction, metric_keys, metric_value
 from sparsebert.search.space import parse_space
-from sparsebert.search.study import gpu_slots, open_study
-from sparsebert.search.trials import trial_env, trial_outcome
+from sparsebert.search.study import open_study, run_trials
+from sparsebert.search.trials import TrialProcess, trial_env, trial_outcome
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = "tiny_search-tiny"
@@ -193,11 +195,50 @@ def test_cli_refuses_bad_search_input_in_one_line_before_writing(tmp_path, asset
 # --- studies: no trial runs here ---------------------------------------------------------------------------------
 
 
+class FakeTrialProcess:
+    """A trial process that ends after ``polls`` polls, exit code 0."""
+
+    def __init__(self, polls: int):
+        self.polls, self.returncode = polls, None
+
+    def poll(self) -> int | None:
+        self.polls -= 1
+        if self.polls <= 0:
+            self.returncode = 0
+        return self.returncode
+
+
+def test_trials_go_to_the_least_used_gpu_and_never_more_than_parallel(registry, asset_data_dir, tmp_path,
+                                                                      monkeypatch):
+    """run_trials itself, its trial processes faked: a trial starts on the GPU with the fewest running trials (the
+    first of a tie), at most ``--parallel`` at once, and a GPU is free again when its trial ends."""
+    p = dataclasses.replace(plan(registry, tmp_path, asset_data_dir, parallel=3), gpus=["2", "5"], trials=5)
+    polls = iter([3, 1, 5, 1, 1])  # trial 1 ends first, on GPU 5: trial 3 goes there, not to the busier GPU 2
+    started: list[tuple[int, str | None, int]] = []  # (trial, its GPU, trials running when it started)
+    running: list[TrialProcess] = []
+
+    def start(trial, _plan, gpu):
+        running[:] = [t for t in running if t.process.returncode is None]
+        started.append((trial.number, gpu, len(running)))
+        running.append(TrialProcess(trial, FakeTrialProcess(next(polls)), gpu, tmp_path / "log", "run"))
+        return running[-1]
+
+    def finish(study, done, _plan):
+        study.tell(done.trial, 1.0)
+
+    monkeypatch.setattr(study_module, "POLL_S", 0)
+    monkeypatch.setattr(study_module, "start_trial", start)
+    monkeypatch.setattr(study_module, "finish_trial", finish)
+    monkeypatch.setattr(study_module, "write_summary", lambda *args: None)
+    study = optuna.create_study(direction="maximize")
+    assert run_trials(study, p, lambda: None) == []
+    assert [gpu for _, gpu, _ in started] == ["2", "5", "2", "5", "5"]
+    assert max(n for _, _, n in started) == 2  # the third started beside two: never a fourth
+    assert len(study.get_trials(states=(optuna.trial.TrialState.COMPLETE,))) == 5
+
+
 def test_each_trial_gets_one_gpu_or_a_share_of_the_cpu(registry, asset_data_dir, tmp_path, monkeypatch):
     """What pins a trial to its GPU (no GPU here: the environment handed to the trial process is checked)."""
-    assert gpu_slots(["2", "5"], 2) == ["2", "5"]
-    assert gpu_slots(["2", "5"], 3) == ["2", "5", "2"]
-    assert gpu_slots([], 2) == [None, None]
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")
     p = plan(registry, tmp_path, asset_data_dir, parallel=2)

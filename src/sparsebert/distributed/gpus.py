@@ -6,13 +6,15 @@ starts again under torchrun with one process per GPU, so the choice is made once
 
 Ids are NVML's, which number GPUs in PCI bus order; ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` makes CUDA number them the
 same way. Where a scheduler already set ``CUDA_VISIBLE_DEVICES`` to numeric ids, the choice stays inside them.
-``visible_gpus`` names the GPUs this process may hand to a child process (search trials, side-by-side runs).
+``visible_gpus`` names the GPUs this process may hand to a child process (search trials, side-by-side runs), and
+``least_used`` picks the one a new child gets.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparsebert.errors import SparseBertError
@@ -27,6 +29,14 @@ def visible_gpus() -> list[str]:
     if visible is not None:  # a child's CUDA_VISIBLE_DEVICES counts all devices: pass on the names given here
         return [name.strip() for name in visible.split(",") if name.strip()][:count]
     return [str(i) for i in range(count)]
+
+
+def least_used(gpus: Sequence[str], in_use: Sequence[str | None]) -> str | None:
+    """The GPU a new child process gets: of ``gpus``, the one fewest of ``in_use`` (the running children's GPUs)
+    name, the first of a tie; None unless there are several (the child then sees what this process sees)."""
+    if len(gpus) < 2:
+        return None
+    return min(gpus, key=list(in_use).count)
 
 
 @dataclass(frozen=True)

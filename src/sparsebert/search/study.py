@@ -15,6 +15,7 @@ import optuna
 import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
+from sparsebert.distributed.gpus import least_used
 from sparsebert.errors import SparseBertError
 from sparsebert.search.plan import DIRECTIONS, SearchPlan
 from sparsebert.search.summary import write_summary
@@ -105,20 +106,18 @@ def run_trials(study: optuna.Study, plan: SearchPlan,
     to_start = max(0, plan.trials - complete)
     # a killed search left these RUNNING: they run again first, in their own directories, with --resume
     orphans = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))[:to_start]
-    slots = gpu_slots(plan.gpus, plan.parallel)
     running: list[TrialProcess] = []
     failures: list[tuple[int, str]] = []
     try:
         while to_start or running:
-            while to_start and slots:
+            while to_start and len(running) < plan.parallel:
                 trial = _reopen(study, orphans.pop(0)) if orphans else study.ask(plan.distributions)
-                running.append(start_trial(trial, plan, slots.pop(0)))
+                running.append(start_trial(trial, plan, least_used(plan.gpus, [t.gpu for t in running])))
                 to_start -= 1
             time.sleep(POLL_S)
             raise_if_terminated()
             for done in [t for t in running if t.process.poll() is not None]:
                 running.remove(done)
-                slots.append(done.gpu)
                 error = finish_trial(study, done, plan)
                 if error:
                     failures.append((done.trial.number, error))
@@ -130,12 +129,6 @@ def run_trials(study: optuna.Study, plan: SearchPlan,
         for t in running:
             t.process.wait()
     return failures
-
-
-def gpu_slots(gpus: list[str], parallel: int) -> list[str | None]:
-    """The GPU of each of ``parallel`` trial slots: the visible GPUs in turn (shared when there are more slots
-    than GPUs); None for each slot on CPU."""
-    return [gpus[i % len(gpus)] if gpus else None for i in range(parallel)]
 
 
 def _reopen(study: optuna.Study, frozen: FrozenTrial) -> optuna.Trial:

@@ -32,7 +32,7 @@ class TrialProcess:
 
     trial: optuna.Trial
     process: subprocess.Popen
-    gpu: str | None  # its slot's GPU, free again when it ends
+    gpu: str | None  # the GPU it was given (distributed.gpus.least_used), None: it sees this process's
     log_path: Path
     run_name: str
 

@@ -63,6 +63,21 @@ def test_the_runs_at_once_fit_the_gpus_and_the_cores(monkeypatch, gib, gpus, cor
     assert gpu_runs_at_once() == runs
 
 
+def test_the_smallest_gpu_sets_the_runs_a_gpu(monkeypatch):
+    """An 80 GiB GPU beside a 16 GiB one (either may be device 0): 2 runs each, as the 16 GiB one holds."""
+    import torch
+
+    import sparsebert.data.featurize as featurize
+    from sparsebert.jobs.finetune.fast_path import gpu_runs_at_once
+
+    monkeypatch.setattr(featurize, "available_cores", lambda: 16)
+    for sizes in ([80, 16], [16, 80]):
+        monkeypatch.setattr(torch.cuda, "get_device_properties",
+                            lambda device, sizes=sizes: type("P", (), {"total_memory": sizes[device] * 2**30}))
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        assert gpu_runs_at_once() == 4
+
+
 @pytest.mark.parametrize(("world", "callbacks", "runs"), [("1", [], 4), ("1", [object()], 1), ("2", [], 1)])
 def test_runs_stay_in_this_process_where_workers_cannot_follow(monkeypatch, world, callbacks, runs):
     """--profile's callbacks and a multi-process launch keep the runs in this process: the fast path then trains

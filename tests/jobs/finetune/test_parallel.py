@@ -10,7 +10,7 @@ import pytest
 from parallel_helpers import call, record_gpu, refuse, touch
 
 from sparsebert.errors import SparseBertError
-from sparsebert.jobs.finetune.parallel import least_used, run_in_processes
+from sparsebert.jobs.finetune.parallel import run_in_processes
 
 
 def test_the_first_failure_is_raised_in_one_line_and_nothing_queued_starts(tmp_path):
@@ -47,10 +47,3 @@ def test_one_gpu_or_none_leaves_the_workers_environment_alone(tmp_path, monkeypa
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     run_in_processes(call, [(record_gpu, str(tmp_path / "run"))], workers=2, names=["run"], gpus=gpus)
     assert (tmp_path / "run").read_text() == "3 3"
-
-
-def test_least_used_takes_the_first_of_the_least_busy():
-    assert least_used(["0", "1", "2"], ["0", "1", "0"]) == "2"
-    assert least_used(["0", "1"], ["1"]) == "0"
-    assert least_used(["0", "1"], []) == "0"
-    assert least_used(["0"], ["0", "0"]) is None and least_used([], []) is None

@@ -24,15 +24,17 @@ GIB_PER_RUN = 8
 
 def gpu_runs_at_once() -> int:
     """How many runs of a finetuning job the fast path trains side by side on this machine: per visible GPU up to
-    GPU_RUNS_AT_ONCE (one per GIB_PER_RUN of the first GPU's memory; the job gives each run one GPU), and at most
-    one per CPU core (each run's step is bound by its host)."""
+    GPU_RUNS_AT_ONCE (one per GIB_PER_RUN of the smallest GPU's memory; the job gives each run one GPU), and at
+    most one per CPU core (each run's step is bound by its host)."""
     import torch
 
     from sparsebert.data.featurize import available_cores
 
-    gib = torch.cuda.get_device_properties(0).total_memory / 2**30
+    count = torch.cuda.device_count()
+    # the job spreads runs evenly (distributed.gpus.least_used): the smallest GPU must hold its share
+    gib = min(torch.cuda.get_device_properties(i).total_memory for i in range(count)) / 2**30
     per_gpu = max(1, min(GPU_RUNS_AT_ONCE, int(gib // GIB_PER_RUN)))
-    return max(1, min(per_gpu * torch.cuda.device_count(), available_cores()))
+    return max(1, min(per_gpu * count, available_cores()))
 
 
 def with_gpu_fast_path(cfg: ExperimentConfig, on_gpu: bool, runs_at_once: int = 1) -> ExperimentConfig:

@@ -20,6 +20,7 @@ from multiprocessing.queues import SimpleQueue
 from sparsebert.config import ConfigError
 from sparsebert.data.featurize import available_cores
 from sparsebert.distributed import world_size
+from sparsebert.distributed.gpus import least_used
 from sparsebert.environ import environ
 from sparsebert.errors import SparseBertError, Terminated
 from sparsebert.results.recording import one_line_error
@@ -110,13 +111,6 @@ def run_in_processes(target: Callable[..., None], calls: Sequence[tuple], worker
         kind, message = reported[failed]
         error = {"input": SparseBertError, "terminated": Terminated}.get(kind, RuntimeError)
         raise error(f"{names[failed]} failed: {message}")
-
-
-def least_used(gpus: Sequence[str], in_use: Sequence[str | None]) -> str | None:
-    """Of ``gpus``, the one fewest of ``in_use`` name (the first of a tie); None unless there are several."""
-    if len(gpus) < 2:
-        return None
-    return min(gpus, key=list(in_use).count)
 
 
 def _end(processes: list[BaseProcess]) -> None:
