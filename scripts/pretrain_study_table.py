@@ -1,6 +1,6 @@
 """Tables of the sparse-pretraining study (scripts/pretrain_study.sh) from its output root's registry.
 
-    python scripts/pretrain_study_table.py OUT_ROOT [--out FILE.md]
+    python scripts/pretrain_study_table.py OUT_ROOT [--out FILE.md] [--raw DIR]
 
 Prints the MLM table (every pretraining run: eval loss, how far a sparse run ends above its dense twin,
 perplexity, masked-token accuracy, steps, samples/s, recompiles after warm-up, the first evaluation below the
@@ -9,6 +9,10 @@ unigram plateau) and the GLUE tables
 of its own, named ``glue_from=RUN~TASK`` (``~lrLR`` added for the learning-rate grid); here those rows are labelled
 ``glue_from=RUN`` again, so each pretrained model is one row: at the default finetuning learning rate, then per
 learning rate of the grid, then with each task's best learning rate of the grid.
+
+``--raw DIR`` also writes what docs/data keeps behind the study's tables: ``tables.md``; ``metrics.json``, each
+pretraining run's metrics with its eval loss at every evaluation, final sparsity and whether every masked weight
+ended exactly zero; ``glue_runs.json``, every GLUE row of the registry (one per finetuning run and seed).
 """
 
 from __future__ import annotations
@@ -24,22 +28,65 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from sparsebert.io import atomic_write_text  # noqa: E402
 from sparsebert.results import RunRegistry, glue_table  # noqa: E402
 from sparsebert.results.glue_table import TASK_METRICS  # noqa: E402
 
 SPARSITY_SECTIONS = ("sparsity", "rigl", "gmp")  # what a sparse run may differ in from its dense twin
 PLATEAU = 5.5  # MLM eval loss: a model above it still predicts little beyond token frequencies (unigram loss ~6)
 DEFAULT_LR = "5e-5"  # glue_from's finetuning learning rate: the rate of the runs without ``~lr``
+# what a GLUE row keeps in glue_runs.json (the registry's other fields repeat its metrics or the pretraining run's)
+GLUE_ROW_FIELDS = ("run_dir", "experiment", "task", "model", "seed", "status", "sparsity", "metrics", "git_commit",
+                   "error")
 
 
 def left_plateau_at(run_dir: Path) -> str:
     """The first evaluated step with an MLM eval loss below PLATEAU; "never" when the curve stays above it; "?"
     without a curve (no log_history.json) to read."""
+    if not (run_dir / "log_history.json").is_file():
+        return "?"
+    return next((step for step, loss in eval_losses(run_dir).items() if loss < PLATEAU), "never")
+
+
+def eval_losses(run_dir: Path) -> dict[str, float]:
+    """The run's MLM eval loss at each evaluated step (``log_history.json``; empty without one)."""
     path = run_dir / "log_history.json"
     if not path.is_file():
-        return "?"
-    evals = [h for h in json.loads(path.read_text()) if "eval_loss" in h]
-    return next((str(int(h["step"])) for h in evals if h["eval_loss"] < PLATEAU), "never")
+        return {}
+    return {str(int(h["step"])): h["eval_loss"] for h in json.loads(path.read_text()) if "eval_loss" in h}
+
+
+def masked_weights_zero(run_dir: Path) -> bool | None:
+    """Whether every masked weight of the sparse layers ended exactly zero (``sparsity.json``: as many nonzeros as
+    active weights); None for a dense run or without the file."""
+    path = run_dir / "sparsity.json"
+    if not path.is_file():
+        return None
+    selected = json.loads(path.read_text())["selected"]
+    return selected["nonzero"] == selected["active"]
+
+
+def _json_lines(entries: list) -> str:
+    """A JSON list (or object, from ``(key, value)`` pairs) with one entry per line: small in docs/data, readable
+    in a diff."""
+    if entries and isinstance(entries[0], tuple):
+        body = ",\n".join(f"{json.dumps(key)}:{json.dumps(value, separators=(',', ':'))}" for key, value in entries)
+        return "{\n" + body + "\n}\n"
+    return "[\n" + ",\n".join(json.dumps(e, separators=(",", ":")) for e in entries) + "\n]\n"
+
+
+def write_raw(registry: RunRegistry, root: Path, out: Path, tables: str) -> None:
+    """The study's raw files into ``out`` (see the module docstring), each written whole or not at all."""
+    runs = sorted(registry.runs(task_prefix="mlm"), key=lambda r: r.experiment)
+    metrics = [(rec.experiment, {**rec.metrics, "sparsity": rec.sparsity,
+                                 "masked_weights_zero": masked_weights_zero(root / Path(rec.run_dir).name),
+                                 "eval_loss_by_step": eval_losses(root / Path(rec.run_dir).name)})
+               for rec in runs]
+    glue = [{k: v for k, v in dataclasses.asdict(rec).items() if k in GLUE_ROW_FIELDS and v is not None}
+            for rec in sorted(registry.runs(task_prefix="glue:"), key=lambda r: (r.experiment, r.seed))]
+    atomic_write_text(out / "tables.md", tables)
+    atomic_write_text(out / "metrics.json", _json_lines(metrics))
+    atomic_write_text(out / "glue_runs.json", _json_lines(glue))
 
 
 def dense_twin_key(run_dir: Path) -> str | None:
@@ -131,6 +178,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path)
     parser.add_argument("--out", type=Path, help="also write the tables to this markdown file")
+    parser.add_argument("--raw", type=Path, help="also write the study's raw files into this directory")
     args = parser.parse_args()
     registry = RunRegistry.in_output_root(args.root, read_only=True)
     parts = ["## MLM", "", mlm_table(registry.runs(task_prefix="mlm"), args.root), ""]
@@ -146,7 +194,9 @@ def main() -> int:
     text = "\n".join(parts)
     print(text)
     if args.out:
-        args.out.write_text(text)
+        atomic_write_text(args.out, text)
+    if args.raw:
+        write_raw(registry, args.root, args.raw, text)
     return 0
 
 

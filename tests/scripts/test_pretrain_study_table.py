@@ -82,3 +82,33 @@ def test_a_sparse_run_is_compared_with_the_dense_run_that_differs_in_sparsity_al
     mlm = _script().mlm_table(RunRegistry.in_output_root(tmp_path, read_only=True).runs(task_prefix="mlm"), tmp_path)
     gap = {line.split(" | ")[0].strip("| `"): line.split(" | ")[3] for line in mlm.splitlines()[2:]}
     assert gap == {"dense": "–", "dense_nokd": "–", "gmp": "+0.097", "gmp_seed43": "no twin"}
+
+
+def test_raw_files_keep_every_evaluation_the_masks_and_each_glue_row(tmp_path, monkeypatch, capsys):
+    """--raw: what docs/data keeps behind the tables, read back as JSON (a run copied here from elsewhere)."""
+    root, raw = tmp_path / "study", tmp_path / "raw"
+    registry = RunRegistry.in_output_root(root)
+    for name, sparsity, nonzero in (("dense", None, None), ("gmp", 0.8, 20), ("gmp_leaky", 0.8, 21)):
+        registry.record(RunRecord(run_dir=f"/elsewhere/{name}", experiment=name, task="mlm", model="medium", seed=42,
+                                  status="done", sparsity=sparsity, metrics={"eval_loss": 3.0, "global_step": 8000}))
+        (root / name).mkdir()
+        (root / name / "log_history.json").write_text(json.dumps(
+            [{"eval_loss": 10.4, "step": 0}, {"loss": 7.0, "step": 50}, {"eval_loss": 6.1, "step": 500}]))
+        if sparsity:
+            (root / name / "sparsity.json").write_text(json.dumps(
+                {"selected": {"active": 20, "nonzero": nonzero, "total": 100, "sparsity": sparsity}}))
+    registry.record(RunRecord(run_dir=str(root / "glue_from=gmp~rte" / "run0"), experiment="glue_from=gmp~rte",
+                              task="glue:rte", model=str(root / "gmp"), seed=43, status="done",
+                              metrics={"accuracy": 0.6, "score": 0.6}, group="glue_from=gmp~rte",
+                              pretrain_metrics={"eval_loss": 3.0}, git_commit="abc"))
+    monkeypatch.setattr("sys.argv", ["pretrain_study_table.py", str(root), "--raw", str(raw)])
+    assert _script().main() == 0
+    assert (raw / "tables.md").read_text().rstrip("\n") == capsys.readouterr().out.rstrip("\n")
+    metrics = json.loads((raw / "metrics.json").read_text())
+    assert metrics["gmp"]["eval_loss_by_step"] == {"0": 10.4, "500": 6.1}
+    assert [metrics[n]["masked_weights_zero"] for n in ("dense", "gmp", "gmp_leaky")] == [None, True, False]
+    assert metrics["gmp"]["sparsity"] == 0.8 and metrics["dense"]["eval_loss"] == 3.0
+    (row,) = json.loads((raw / "glue_runs.json").read_text())
+    assert row == {"run_dir": str(root / "glue_from=gmp~rte" / "run0"), "experiment": "glue_from=gmp~rte",
+                   "task": "glue:rte", "model": str(root / "gmp"), "seed": 43, "status": "done",
+                   "metrics": {"accuracy": 0.6, "score": 0.6}, "git_commit": "abc"}
