@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -153,3 +154,13 @@ def test_a_second_process_on_the_same_run_is_refused_naming_the_first(tmp_path, 
             if s.proc.poll() is None:
                 s.proc.kill()
                 s.proc.wait()
+
+
+def test_an_output_root_that_cannot_take_the_lock_is_a_one_line_error(tmp_path):
+    """Where the run's lock file cannot be made (here a directory holds its name: root, CI's user, is refused too),
+    the run stops before it writes anything, naming the output root."""
+    (tmp_path / ".exp.lock").mkdir()
+    refused = rf"^cannot write in the output root {re.escape(str(tmp_path))}: Is a directory$"
+    with pytest.raises(SparseBertError, match=refused), runner.run_lock(tmp_path / "exp"):
+        raise AssertionError("the run must not start")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".exp.lock"]

@@ -187,7 +187,12 @@ def test_refusals_are_one_line_errors(tmp_path: Path, capsys) -> None:
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "file").write_text("x")
+    # a file where --to's parent directory must go: unwritable for root too (chmod stops nothing as root, CI's user)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file\n")
     cases = [
+        (["--export", "exp/glue_rte/run0", "--to", str(blocker / "sub" / "out")],
+         f"--to {blocker / 'sub' / 'out'}: cannot write in {blocker / 'sub'}: Not a directory"),
         (["--export", "nope", "--to", str(tmp_path / "a")], "no such run"),
         (["--export", "exp/glue_rte/run1", "--to", str(tmp_path / "a")], "has not finished"),
         (["--export", "exp", "--to", str(tmp_path / "a")], "name one, e.g. exp/glue_rte/run0"),
@@ -203,7 +208,7 @@ def test_refusals_are_one_line_errors(tmp_path: Path, capsys) -> None:
         assert cli_main([*argv, "--output-dir", str(root)]) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0], (argv, err)
-    assert not (tmp_path / "a").exists()
+    assert not (tmp_path / "a").exists() and blocker.read_text() == "a file\n"
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary left behind
 
 
