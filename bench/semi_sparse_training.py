@@ -9,9 +9,10 @@ closer to what a ``sparsity.pattern=2:4`` mask keeps. The weight gradient is den
 The pruning is part of every step: the weights change. Two backends of the 2:4 product: ``cusparselt`` (torchao's
 ``SemiSparseLinear``) and ``cutlass``; one that fails at this torch / torchao pair is printed and listed under
 ``failed`` in the report with its error, and the others still run (a fault that breaks the CUDA context ends the
-process: run that backend alone with ``--backends``). The baseline is what a user writes: ``nn.Linear`` in bf16, eager (one product per call: nothing for a
-compiler to fuse). Rows: the four products of one encoder layer with fused QKV (hidden H: QKV H -> 3H, attention
-output H -> H, feed-forward up H -> 4H and down 4H -> H) at batch x 128 tokens, and their sum, the layer's products.
+process: run that backend alone with ``--backends``). The baseline is what a user writes: ``nn.Linear`` in bf16,
+eager (one product per call: nothing for a compiler to fuse). Rows: the four products of one encoder layer with
+fused QKV (hidden H: QKV H -> 3H, attention output H -> H, feed-forward up H -> 4H and down 4H -> H) at batch x 128
+tokens, and their sum, the layer's products.
 Every 2:4 layer is checked first: the weight it multiplies by (read back through the layer itself) keeps at most 2
 of every 4 inputs and about half in all, and its output is that weight's dense product.
 

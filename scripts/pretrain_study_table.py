@@ -66,22 +66,28 @@ def masked_weights_zero(run_dir: Path) -> bool | None:
     return selected["nonzero"] == selected["active"]
 
 
-def _json_lines(entries: list) -> str:
-    """A JSON list (or object, from ``(key, value)`` pairs) with one entry per line: small in docs/data, readable
-    in a diff."""
-    if entries and isinstance(entries[0], tuple):
-        body = ",\n".join(f"{json.dumps(key)}:{json.dumps(value, separators=(',', ':'))}" for key, value in entries)
-        return "{\n" + body + "\n}\n"
-    return "[\n" + ",\n".join(json.dumps(e, separators=(",", ":")) for e in entries) + "\n]\n"
+def _json_lines(entries: dict | list) -> str:
+    """JSON with one entry of the object or list per line: small in docs/data, readable in a diff."""
+    def compact(value) -> str:
+        return json.dumps(value, separators=(",", ":"))
+
+    if isinstance(entries, dict):
+        return "{\n" + ",\n".join(f"{json.dumps(k)}:{compact(v)}" for k, v in entries.items()) + "\n}\n"
+    return "[\n" + ",\n".join(compact(e) for e in entries) + "\n]\n"
+
+
+def local_dir(root: Path, record) -> Path:
+    """A registry row's run directory under ``root``, the study's output root as copied here from the machine
+    that ran it."""
+    return root / Path(record.run_dir).name
 
 
 def write_raw(registry: RunRegistry, root: Path, out: Path, tables: str) -> None:
     """The study's raw files into ``out`` (see the module docstring), each written whole or not at all."""
     runs = sorted(registry.runs(task_prefix="mlm"), key=lambda r: r.experiment)
-    metrics = [(rec.experiment, {**rec.metrics, "sparsity": rec.sparsity,
-                                 "masked_weights_zero": masked_weights_zero(root / Path(rec.run_dir).name),
-                                 "eval_loss_by_step": eval_losses(root / Path(rec.run_dir).name)})
-               for rec in runs]
+    metrics = {rec.experiment: {**rec.metrics, "sparsity": rec.sparsity,
+                                "masked_weights_zero": masked_weights_zero(local_dir(root, rec)),
+                                "eval_loss_by_step": eval_losses(local_dir(root, rec))} for rec in runs}
     glue = [{k: v for k, v in dataclasses.asdict(rec).items() if k in GLUE_ROW_FIELDS and v is not None}
             for rec in sorted(registry.runs(task_prefix="glue:"), key=lambda r: (r.experiment, r.seed))]
     atomic_write_text(out / "tables.md", tables)
@@ -104,7 +110,7 @@ def mlm_table(records, root: Path) -> str:
     """One row per pretraining run; its run directory is looked up under ``root`` (the study's output root, where
     it may have been copied from the machine that ran it). A sparse run's gap is to the dense run of the study
     whose config differs in sparsity alone ("no twin" when the study has none)."""
-    local = {rec.run_dir: root / Path(rec.run_dir).name for rec in records}
+    local = {rec.run_dir: local_dir(root, rec) for rec in records}
     keys = {run_dir: dense_twin_key(path) for run_dir, path in local.items()}
     dense_loss = {keys[rec.run_dir]: rec.metrics["eval_loss"] for rec in records
                   if rec.sparsity is None and keys[rec.run_dir] is not None}
