@@ -290,6 +290,51 @@ def test_kd_hidden_states_pull_the_student_towards_the_teacher(registry, data_di
     assert with_term < 0.8 * without
 
 
+def test_kd_trains_in_fp8_beside_its_bf16_teacher(registry, data_dir, kd_run, tmp_path, monkeypatch):
+    """train.precision=fp8 with distillation (torchao's emulation on CPU: FP8 casts, fp32 products): the student's
+    encoder multiplies in FP8, the teacher stays a plain bf16 model, masked weights stay exact zeros, and the run
+    ends where the same run in fp32 does (same seed and data), not at the same numbers."""
+    from functools import partial
+
+    from torchao.float8.float8_linear import Float8Linear
+
+    import sparsebert.models.precision as precision
+    import sparsebert.models.prepare as prepare
+    import sparsebert.trainer.trainer as trainer_module
+    from sparsebert.models.fp8 import use_fp8_matmuls
+
+    monkeypatch.setattr(precision, "fp8_unavailable_reason", lambda: None)
+    monkeypatch.setattr(prepare, "use_fp8_matmuls", partial(use_fp8_matmuls, emulate=True))
+    teachers = []
+    original = trainer_module.prepare_teacher
+
+    def record(teacher, *args):
+        teachers.append(original(teacher, *args))
+        return teachers[-1]
+
+    monkeypatch.setattr(trainer_module, "prepare_teacher", record)
+    students = []
+
+    class Student(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            students.append(sum(isinstance(m, Float8Linear) for m in model.modules()))
+
+    out, fp32 = kd_run
+    metrics = run(registry, "sparse_tiny_kd_onecycle_lr_rigl", tmp_path, data_dir, callbacks=[Student()],
+                  extra=[f"kd.teacher={out / 'bert_tiny_quick'}", "train.precision=fp8"])
+    assert students == [12]  # Q, K, V, attention output, FFN in and out, in each of the 2 layers
+    (teacher,) = teachers
+    assert not any(isinstance(m, Float8Linear) for m in teacher.modules())
+    assert {p.dtype for p in teacher.parameters()} == {torch.bfloat16}
+    weights = model_weights(tmp_path / "sparse_tiny_kd_onecycle_lr_rigl")
+    encoder = [t for n, t in weights.items() if ".encoder.layer." in n and t.dim() == 2]
+    assert sum(int((t == 0).sum()) for t in encoder) / sum(t.numel() for t in encoder) == pytest.approx(0.8, abs=1e-4)
+    # it learned (10.35 -> 8.83 nats) and ended within 0.01 of fp32 (1e-4 apart when written)
+    assert metrics["eval_loss"] < metrics["initial_eval_loss"] - 1
+    assert metrics["eval_loss"] == pytest.approx(fp32["eval_loss"], abs=0.01)
+    assert metrics["eval_loss"] != fp32["eval_loss"]
+
+
 def test_plots_of_finished_runs(dense_run, kd_run, tmp_path):
     """--plot loss reads each run's log_history.json; --plot density its sparsity.json; both write a PNG."""
     out, metrics = dense_run
