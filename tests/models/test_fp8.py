@@ -145,6 +145,19 @@ def test_only_the_encoder_linears_multiply_in_fp8_and_keep_their_parameters(tmp_
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
 
 
+def test_upstream_distillation_swaps_the_student_and_leaves_its_teacher():
+    """Upstream pruning trains EncoderDistillation(student, teacher) as one model: the FP8 swap reaches the
+    student's encoder through the wrapper and leaves the teacher (held outside the module tree) as it was."""
+    from transformers import BertModel
+
+    from sparsebert.jobs.upstream_pruning import EncoderDistillation
+
+    student, teacher = (BertModel(tiny_bert(seed=s).config, add_pooling_layer=False) for s in (0, 1))
+    swapped = use_fp8_matmuls(EncoderDistillation(student, teacher), emulate=True)
+    assert len(swapped) == 12 and all(n.startswith("student.encoder.layer.") for n in swapped)
+    assert not any(isinstance(m, Float8Linear) for m in teacher.modules())
+
+
 def test_auto_layers_keep_only_the_shapes_torchao_expects_to_gain():
     # BERT-base's shapes (768 / 3072): of the tensorwise recipe's candidates only the FFN up-projection
     # (N = 3072 > 1024) is large enough to gain
