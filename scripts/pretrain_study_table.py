@@ -43,16 +43,17 @@ GLUE_ROW_FIELDS = ("run_dir", "experiment", "task", "model", "seed", "status", "
 def left_plateau_at(run_dir: Path) -> str:
     """The first evaluated step with an MLM eval loss below PLATEAU; "never" when the curve stays above it; "?"
     without a curve (no log_history.json) to read."""
-    if not (run_dir / "log_history.json").is_file():
+    losses = eval_losses(run_dir)
+    if losses is None:
         return "?"
-    return next((step for step, loss in eval_losses(run_dir).items() if loss < PLATEAU), "never")
+    return next((step for step, loss in losses.items() if loss < PLATEAU), "never")
 
 
-def eval_losses(run_dir: Path) -> dict[str, float]:
-    """The run's MLM eval loss at each evaluated step (``log_history.json``; empty without one)."""
+def eval_losses(run_dir: Path) -> dict[str, float] | None:
+    """The run's MLM eval loss at each evaluated step (``log_history.json``); None without that file."""
     path = run_dir / "log_history.json"
     if not path.is_file():
-        return {}
+        return None
     return {str(int(h["step"])): h["eval_loss"] for h in json.loads(path.read_text()) if "eval_loss" in h}
 
 
@@ -85,9 +86,12 @@ def local_dir(root: Path, record) -> Path:
 def write_raw(registry: RunRegistry, root: Path, out: Path, tables: str) -> None:
     """The study's raw files into ``out`` (see the module docstring), each written whole or not at all."""
     runs = sorted(registry.runs(task_prefix="mlm"), key=lambda r: r.experiment)
-    metrics = {rec.experiment: {**rec.metrics, "sparsity": rec.sparsity,
-                                "masked_weights_zero": masked_weights_zero(local_dir(root, rec)),
-                                "eval_loss_by_step": eval_losses(local_dir(root, rec))} for rec in runs}
+    metrics = {}
+    for rec in runs:
+        run_dir = local_dir(root, rec)
+        metrics[rec.experiment] = {**rec.metrics, "sparsity": rec.sparsity,
+                                   "masked_weights_zero": masked_weights_zero(run_dir),
+                                   "eval_loss_by_step": eval_losses(run_dir) or {}}
     glue = [{k: v for k, v in dataclasses.asdict(rec).items() if k in GLUE_ROW_FIELDS and v is not None}
             for rec in sorted(registry.runs(task_prefix="glue:"), key=lambda r: (r.experiment, r.seed))]
     atomic_write_text(out / "tables.md", tables)
