@@ -22,6 +22,7 @@ import tempfile
 import time
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -337,15 +338,20 @@ def report(runs: list[dict], out: Path | None, table: bool = True) -> None:
         out.write_text(json.dumps(summary, indent=2) + "\n")
 
 
-def check_variants(args: argparse.Namespace) -> None:
+def check_variants(args: argparse.Namespace) -> dict[tuple[str, int, int], Any]:
     """Build every variant's config here, before any GPU process starts: a refused one stops the bench in one line
-    (inside torchrun it would end as a worker traceback)."""
+    (inside torchrun it would end as a worker traceback).
+
+    Returns:
+        Each launch's config by (variant, per-GPU batch, GPUs).
+    """
     from sparse_overhead import timing_overrides, variant_config
 
     from sparsebert.config import ExperimentRegistry
 
     registry = ExperimentRegistry.builtin()
     compile_items = ["train.torch_compile=true"] if args.compile else []
+    configs = {}
     for variant in (v for v in args.variants.split(",") if v != PLAIN_DDP):
         experiment, extra = VARIANTS[variant]
         for batch in map(int, args.per_gpu_batch.split(",")):
@@ -353,9 +359,10 @@ def check_variants(args: argparse.Namespace) -> None:
                 items = [*timing_overrides(args.steps, batch * gpus, args.tokenizer, args.size), *extra,
                          *compile_items]
                 try:
-                    variant_config(registry, experiment, items)
+                    configs[variant, batch, gpus] = variant_config(registry, experiment, items)
                 except ValueError as e:
                     raise SystemExit(f"{variant}: {e}") from None
+    return configs
 
 
 def build_parser() -> argparse.ArgumentParser:

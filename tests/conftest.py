@@ -17,6 +17,9 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 ASSETS = REPO / "tests" / "assets" / "data"
 
+# the shared check modules assert too: pytest explains their failures as it does a test's own
+pytest.register_assert_rewrite("interruptions", "signal_helpers", "sparsity_helpers", "tiny_glue_checks")
+
 
 # under pytest-xdist, the cores shared out between the workers (and the processes tests start), set before the first
 # torch import: two workers with a full thread pool each would fight over every core

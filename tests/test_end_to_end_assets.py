@@ -1,6 +1,6 @@
 """End to end on a fresh clone: tiny pretraining and GLUE finetuning on the checked-in assets (``tests/assets``).
 
-The same experiments on the real data, with many more checks, are in test_training.py and test_finetune.py; these
+The same experiments on the real data, with many more checks, are in tests/jobs/test_pretrain.py and test_finetune.py; these
 two runs are what is left of them without the real data: the registry, runner, data pipeline, Trainer and result
 files on real text.
 """
@@ -47,7 +47,7 @@ def test_tiny_glue_on_the_asset_rte_and_stsb(registry, asset_data_dir, tmp_path,
     # as shipped: the 20 training rows of each slice are fewer than its 128, so 2 optimizer steps per run
     run_experiment(registry.build("tiny_glue"), RunOptions(output_root=tmp_path, data_dir=asset_data_dir))
     root = tmp_path / "tiny_glue"
-    check_tiny_glue_outputs(root, eval_rows=20)  # the whole dev slice
+    check_tiny_glue_outputs(root, eval_rows=20, data_dir=asset_data_dir)  # the whole dev slice
     assert (root / "DONE").is_file()
     capsys.readouterr()
     assert cli_main(["--table", "glue", "--output-dir", str(tmp_path)]) == 0

@@ -24,7 +24,14 @@ def args(steps: int, variants: str) -> SimpleNamespace:
 
 def test_every_variant_builds_at_the_default_steps(scaling):
     steps = scaling.build_parser().parse_args([]).steps
-    scaling.check_variants(args(steps, ",".join([*scaling.VARIANTS, scaling.PLAIN_DDP])))
+    configs = scaling.check_variants(args(steps, ",".join([*scaling.VARIANTS, scaling.PLAIN_DDP])))
+    # every variant at each per-GPU batch (128, 256) and GPU count (1, 2); the plain DDP loop has no config
+    assert sorted(configs) == sorted((v, b, g) for v in scaling.VARIANTS for b in (128, 256) for g in (1, 2))
+    for (variant, batch, gpus), cfg in configs.items():
+        assert (cfg.train.max_steps, cfg.train.global_batch_size) == (steps, batch * gpus)
+        assert cfg.name == scaling.VARIANTS[variant][0]
+        # a RigL variant updates its masks inside the timed run
+        assert cfg.rigl is None or cfg.rigl.update_freq <= steps < cfg.rigl.end_step
 
 
 def test_a_rigl_run_without_an_update_is_refused_before_launch(scaling):

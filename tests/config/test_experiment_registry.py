@@ -357,7 +357,7 @@ def test_transformers_scheduler_and_optimizer_names_are_accepted(registry):
 
 def test_onecycle_momentum_may_stay_flat(registry):
     cfg = registry.build("bert_tiny_quick", ["onecycle.base_momentum=0.9", "onecycle.max_momentum=0.9"])
-    assert cfg.onecycle.base_momentum == cfg.onecycle.max_momentum
+    assert (cfg.onecycle.base_momentum, cfg.onecycle.max_momentum) == (0.9, 0.9)  # no refusal of an equal pair
 
 
 @pytest.mark.parametrize("items,keys", [

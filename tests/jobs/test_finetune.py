@@ -37,7 +37,7 @@ def glue_root(registry, data_dir, tmp_path_factory):
 
 def test_tiny_glue_writes_every_run_and_registers_it(glue_root, data_dir):
     root = glue_root / "tiny_glue"
-    check_tiny_glue_outputs(root, eval_rows=64)  # max_eval_samples
+    check_tiny_glue_outputs(root, eval_rows=64, data_dir=data_dir)  # max_eval_samples
     seeds = [json.loads((root / r / "config.json").read_text())["seed"]
              for r in ("glue_rte/run0", "glue_rte/run1", "glue_stsb/run0")]
     assert seeds == [42, 43, 42]
@@ -153,12 +153,24 @@ def gap_root(registry, data_dir, tmp_path_factory) -> tuple[Path, dict]:
     return _finished_run("tiny_gap", registry, data_dir, tmp_path_factory)
 
 
-def test_tiny_squad_predictions_and_metrics(squad_root):
+def test_tiny_squad_predictions_and_metrics(squad_root, registry, data_dir):
+    """The run predicts every question of its evaluation articles, and its metrics are those of the predictions
+    it wrote against the gold answers of those questions."""
+    from sparsebert.data.squad import read_squad, split_by_article
+    from sparsebert.jobs.finetune.squad import squad_metrics
+
     root, summary = squad_root
     run = root / "tiny_squad" / "squad_v1" / "run0"
     predictions = json.loads((run / "predictions.json").read_text())
     metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["total"] == len(predictions) == 48
+    cfg = registry.build("tiny_squad", FEW_TRAIN_ROWS)
+    _, held_out = split_by_article(read_squad(data_dir / cfg.finetune.squad_file), cfg.finetune.squad_eval_fraction,
+                                   cfg.seed)
+    gold = held_out[:cfg.finetune.max_eval_samples]
+    assert metrics["total"] == len(gold) == 48
+    assert set(predictions) == {ex["id"] for ex in gold}
+    expected = squad_metrics(gold, predictions, version_2=False)
+    assert (metrics["exact"], metrics["f1"]) == pytest.approx((expected["exact"], expected["f1"]))
     assert 0.0 <= metrics["exact"] <= metrics["f1"] <= 100.0
     assert summary["squad_v1"]["f1"]["mean"] == pytest.approx(metrics["f1"])
 

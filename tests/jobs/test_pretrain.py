@@ -89,7 +89,7 @@ def test_same_seed_same_result(registry, data_dir, dense_run, tmp_path):
     again = run(registry, "bert_tiny_quick", tmp_path, data_dir)
     assert again["eval_loss"] == pytest.approx(first["eval_loss"], abs=1e-6)
     a, b = model_weights(dense_run[0] / "bert_tiny_quick"), model_weights(tmp_path / "bert_tiny_quick")
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_finished_run_is_skipped_and_unfinished_needs_resume(registry, data_dir, dense_run, tmp_path):
@@ -244,7 +244,8 @@ def test_export_reload_keeps_sparsity(registry, data_dir, tmp_path):
     loaded = load_compressed(out)
     assert type(loaded) is BertForMaskedLM
     reference = BertForMaskedLM.from_pretrained(tmp_path / "sparse_tiny_rigl" / "model").eval()
-    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), reference.state_dict().values()))
+    a, b = loaded.state_dict(), reference.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     batch = torch.tensor([[2, 40, 41, 42, 3]])
     with torch.no_grad():
         assert torch.equal(loaded(input_ids=batch).logits, reference(input_ids=batch).logits)

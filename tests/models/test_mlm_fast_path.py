@@ -39,7 +39,8 @@ def test_same_loss_and_gradients_as_bert_for_masked_lm():
     torch.testing.assert_close(loss_fast, loss_plain, rtol=1e-5, atol=1e-6)
     loss_plain.backward()
     loss_fast.backward()
-    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+    for (name, p), (fast_name, q) in zip(plain.named_parameters(), fast.named_parameters(), strict=True):
+        assert fast_name == name
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
@@ -130,7 +131,8 @@ def test_static_rows_give_the_same_loss_and_gradients():
     torch.testing.assert_close(out.loss, loss_plain, rtol=1e-5, atol=1e-6)
     loss_plain.backward()
     out.loss.backward()
-    for (name, p), q in zip(plain.named_parameters(), fast.parameters()):
+    for (name, p), (fast_name, q) in zip(plain.named_parameters(), fast.named_parameters(), strict=True):
+        assert fast_name == name
         torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
     n = int((labels != -100).sum())
     torch.testing.assert_close(fast(input_ids=ids, labels=labels, num_items_in_batch=2 * n).loss, out.loss / 2)

@@ -151,7 +151,7 @@ def test_bad_records_are_rejected(tmp_path: Path, overrides: dict, match: str) -
 
 
 def test_numpy_scalars_are_stored_as_plain_numbers(tmp_path: Path) -> None:
-    np = pytest.importorskip("numpy")
+    import numpy as np
     reg = RunRegistry(tmp_path / "reg.sqlite")
     reg.record(_rec("r", metrics={"accuracy": np.float32(0.5)}, steps=np.int64(7), sparsity=np.float64(0.8)))
     got = reg.get("r")

@@ -110,10 +110,21 @@ def test_drop_last_batch_makes_every_batch_one_size(data_dir, tmp_path, monkeypa
     assert len(predictions.read_text().splitlines()) == 1 + 8
 
 
-def test_one_shape_compiled_finetuning_matches_eager(data_dir, tmp_path):
+def test_one_shape_compiled_finetuning_matches_eager(data_dir, tmp_path, monkeypatch):
     """finetune.gpu_fast_path's settings on a tiny model: every training batch padded to 128 with the short last batch
     dropped, compiled in reduce-overhead mode (CUDA graphs on a GPU; Inductor alone on a CPU), give the losses of
     the same run in eager mode. Dropout is off, as above."""
+    import torch
+
+    modes: list = []
+    real_compile = torch.compile
+
+    def recording_compile(model, **kwargs):
+        modes.append(kwargs.get("mode"))
+        return real_compile(model, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", recording_compile)
+
     def losses(extra: list[str], out: Path) -> list[float]:
         logs = TrainLogs()
         cfg = ExperimentRegistry.builtin().build("tiny_glue", [
@@ -126,6 +137,7 @@ def test_one_shape_compiled_finetuning_matches_eager(data_dir, tmp_path):
 
     eager = losses([], tmp_path / "eager")
     compiled = losses(["train.torch_compile=true", "train.torch_compile_mode=reduce-overhead"], tmp_path / "fast")
+    assert modes == ["reduce-overhead"]  # the eager run compiled nothing, the fast one once, in that mode
     assert len(eager) == len(compiled) == 5
     assert compiled == pytest.approx(eager, rel=1e-3, abs=1e-3)
 
