@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import types
 
@@ -16,6 +17,19 @@ def test_the_wandb_project_is_the_experiments_unless_the_user_named_one(monkeypa
     assert tracking.wandb_project("glue_from=a:b") == "glue_from=a-b"  # W&B refuses ':' in a project name
     monkeypatch.setattr(tracking, "USER_WANDB_PROJECT", "mine")
     assert tracking.wandb_project("tiny_glue/glue_rte/run0") == "mine"
+
+
+def test_wandb_writes_its_files_into_the_run_unless_the_user_named_a_folder(monkeypatch, tmp_path):
+    from sparsebert.config.sections import TrainConfig
+    from sparsebert.trainer.arguments import training_arguments
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "")  # restored after the test: training_arguments sets it
+    for user_dir, expected in ((None, tmp_path / "run"), (str(tmp_path / "mine"), tmp_path / "mine")):
+        monkeypatch.setattr(tracking, "USER_WANDB_DIR", user_dir)
+        monkeypatch.delenv("WANDB_DIR", raising=False)
+        training_arguments(TrainConfig(report_to=["wandb"]), tmp_path / "run", seed=0, run_name="tiny/run0")
+        assert os.environ["WANDB_DIR"] == str(expected)
 
 
 def test_hparams_are_flat_values_tensorboard_takes():

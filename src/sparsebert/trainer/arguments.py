@@ -14,7 +14,7 @@ from sparsebert.console import interactive
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.models.precision import resolve_precision
-from sparsebert.trainer.tracking import wandb_project
+from sparsebert.trainer.tracking import wandb_dir, wandb_project
 from sparsebert.upstream.transformers_trainer import train_on_one_gpu
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ def training_arguments(cfg: TrainConfig, run_dir: Path, seed: int, run_name: str
         if not wandb_has_credentials():
             os.environ.setdefault("WANDB_MODE", "offline")  # never block a run on a login prompt
         os.environ["WANDB_PROJECT"] = wandb_project(run_name)  # transformers' WandbCallback reads it, else "huggingface"
+        os.environ["WANDB_DIR"] = wandb_dir(run_dir)  # wandb.init reads it
     args = TrainingArguments(
         output_dir=str(run_dir),
         run_name=run_name,

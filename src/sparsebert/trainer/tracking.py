@@ -16,8 +16,9 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-# WANDB_PROJECT as the user set it, read before any run of this process sets its own
+# WANDB_PROJECT and WANDB_DIR as the user set them, read before any run of this process sets its own
 USER_WANDB_PROJECT = os.environ.get("WANDB_PROJECT")
+USER_WANDB_DIR = os.environ.get("WANDB_DIR")
 
 
 def wandb_project(run_name: str) -> str:
@@ -26,6 +27,12 @@ def wandb_project(run_name: str) -> str:
     if USER_WANDB_PROJECT:
         return USER_WANDB_PROJECT
     return re.sub(r"[/\\#?%:]", "-", run_name.split("/")[0]) or "sparsebert"
+
+
+def wandb_dir(run_dir: str | os.PathLike) -> str:
+    """Where W&B writes its local files (its ``wandb/`` folder): WANDB_DIR if the user set it, else the run's
+    directory, beside the run's other files (W&B's default is the current directory)."""
+    return USER_WANDB_DIR or str(run_dir)
 
 
 def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
