@@ -258,6 +258,13 @@ def test_corpus_files_real_corpus(data_dir):
     assert everything == sorted(everything)
 
 
+@pytest.mark.parametrize("max_files", [0, -1])
+def test_corpus_files_refuses_a_limit_below_one(tmp_path, max_files):
+    (tmp_path / "a.txt").write_text("x\n")
+    with pytest.raises(SparseBertError, match=f"--max-files {max_files}: read at least 1 corpus file"):
+        corpus_files(tmp_path, max_files=max_files)  # 0 once read every file
+
+
 def test_corpus_files_empty_dir_is_an_error(tmp_path):
     (tmp_path / "corpus" / "sub").mkdir(parents=True)
     (tmp_path / "corpus" / ".hidden").write_text("x")

@@ -24,7 +24,14 @@ from sparsebert.errors import SparseBertError
 from sparsebert.results import RunRegistry
 from sparsebert.search import plan_search, run_search
 from sparsebert.search import study as study_module
-from sparsebert.search.metrics import check_metric, default_direction, metric_keys, metric_value
+from sparsebert.search.metrics import (
+    RUN_KEYS,
+    check_metric,
+    default_direction,
+    metric_keys,
+    metric_value,
+    task_metric_names,
+)
 from sparsebert.search.space import parse_space
 from sparsebert.search.study import open_study, run_trials
 from sparsebert.search.trials import TrialProcess, trial_env, trial_outcome
@@ -175,11 +182,46 @@ def test_metric_form_must_fit_the_experiment(registry):
             check_metric(metric, cfg, tasks)
 
 
+def test_a_metric_the_task_does_not_measure_is_refused_naming_those_it_does(registry):
+    glue = registry.build("tiny_search")
+    for metric in ("glue:rte/accuracy", "glue:rte/score", "glue:rte/wall_time_s", "glue:mrpc/f1",
+                   "glue:mnli/accuracy_matched", "glue:stsb/spearman", "headline"):
+        check_metric(metric, glue, ["glue:rte", "glue:mrpc", "glue:mnli", "glue:stsb"])
+    for metric, tasks, names in [("glue:rte/acc", ["glue:rte"], "accuracy, score, global_step"),
+                                 ("glue:rte/f1", ["glue:rte"], "accuracy, score"),
+                                 ("glue:mnli/accuracy", ["glue:mnli"], "accuracy_matched, accuracy_mismatched"),
+                                 ("glue:stsb/accuracy", ["glue:stsb"], "pearson, spearman, score")]:
+        with pytest.raises(SparseBertError) as e:
+            check_metric(metric, glue, tasks)
+        assert f"--metric {metric}: {tasks[0]} runs do not measure" in str(e.value)
+        assert f"one of {names}" in str(e.value)
+    # the metrics of SQuAD, GAP and CSV runs are known only from a run: those are read from its metrics.json
+    assert task_metric_names("squad_v2") is task_metric_names("gap") is task_metric_names("csv") is None
+    check_metric("squad_v2/HasAns_f1", glue, ["squad_v2"])
+
+
+def test_the_run_keys_are_those_every_finetuning_run_adds(registry, tmp_path):
+    """RUN_KEYS against what finish_run itself writes beside a (sparse) run's task metrics."""
+    from types import SimpleNamespace
+
+    from sparsebert.jobs.finetune.common import finish_run
+
+    cfg = registry.build("tiny_search", ["finetune.save_model=false"])
+    ctx = SimpleNamespace(cfg=cfg, output_root=tmp_path, model_source="minilm", pretrain_metrics={})
+    trainer = SimpleNamespace(
+        state=SimpleNamespace(global_step=2, log_history=[{"train_runtime": 1.0, "train_samples_per_second": 32.0}]),
+        sparsity=SimpleNamespace(report=lambda: {"selected": {"sparsity": 0.8}}),
+        accelerator=SimpleNamespace(wait_for_everyone=lambda: None), is_world_process_zero=lambda: True)
+    metrics = finish_run(ctx, trainer, tmp_path / "run0", "glue:rte", 1, {"accuracy": 0.5, "score": 0.5}, 0.0)
+    assert sorted(metrics) == sorted(["accuracy", "score", *RUN_KEYS])
+
+
 def test_cli_refuses_bad_search_input_in_one_line_before_writing(tmp_path, asset_data_dir, capsys):
     base = ["--search", "tiny_search", "--space", "tiny", "--output-dir", str(tmp_path / "out"),
             "--data-dir", str(asset_data_dir)]
     for extra, words in [(["--trials", "0"], "--trials 0"), (["--trials", "2", "--parallel", "0"], "--parallel 0"),
                          (["--trials", "2", "--metric", "rte/accuracy"], "glue:rte/accuracy"),
+                         (["--trials", "2", "--metric", "glue:rte/acc"], "with METRIC one of accuracy, score"),
                          (["--trials", "2", "--study", "../x"], "--study ../x"), ([], "--trials N")]:
         assert main([*base, *extra]) == 2
         err = capsys.readouterr().err.strip()

@@ -91,7 +91,11 @@ READERS = {"wikiextractor": iter_wikiextractor, "text": iter_plain_text}
 
 
 def corpus_files(root: Path, max_files: int | None = None) -> list[Path]:
-    """The corpus files under ``root`` (or ``root`` itself), sorted so every run reads the same order."""
+    """The corpus files under ``root`` (or ``root`` itself), sorted so every run reads the same order; the first
+    ``max_files`` of them (None: all)."""
+    if max_files is not None and max_files < 1:  # 0 must not read all: data.max_files=0 is refused the same way
+        raise SparseBertError(f"--max-files {max_files}: read at least 1 corpus file, or leave it out to read "
+                              "them all")
     if not root.exists():
         raise SparseBertError(f"corpus not found: {root}")
     if root.is_file():
@@ -99,7 +103,7 @@ def corpus_files(root: Path, max_files: int | None = None) -> list[Path]:
     files = sorted(p for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
     if not files:
         raise SparseBertError(f"corpus directory {root} is empty")
-    return files[:max_files] if max_files else files
+    return files[:max_files]
 
 
 def iter_documents(files: list[str], fmt: str, max_documents: int | None = None) -> Iterator[Document]:

@@ -56,6 +56,17 @@ class GlueTask:
     def splits(self) -> tuple[str, ...]:
         return ("train", *self.eval_splits)
 
+    @staticmethod
+    def metric_suffix(split: str) -> str:
+        """How a run's metrics.json tells an evaluation split's metrics apart: ``_matched`` for MNLI's
+        ``dev_matched`` (``accuracy_matched``), nothing for ``dev``."""
+        return split.removeprefix("dev")
+
+    @property
+    def metric_keys(self) -> tuple[str, ...]:
+        """The task's metrics as a run's metrics.json names them, every evaluation split's, and ``score``."""
+        return (*(f"{m}{self.metric_suffix(s)}" for s in self.eval_splits for m in self.metric_names), "score")
+
 
 _NLI = ("entailment", "not_entailment")
 _BIN = ("0", "1")

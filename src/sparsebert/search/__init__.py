@@ -24,7 +24,8 @@ Metrics (``--metric``): for finetuning, ``headline`` (the default): the mean ove
 task's headline metric (its mean over the task's runs), the first present of ``score`` (GLUE's leaderboard number
 per task, as in the GLUE table), ``f1`` (SQuAD, GAP, CSV), ``accuracy``, ``matthews_corr``, ``pearson``; or
 ``TASK/METRIC``, e.g. ``glue:rte/accuracy``, the mean over that task's runs. For pretraining, a key of the run's
-metrics.json, ``eval_loss`` by default. The direction defaults to min for losses and perplexity, else max.
+metrics.json, ``eval_loss`` by default. The direction defaults to min for losses and perplexity, else max. A METRIC
+a GLUE task does not measure is refused before any trial runs; other tasks' metrics are known only from their runs.
 
 Search spaces are plain dicts beside the experiments, in ``sparsebert/experiments/*.py`` or a module of your own
 (``--experiments PATH``)::

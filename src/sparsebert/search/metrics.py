@@ -6,12 +6,17 @@ import statistics
 from typing import Any
 
 from sparsebert.config import ExperimentConfig
+from sparsebert.data.glue import get_glue_task
 from sparsebert.errors import SparseBertError
 
 HEADLINE = "headline"
 # a task's headline: GLUE runs carry "score" (the leaderboard number, the GLUE table's too), SQuAD, GAP and CSV runs
 # "f1"; the rest stand in for metrics.json files without either
 HEADLINE_KEYS = ("score", "f1", "accuracy", "matthews_corr", "pearson")
+# what jobs/finetune/common.py's finish_run adds to the task's own metrics in every finetuning run ("sparsity" in a
+# sparse run only: its own sparsity section, or masks kept from model.init_from's run); the finish_run module
+# keeps no list of them, so tests/search check this one against what finish_run writes
+RUN_KEYS = ("global_step", "train_samples_per_second", "train_runtime_s", "wall_time_s", "sparsity")
 
 
 def _is_number(value: Any) -> bool:
@@ -89,8 +94,25 @@ def default_direction(metric: str) -> str:
     return "min" if name.endswith("loss") or name == "perplexity" else "max"
 
 
+def task_metric_names(task: str) -> list[str] | None:
+    """The metrics a finetuning run of ``task`` writes to metrics.json (and so its experiment's summary), known
+    before it runs; None where only a run tells.
+
+    Args:
+        task: a task of :func:`sparsebert.jobs.finetune.job.task_list`, e.g. ``glue:mnli`` or ``squad_v2``.
+    """
+    kind, _, name = task.partition(":")
+    if kind != "glue":
+        # SQuAD, GAP and CSV runs build their metrics in their job modules (jobs/finetune/) with no list of the
+        # names to import, and some names come with the data only (SQuAD v2's HasAns_* / NoAns_*, CSV's *_binary
+        # for two labels): their metrics are checked when a trial's metrics.json is read
+        return None
+    return [*get_glue_task(name).metric_keys, *RUN_KEYS]
+
+
 def check_metric(metric: str, cfg: ExperimentConfig, tasks: list[str]) -> None:
-    """Refuse a ``--metric`` of the wrong form for the experiment before any trial runs.
+    """Refuse a ``--metric`` of the wrong form for the experiment, or one its task does not measure (where that is
+    known: :func:`task_metric_names`), before any trial runs.
 
     Args:
         metric: the ``--metric`` given.
@@ -98,11 +120,21 @@ def check_metric(metric: str, cfg: ExperimentConfig, tasks: list[str]) -> None:
         tasks: the tasks it runs (finetuning), e.g. ``["glue:rte"]``.
     """
     if not cfg.is_finetuning:
+        # only the form: a pretraining run's keys are built by its job (jobs/pretrain.py, the runner's wall_time_s)
+        # with no list to import, and some come with settings only (initial_* with train.eval_at_start,
+        # recompiles_after_warmup with train.torch_compile, sparsity; task upstream drops perplexity): a mistyped
+        # key is reported when a trial's metrics.json is read
         if "/" in metric or metric == HEADLINE or not metric:
             raise SparseBertError(f"--metric {metric}: {cfg.name} pretrains; use a key of its metrics.json, "
                                   "e.g. eval_loss")
         return
+    if metric == HEADLINE:
+        return
     task, slash, key = metric.partition("/")
-    if metric != HEADLINE and not (slash and key and "/" not in key and task in tasks):
+    if not (slash and key and "/" not in key and task in tasks):
         raise SparseBertError(f"--metric {metric}: for {cfg.name} use {HEADLINE} or TASK/METRIC with TASK one of "
                               f"{', '.join(tasks)} (e.g. {tasks[0]}/accuracy)")
+    names = task_metric_names(task)
+    if names is not None and key not in names:
+        raise SparseBertError(f"--metric {metric}: {task} runs do not measure {key}; use {task}/METRIC with METRIC "
+                              f"one of {', '.join(names)}")
