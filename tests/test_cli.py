@@ -15,12 +15,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from sparsebert.cli import main
 from sparsebert.config import ExperimentRegistry
+from sparsebert.search.plan import SearchPlan
 
 REPO = Path(__file__).resolve().parents[1]
 RUN = REPO / "run.py"
@@ -591,3 +593,60 @@ def test_list_with_a_word_no_name_contains_is_one_line_error(capsys):
     code, out, err = run_main(["--list", "no_such_word"], capsys)
     assert code == 2 and out == ""
     assert "no experiment name contains 'no_such_word'" in one_line_error(err)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--table", "glue", "nosuch_experiment"], "--table runs no experiment; drop nosuch_experiment (--only NAME"),
+    (["--plot", "loss", "some_run"], "--plot runs no experiment; drop some_run (--only RUN"),
+    (["--runs", "nosuch_experiment"], "--runs runs no experiment; drop nosuch_experiment"),
+    (["--runs", "--only", "foo"], "--only goes with --table or --plot, not --runs (it lists every run; --status"),
+    (["--export", "r", "--to", "d", EXPERIMENT], f"--export runs no experiment; drop {EXPERIMENT}"),
+    (["--train-tokenizer", "tok", EXPERIMENT], f"--train-tokenizer runs no experiment; drop {EXPERIMENT}"),
+    (["--runs", "--set", "seed=1"], "--runs takes no --set"),
+    (["--export", "r", "--to", "d", "--set", "seed=1"], "--export takes no --set"),
+    (["--table", "glue", "--set", "seed=1", "--set", "train.max_steps=2"],
+     "--table takes no --set (it changes the experiment you run, --show or --predict with); drop --set seed=1 "
+     "--set train.max_steps=2"),
+    (["--list", "--set", "seed=1"], "--list takes no --set"),
+    (["--profile", "--list"], "--profile goes with running experiments, not with --list; drop --profile"),
+    (["--show", EXPERIMENT, "--overwrite", "--resume"], "--resume and --overwrite go with running experiments"),
+    (["--runs", "--table", "glue"], "--runs and --table are separate commands; give one at a time"),
+    ([EXPERIMENT, "--resume", "--overwrite"], "--resume continues an unfinished run and --overwrite deletes it"),
+    ([EXPERIMENT, "--only", "foo"], "--only goes with --table or --plot"),
+])
+def test_arguments_the_command_would_ignore_are_refused(tmp_path, capsys, argv, message):
+    """Each would otherwise pass silently: a user would think it filtered (or changed) what the command did."""
+    code, out, err = run_main([*argv, "--output-dir", str(tmp_path / "out"), "--data-dir", str(tmp_path)], capsys)
+    assert code == 2 and out == ""
+    assert message in one_line_error(err)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("run_name,problem", [
+    (".", "cannot name a run directory: use letters"),
+    ("..", "cannot name a run directory: use letters"),
+    ("../elsewhere", "cannot name a run directory: use letters"),
+    ("/tmp/abs", "cannot name a run directory: use letters"),
+    ("search", "the output root keeps its search studies there"),
+    ("search/study", "cannot name a run directory: use letters"),  # a study, not a trial
+    ("search/../trial001", "cannot name a run directory: use letters"),
+    ("registry.sqlite", "the output root keeps its run registry there"),
+])
+def test_a_run_name_that_is_no_run_directory_of_its_own_is_refused(tmp_path, capsys, run_name, problem):
+    code, out, err = run_main([EXPERIMENT, "--run-name", run_name, "--overwrite", "--output-dir",
+                               str(tmp_path / "out"), "--data-dir", str(tmp_path)], capsys)
+    line = one_line_error(err)
+    assert code == 2 and line.startswith(f"error: --run-name {run_name} ") and problem in line
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("run_name", [
+    SearchPlan.run_name(SimpleNamespace(study="glue_from=bert_100k-lr.v2"), 7),  # search/<study>/trial007
+    "glue_from=bert_100k~rte~lr2e-5",  # scripts/pretrain_study.sh's
+    "bert_100k_2gpu",  # bench/real_loop_scaling.py's
+])
+def test_run_names_of_search_trials_and_scripts_pass(tmp_path, capsys, run_name):
+    """They get as far as the data directory, which does not exist."""
+    code, _, err = run_main([EXPERIMENT, "--run-name", run_name, "--output-dir", str(tmp_path / "out"),
+                             "--data-dir", str(tmp_path / "no_data")], capsys)
+    assert code == 2 and "no_data (from --data-dir) does not exist" in one_line_error(err)

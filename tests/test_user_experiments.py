@@ -158,6 +158,9 @@ def test_a_name_of_a_built_in_experiment_is_refused_in_one_line(tmp_path, capsys
     ("table.py", "EXPERIMENTS = ['a']\n", "EXPERIMENTS must be a dict"),
     ("scalar.yaml", "mine: 3\n", "experiment 'mine'"),
     ("orphan.yaml", "mine: {parent: nope}\n", "unknown parent 'nope'"),
+    ("list_parent.yaml", "mine: {parent: [tiny_glue]}\n", "parent must be the name of one experiment"),
+    ("exits.py", "raise SystemExit(3)\n", "cannot load it: SystemExit: 3"),
+    ("equals.yaml", "a=b: {parent: bert_tiny_quick}\n", "cannot hold '='"),
 ])
 def test_a_bad_experiments_file_is_one_line(tmp_path, capsys, name, text, message):
     path = tmp_path / name
@@ -166,6 +169,33 @@ def test_a_bad_experiments_file_is_one_line(tmp_path, capsys, name, text, messag
     code, _, err = run_main(["--show", "mine", "--experiments", str(path)], capsys)
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+    assert str(path) in lines[0]  # the file to fix
+
+
+def test_list_names_an_unknown_parent_and_its_file_before_printing_anything(tmp_path, capsys):
+    (tmp_path / "orphan.yaml").write_text("aaa_first: {parent: bert_tiny_quick}\nmine: {parent: nowhere}\n")
+    code, out, err = run_main(["--experiments", str(tmp_path / "orphan.yaml"), "--list"], capsys)
+    assert code == 2 and out == ""
+    assert err.strip() == f"error: experiment 'mine' in {tmp_path / 'orphan.yaml'} names an unknown parent 'nowhere'"
+
+
+@pytest.mark.parametrize("name,keep", [
+    (".", "out/canary.txt"),  # the output root
+    ("..", "canary.txt"),  # the output root's parent
+    ("search", "out/search/study/study.sqlite3"),  # every search study
+])
+def test_overwrite_cannot_delete_the_output_root_or_what_it_keeps(tmp_path, capsys, name, keep):
+    """An experiment named like this is refused when its file is read: --overwrite never gets to its run
+    directory (a data directory that does not exist stops the run before it, should the name pass)."""
+    (tmp_path / keep).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / keep).write_text("keep me")
+    evil = tmp_path / "evil.yaml"
+    evil.write_text(f'"{name}": {{parent: bert_tiny_quick}}\n')
+    code, out, err = run_main(["--experiments", str(evil), name, "--output-dir", str(tmp_path / "out"), "--overwrite",
+                               "--data-dir", str(tmp_path / "no_data")], capsys)
+    assert code == 2 and out == ""
+    assert err.startswith(f"error: experiment '{name}' in {evil} cannot name a run directory"), err
+    assert (tmp_path / keep).read_text() == "keep me"
 
 
 @pytest.mark.parametrize("argv,message", [

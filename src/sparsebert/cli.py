@@ -166,6 +166,7 @@ def _main(argv: list[str] | None) -> int:
             with terminate_on_sigterm() as raise_if_terminated:  # stops the trials: they record themselves failed
                 return search(args, registry, raise_if_terminated)
         _refuse_search_flags(args)
+        _refuse_what_the_command_ignores(args)
         if args.predict or args.input or args.output or args.sparse24_kernel or args.long_rows:
             return predict(args)
         if args.gpus and "LOCAL_RANK" not in os.environ:
@@ -198,6 +199,7 @@ def _main(argv: list[str] | None) -> int:
         if args.run_name:
             if len(configs) != 1:
                 raise ConfigError("--run-name names the run of one experiment")
+            check_run_name_flag(args.run_name)
             configs = [dataclasses.replace(configs[0], name=args.run_name)]
         from sparsebert.data.paths import resolve_data_dir
 
@@ -267,6 +269,49 @@ def predict(args: argparse.Namespace) -> int:
 
 
 SEARCH_FLAGS = ("space", "trials", "metric", "direction", "parallel", "study")
+
+
+def check_run_name_flag(name: str) -> None:
+    """``--run-name NAME``: a search trial's run name, or one a run directory of its own may have (see
+    :func:`~sparsebert.config.experiment_registry.check_run_name`: ``--overwrite`` deletes that directory)."""
+    from sparsebert.config.experiment_registry import check_run_name
+    from sparsebert.search.plan import TRIAL_RUN_NAME
+
+    if not TRIAL_RUN_NAME.fullmatch(name):
+        check_run_name(name, f"--run-name {name}")
+
+
+def _refuse_what_the_command_ignores(args: argparse.Namespace) -> None:
+    """Refuse arguments that the command given (--runs, --table, --export, ...; none: running experiments) would
+    silently ignore: the user would believe they filtered or changed something. (--search checks its own.)"""
+    given = [flag for flag, value in (("--predict", args.predict), ("--train-tokenizer", args.train_tokenizer),
+                                      ("--export", args.export), ("--runs", args.runs), ("--table", args.table),
+                                      ("--plot", args.plot), ("--show", args.show), ("--keys", args.keys),
+                                      ("--list", args.list)) if value]
+    if len(given) > 1:
+        raise ConfigError(f"{' and '.join(given)} are separate commands; give one at a time")
+    command = given[0] if given else None
+    if command is None:
+        if args.resume and args.overwrite:
+            raise ConfigError("--resume continues an unfinished run and --overwrite deletes it to start over; "
+                              "give one")
+        if args.table_experiments is not None:
+            raise ConfigError("--only goes with --table or --plot; to run experiments, name them without --only")
+        return
+    run_flags = [flag for flag, value in (("--resume", args.resume), ("--overwrite", args.overwrite),
+                                          ("--profile", args.profile), ("--run-name", args.run_name)) if value]
+    if run_flags:
+        raise ConfigError(f"{' and '.join(run_flags)} {'goes' if len(run_flags) == 1 else 'go'} with running "
+                          f"experiments, not with {command}; drop {' '.join(run_flags)}")
+    if args.overrides and command not in ("--predict", "--show"):
+        raise ConfigError(f"{command} takes no --set (it changes the experiment you run, --show or --predict with); "
+                          f"drop --set {' --set '.join(args.overrides)}")
+    if args.table_experiments is not None and command not in ("--table", "--plot"):
+        hint = " (it lists every run; --status picks those of one status)" if command == "--runs" else ""
+        raise ConfigError(f"--only goes with --table or --plot, not {command}{hint}")
+    if args.experiments and command in ("--train-tokenizer", "--export", "--runs", "--table", "--plot"):
+        hint = {"--table": " (--only NAME ... picks its rows)", "--plot": " (--only RUN ... names the runs to plot)"}
+        raise ConfigError(f"{command} runs no experiment; drop {' '.join(args.experiments)}{hint.get(command, '')}")
 
 
 def _refuse_search_flags(args: argparse.Namespace) -> None:

@@ -16,6 +16,7 @@ from sparsebert.config import (
     from_dict,
     to_dict,
 )
+from sparsebert.config.experiment_registry import RESERVED_RUN_NAMES, check_run_name
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +187,76 @@ def test_missing_experiments_directory_is_an_error(tmp_path):
 def test_experiment_that_is_not_a_dict_is_an_error():
     with pytest.raises(ConfigError, match="'bad'.*must be a dict"):
         ExperimentRegistry({"bad": ["not", "a", "dict"]})
+
+
+@pytest.mark.parametrize("name,problem", [
+    (".", "cannot name a run directory"),  # --overwrite would delete the output root
+    ("..", "cannot name a run directory"),  # ... or its parent
+    ("/tmp/x/abs", "cannot name a run directory"),
+    ("a/b", "cannot name a run directory"),
+    ("a\\b", "cannot name a run directory"),
+    ("-x", "cannot name a run directory"),  # would read as an option on the command line
+    (".hidden", "cannot name a run directory"),  # or clash with a run's lock file, .NAME.lock
+    ("", "cannot name a run directory"),
+    ("search", "its search studies"),
+    ("Search", "its search studies"),
+    ("registry.sqlite", "its run registry"),
+    ("registry.sqlite-wal", "its run registry"),
+    ("a=b", "cannot hold '='"),  # NAME=RUN on the command line
+])
+def test_a_name_that_cannot_be_its_run_directory_is_refused_naming_its_file(tmp_path, name, problem):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"{json.dumps(name)}: {{parent: bert_tiny_quick}}\n")
+    with pytest.raises(ConfigError) as e:
+        ExperimentRegistry.builtin([mine])
+    assert problem in str(e.value) and f"experiment {name!r} in {mine}" in str(e.value)
+
+
+def test_names_of_letters_digits_and_punctuation_pass():
+    reg = ExperimentRegistry({"a": {}, "my_exp-2.v1": {"parent": "a"}, "_x~1+2": {}})
+    assert reg.names() == ["_x~1+2", "a", "my_exp-2.v1"]
+    check_run_name("glue_from=bert_100k", "a NAME=RUN run")  # a run name may hold '=', as such runs do
+
+
+def test_the_reserved_names_are_what_the_tool_keeps_in_the_output_root(tmp_path):
+    """Spelled out in config (results and search import it, not the reverse): they must follow the real ones."""
+    from sparsebert.results import REGISTRY_FILENAME
+    from sparsebert.search.plan import SearchPlan
+
+    plan = SearchPlan(experiment="e", space="s", distributions={}, space_params={}, trials=1, overrides=[],
+                      metric="eval_loss", direction="min", parallel=1, gpus=[], study="study", seed=0,
+                      output_root=tmp_path, data_dir=None, experiment_paths=[])
+    kept = {plan.study_dir.relative_to(tmp_path).parts[0], REGISTRY_FILENAME, f"{REGISTRY_FILENAME}-wal",
+            f"{REGISTRY_FILENAME}-shm", f"{REGISTRY_FILENAME}-journal"}
+    assert kept == set(RESERVED_RUN_NAMES)
+
+
+@pytest.mark.parametrize("text", ["p2: {parent: [tiny_glue]}\n", "p2: {parent: 3}\n"])
+def test_a_parent_that_is_no_name_is_refused_when_loaded_naming_the_file(tmp_path, text):
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(text)
+    with pytest.raises(ConfigError, match="parent must be the name of one experiment") as e:
+        ExperimentRegistry.builtin([mine])
+    assert f"experiment 'p2' in {mine}" in str(e.value)
+
+
+def test_unknown_parents_are_found_when_the_files_are_loaded_naming_the_file(tmp_path):
+    """Before any experiment is resolved; a parent from a file loaded after its child's is no error."""
+    (tmp_path / "a_child.yaml").write_text("child: {parent: base_of_mine}\n")
+    (tmp_path / "b_base.yaml").write_text("base_of_mine: {parent: bert_tiny_quick}\n")
+    assert ExperimentRegistry.builtin([tmp_path]).parents("child")[:3] == ["child", "base_of_mine", "bert_tiny_quick"]
+    (tmp_path / "c_orphan.yaml").write_text("orphan: {parent: base_of_mne}\n")
+    with pytest.raises(ConfigError) as e:
+        ExperimentRegistry.builtin([tmp_path])
+    assert str(e.value).startswith(f"experiment 'orphan' in {tmp_path / 'c_orphan.yaml'} names an unknown parent "
+                                   "'base_of_mne'; closest: base_of_mine")
+
+
+def test_a_module_that_exits_at_import_is_a_config_error_naming_it(tmp_path):
+    (tmp_path / "exits.py").write_text("raise SystemExit(3)\n")
+    with pytest.raises(ConfigError) as e:
+        ExperimentRegistry.builtin([tmp_path / "exits.py"])
+    assert str(e.value) == f"{tmp_path / 'exits.py'}: cannot load it: SystemExit: 3"
 
 
 # --- --set overrides ----------------------------------------------------------------------------------------

@@ -5,7 +5,8 @@ with ``--experiments PATH``: a ``.py`` module like the built-in ones, a ``.yaml`
 name to experiment) or a folder of such files. Each module defines ``EXPERIMENTS: dict[str, dict]``. An entry may name a
 ``parent``; it then states only what differs from it, and is resolved as a deep copy of the parent with the
 entry's keys merged in recursively. ``build`` resolves a name, applies ``--set`` overrides and validates the
-result into an :class:`ExperimentConfig`.
+result into an :class:`ExperimentConfig`. A name is its run's directory under the output root, so it is checked when
+loaded (:func:`check_experiment_name`), and so is every parent once a command's files are all in.
 
 A module may also define ``SEARCH_SPACES: dict[str, dict]`` (hyperparameter search spaces for ``--search``);
 they are collected here by name, and checked by :mod:`sparsebert.search` when one is used.
@@ -18,6 +19,7 @@ import dataclasses
 import difflib
 import importlib.resources
 import importlib.util
+import re
 import typing
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,6 +32,37 @@ Experiment = dict[str, Any]
 EXPERIMENT_SUFFIXES = (".py", ".yaml", ".yml")
 DEFAULT_ORIGIN = "default"
 SET_ORIGIN = "--set"
+# what the tool keeps in the output root beside the run directories: the search studies (SearchPlan.study_dir) and
+# the run registry (results.REGISTRY_FILENAME, with SQLite's side files). A run of such a name would write into
+# them and --overwrite would delete them. Spelled out here: results and search import config, not the reverse.
+RESERVED_RUN_NAMES = {"search": "its search studies",
+                      **{f"registry.sqlite{side}": "its run registry" for side in ("", "-wal", "-shm", "-journal")}}
+# one path component: a letter, digit or _ first (so no ".", "..", hidden name or option-like "-x"), then those
+# and . ~ + - (no / or \, which would reach into another folder), or = as a NAME=RUN run's glue_from=bert_100k has
+RUN_NAME = re.compile(r"\w[\w.=~+-]*")
+
+
+def check_run_name(name: object, what: str) -> None:
+    """Refuse a name that cannot be a run directory of its own under the output root (an experiment's name, or
+    ``--run-name``): the run is written to ``<output root>/<name>`` and ``--overwrite`` deletes that, so ``.``,
+    ``..``, a path or a name the tool keeps there (``search``) would delete the output root, its parent, another
+    folder or every search study. ``what`` names the name and where it comes from, for the one-line error."""
+    if not isinstance(name, str) or not RUN_NAME.fullmatch(name):
+        raise ConfigError(f"{what} cannot name a run directory: use letters, digits and _ . ~ + -, starting "
+                          "with a letter, digit or _")
+    if name.lower() in RESERVED_RUN_NAMES:  # lower: a case-insensitive file system finds Search as search
+        raise ConfigError(f"{what} cannot name a run directory: the output root keeps "
+                          f"{RESERVED_RUN_NAMES[name.lower()]} there under that name; choose another")
+
+
+def check_experiment_name(name: object, origin: str) -> None:
+    """An experiment's name is its run directory's (see :func:`check_run_name`), and has no ``=``: on the command
+    line ``NAME=RUN`` is experiment NAME starting from run RUN."""
+    what = f"experiment {name!r} in {origin}"
+    if isinstance(name, str) and "=" in name:
+        raise ConfigError(f"{what}: a name cannot hold '=', since the command line reads NAME=RUN as experiment "
+                          "NAME starting from run RUN; choose another name")
+    check_run_name(name, what)
 
 
 def builtin_experiments_dir() -> Path:
@@ -80,6 +113,7 @@ class ExperimentRegistry:
         """Load every experiment file in ``directory`` (see :meth:`load_directory`)."""
         reg = cls()
         reg.load_directory(Path(directory))
+        reg.check_parents()
         return reg
 
     @classmethod
@@ -88,9 +122,11 @@ class ExperimentRegistry:
 
         A user's experiment may name a built-in parent; a name both define is an error (one line), so that a name
         always means one experiment, whichever files a command loads."""
-        reg = cls.from_directory(builtin_experiments_dir())
+        reg = cls()
+        reg.load_directory(builtin_experiments_dir())
         for path in extra:
             reg.load_path(Path(path))
+        reg.check_parents()  # once every file is in: a parent may come from a file loaded after its child's
         return reg
 
     def load_path(self, path: Path) -> None:
@@ -125,7 +161,20 @@ class ExperimentRegistry:
             self.add_space(name, space, origin=str(path))
 
     def add(self, name: str, experiment: Experiment, origin: str = "<code>") -> None:
+        """Register ``experiment`` under ``name``, refusing a name that cannot be a run directory and a parent that
+        is no name (``origin``, its file, goes into the error)."""
+        check_experiment_name(name, origin)
         _add_dict("experiment", self._raw, self._origin, name, experiment, origin)
+        parent = experiment.get("parent")
+        if parent is not None and not isinstance(parent, str):
+            raise ConfigError(f"experiment '{name}' in {origin}: parent must be the name of one experiment, got "
+                              f"{parent!r}")
+
+    def check_parents(self) -> None:
+        """Every experiment's parent chain ends without a cycle or an unknown parent; checked when a command has
+        loaded its files, so a mistake fails before any output (not halfway through ``--list``)."""
+        for name in self._raw:
+            self.parents(name)
 
     def add_space(self, name: str, space: dict[str, Any], origin: str = "<code>") -> None:
         _add_dict("search space", self._spaces, self._space_origin, name, space, origin)
@@ -180,7 +229,9 @@ class ExperimentRegistry:
         if parent is None:
             return copy.deepcopy(raw)
         if parent not in self._raw:
-            raise ConfigError(f"experiment '{name}' names an unknown parent '{parent}'")
+            close = difflib.get_close_matches(parent, self._raw, n=3, cutoff=0.5)
+            raise ConfigError(f"experiment '{name}' in {self._origin[name]} names an unknown parent '{parent}'"
+                              + (f"; closest: {', '.join(close)}" if close else ""))
         return deep_update(self.resolve(parent, (*_seen, name)), raw, ExperimentConfig)
 
     def build(self, name: str, overrides: list[str] | None = None) -> ExperimentConfig:
@@ -273,7 +324,7 @@ def _load_module(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
-    except Exception as e:  # a user's file: one line naming it, not a traceback
+    except (Exception, SystemExit) as e:  # a user's file: one line naming it, not a traceback or a silent exit
         raise ConfigError(f"{path}: cannot load it: {type(e).__name__}: {e}") from None
     tables = [getattr(module, "EXPERIMENTS", {}), getattr(module, "SEARCH_SPACES", {})]
     for table, what in zip(tables, ("EXPERIMENTS", "SEARCH_SPACES")):

@@ -9,7 +9,7 @@ from sparsebert.errors import SparseBertError
 
 DATA_ENV = "SPARSEBERT_DATA"
 HOW_TO_POINT = (f"point sparsebert at your data with --data-dir DIR or ${DATA_ENV}=DIR "
-                "(see README, 'Data setup')")
+                "(see README, 'Getting the data')")
 
 
 def resolve_data_dir(explicit: str | os.PathLike | None = None) -> Path | None:

@@ -17,6 +17,9 @@ from sparsebert.search.metrics import check_metric, default_direction, default_m
 from sparsebert.search.space import check_space_keys, parse_space, set_item
 
 DIRECTIONS = {"max": "maximize", "min": "minimize"}
+STUDY_NAME = r"[\w.=+-]+"  # --study: one directory under the output root's search/
+# a trial's run name (SearchPlan.run_name): the one run name that reaches into search/
+TRIAL_RUN_NAME = re.compile(rf"search/(?!\.\.?/){STUDY_NAME}/trial\d+")
 
 
 @dataclass
@@ -104,7 +107,7 @@ def plan_search(registry: ExperimentRegistry, experiment: str, space: str, trial
     if direction is not None and direction not in DIRECTIONS:
         raise SparseBertError(f"--direction {direction}: use max or min")
     study = study or f"{cfg.name}-{space}"
-    if not re.fullmatch(r"[\w.=+-]+", study) or study in (".", ".."):
+    if not re.fullmatch(STUDY_NAME, study) or study in (".", ".."):
         raise SparseBertError(f"--study {study}: use letters, digits and _ . = + - (it names a directory)")
     gpus = visible_gpus()
     return SearchPlan(
