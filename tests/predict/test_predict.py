@@ -210,6 +210,19 @@ def test_bad_requests_are_refused_before_anything_is_written(rte_run, gap_run, d
     assert {p: sorted(p.rglob("*")) for p in (rte_run, gap_run)} == before
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_write_that_fails_after_the_checks_is_a_one_line_error(rte_run, data_dir, tmp_path, capsys, monkeypatch):
+    """/proc takes no new file, not even from root, whom the check's os.access lets write anywhere (simulated here
+    for every user): the write itself failed with tempfile's FileNotFoundError traceback."""
+    import sparsebert.predict.finished_run as finished_run
+
+    monkeypatch.setattr(finished_run, "unwritable_reason", lambda path: None)
+    rte = tmp_path / "rte.tsv"
+    rte.write_text("".join("\t".join(r[:3]) + "\n" for r in _tsv(data_dir / "glue/RTE/dev.tsv")[:5]))
+    _refused(capsys, ["--predict", str(rte_run), "--input", str(rte), "--output", "/proc/sparsebert_rte.tsv"],
+             "--predict: cannot write /proc/sparsebert_rte.tsv: ")
+
+
 def test_readers_take_files_without_labels(data_dir, tmp_path):
     """The readers --predict uses: GAP's 9 columns only where asked for, CSV labels mapped onto the model's."""
     rows = _tsv(data_dir / "gap/gap-validation.tsv")[:4]
@@ -371,6 +384,65 @@ def test_an_unreadable_input_is_refused_before_the_model_loads(data_dir, tmp_pat
     _refused(capsys, ["--predict", str(run), "--input", str(rte)], f"--input {rte}: cannot read it: Permission denied")
 
 
+def test_an_output_among_the_runs_own_files_is_refused_before_the_model_loads(data_dir, tmp_path, capsys,
+                                                                           no_model):
+    """--output config.json of the run used to replace it (exit 0) and break the run: only its predict/ folder
+    takes predictions, however the path is spelled (relative parts, a symlink to the run)."""
+    run = _run_without_a_model(tmp_path, "glue:rte")
+    (tmp_path / "link").symlink_to(run)
+    rte = data_dir / "glue/RTE/dev.tsv"
+    files = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    for output in (run / "config.json", run / "model" / ".." / "DONE", tmp_path / "link" / "metrics.json",
+                   run / "notes" / "rte.tsv"):
+        _refused(capsys, ["--predict", str(run), "--input", str(rte), "--output", str(output)],
+                 f"--output {output} is inside the run directory {run}, whose files it would replace; "
+                 f"write under {run / 'predict'} (the default) or outside the run")
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == files
+
+
+@pytest.mark.parametrize("task, input_file", [("glue:rte", "glue/RTE/dev.tsv"), ("gap", "gap/gap-validation.tsv")])
+def test_set_values_are_validated_as_their_section_does_before_the_model_loads(data_dir, tmp_path, capsys,
+                                                                               no_model, task, input_file):
+    """--set train.eval_batch_size=0 used to fail in the DataLoader, and finetune.max_seq_length beyond the model's
+    position embeddings in its forward pass, both with a traceback after featurizing. (A GAP run's model/ has no
+    config: its positions are those of the encoder it started from.)"""
+    run = _run_without_a_model(tmp_path, task)
+    model_config = run / "model" if task != "gap" else tmp_path / "encoder"
+    model_config.mkdir(exist_ok=True)
+    (model_config / "config.json").write_text(json.dumps({"model_type": "bert", "max_position_embeddings": 512}))
+    config = json.loads((run / "config.json").read_text())
+    (run / "config.json").write_text(json.dumps({**config, "model_source": str(tmp_path / "encoder")}))
+    given = ["--predict", str(run), "--input", str(data_dir / input_file)]
+    for size in ("0", "-4"):
+        _refused(capsys, [*given, "--set", f"train.eval_batch_size={size}"],
+                 f"train.eval_batch_size must be >= 1, got {size}")
+    _refused(capsys, [*given, "--set", "finetune.max_seq_length=8"], "finetune.max_seq_length must be in [16, 4096]")
+    _refused(capsys, [*given, "--set", "finetune.max_seq_length=1024"],
+             f"finetune.max_seq_length=1024 is beyond the 512 position embeddings of {model_config}")
+    with pytest.raises(AssertionError, match="was loaded"):  # a length the model has passes every check
+        cli_main([*given, "--set", "finetune.max_seq_length=512", "--set", "train.eval_batch_size=4"])
+    assert not (run / "predict").exists()
+
+
+@pytest.mark.parametrize("task, companion", [("squad_v1", "nbest_predictions.json"),
+                                             ("squad_v2", "null_odds.json"), ("gap", "gap_system.tsv")])
+def test_every_file_a_prediction_writes_is_checked_before_the_model_loads(data_dir, tmp_path, capsys, no_model,
+                                                                          task, companion):
+    """A directory where a file beside --output goes was found only after the predictions file was written, with a
+    traceback; an input file that one of them would replace was not found at all."""
+    run = _run_without_a_model(tmp_path, task)
+    given = tmp_path / f"in_{companion}"  # the task's file, named as the companion of an output in.*
+    given.write_bytes((data_dir / ("gap/gap-validation.tsv" if task == "gap" else "squad/dev-v1.1.json")).read_bytes())
+    output, blocker = tmp_path / "out" / "pred.out", tmp_path / "out" / f"pred_{companion}"
+    blocker.mkdir(parents=True)
+    _refused(capsys, ["--predict", str(run), "--input", str(given), "--output", str(output)],
+             f"{blocker} (written beside --output {output}) is a directory; name another --output")
+    _refused(capsys, ["--predict", str(run), "--input", str(given), "--output", str(tmp_path / "in.out")],
+             f"{given} (written beside --output {tmp_path / 'in.out'}) is the input file; name another --output")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [blocker.name]
+    assert not (tmp_path / "in.out").exists() and not (run / "predict").exists()
+
+
 def test_set_changes_how_the_input_is_read(csv_run, data_dir, tmp_path, capsys):
     """--set csv.text_column=... reads a file whose text column the run did not train with; keys that are how the
     run trained are refused in one line."""
@@ -420,10 +492,10 @@ def test_gap_rows_with_mentions_too_far_apart(gap_run, data_dir, tmp_path, capsy
 
 
 def test_every_task_with_a_predictor_has_an_output_format():
-    from sparsebert.predict.finished_run import EXTENSIONS, INPUT_FORMATS
+    from sparsebert.predict.finished_run import COMPANIONS, EXTENSIONS, INPUT_FORMATS
     from sparsebert.predict.tasks import PREDICTORS
 
-    assert PREDICTORS.keys() == EXTENSIONS.keys() == INPUT_FORMATS.keys()
+    assert PREDICTORS.keys() == EXTENSIONS.keys() == COMPANIONS.keys() == INPUT_FORMATS.keys()
 
 
 def test_another_tasks_file_is_named_as_such_before_the_model_loads(data_dir, tmp_path, capsys, no_model):

@@ -84,3 +84,14 @@ def test_a_finetuning_run_plots_its_loss_per_epoch_and_density_names_modules(roo
     assert plot(root, "density", "sparse", root / "density.svg") == 0
     svg = (root / "density.svg").read_bytes()
     assert all(label in svg for label in (b"0 Q", b"0 O", b"0 FFN in", b"1 FFN out"))
+
+
+def test_a_plot_without_matplotlib_names_the_extra_to_install(root, capsys, monkeypatch):
+    """matplotlib is the optional plots extra: without it --plot ended in a ModuleNotFoundError traceback."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: importing it fails
+    assert plot(root, "loss", "dense", root / "loss.png") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: --plot needs matplotlib: pip install 'sparsebert[plots]'"]
+    assert sorted(p.name for p in root.iterdir()) == ["runs"]

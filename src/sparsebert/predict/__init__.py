@@ -20,13 +20,13 @@ from pathlib import Path
 from sparsebert.data.gap import LONG_ROWS
 from sparsebert.errors import SparseBertError
 from sparsebert.predict.finished_run import (
+    apply_overrides,
     check_input_format,
     check_output,
     check_readable,
     check_sparse24_device,
     check_two_four_run,
     open_run,
-    with_overrides,
 )
 from sparsebert.predict.tasks import PREDICTORS, Prediction
 
@@ -49,7 +49,7 @@ def predict(run: str | Path, input_file: str | Path, output: str | Path | None =
         The files written and, when the input has labels, the metrics (and the Linears the kernel ran).
     """
     finished = open_run(run, output_root)
-    finished.config = with_overrides(finished.config, overrides)
+    apply_overrides(finished, overrides)
     if long_rows is not None:
         if finished.kind != "gap":
             raise SparseBertError(f"--long-rows is for GAP runs; run {finished.path} is of task "
@@ -63,9 +63,9 @@ def predict(run: str | Path, input_file: str | Path, output: str | Path | None =
     input_file = Path(input_file)
     check_readable(input_file)
     check_input_format(finished, input_file)
-    output = check_output(Path(output) if output is not None else None, finished, input_file)
+    outputs = check_output(Path(output) if output is not None else None, finished, input_file)
     if sparse24_kernel:
         check_sparse24_device()
-    result = PREDICTORS[finished.kind](finished, input_file, output)
+    result = PREDICTORS[finished.kind](finished, input_file, outputs)
     result.kernel_layers = finished.kernel_layers
     return result

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from sparsebert.config import PRETRAINING_TASKS, from_dict
-from sparsebert.config.sections import FinetuneConfig
+from sparsebert.config.sections import CsvTaskConfig, FinetuneConfig, TrainConfig
 from sparsebert.data.tokenizer import load_tokenizer
 from sparsebert.errors import SparseBertError
 from sparsebert.io import unwritable_reason
@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 
 # the tasks --predict serves (predict/tasks.py: PREDICTORS), each with its output file's extension
 EXTENSIONS = {"glue": "tsv", "csv": "csv", "squad_v1": "json", "squad_v2": "json", "gap": "csv"}
+# the files each task writes beside its predictions file, ``<stem>_<suffix>`` (see sibling), in the order its
+# predictor writes them; output_paths lists them for both the check before the model runs and the writers
+COMPANIONS = {"glue": (), "csv": (), "squad_v1": ("nbest_predictions.json",),
+              "squad_v2": ("nbest_predictions.json", "null_odds.json"), "gap": ("gap_system.tsv",)}
 
 
 @dataclass
@@ -49,6 +53,14 @@ class FinishedRun:
     @property
     def model_dir(self) -> Path:
         return self.path / "model"
+
+    @property
+    def model_config_source(self) -> str:
+        """Where the model's transformers config is: its model/ directory, or for a GAP run, whose model/ holds the
+        weights only, the encoder the run started from (``model_source``, as load_gap_model reads it)."""
+        if self.kind == "gap":
+            return str(self.config.get("model_source", ""))
+        return str(self.model_dir)
 
     @property
     def eval_batch_size(self) -> int:
@@ -105,6 +117,11 @@ def default_output(run: FinishedRun, input_file: Path) -> Path:
 def sibling(output: Path, suffix: str) -> Path:
     """A second output beside ``output``: ``<stem>_<suffix>``, e.g. dev_nbest_predictions.json."""
     return output.with_name(f"{output.stem}_{suffix}")
+
+
+def output_paths(run: FinishedRun, output: Path) -> list[Path]:
+    """Every file a prediction of ``run`` writes: ``output`` first, then its task's COMPANIONS beside it."""
+    return [output, *(sibling(output, suffix) for suffix in COMPANIONS[run.kind])]
 
 
 KERNEL_HINT = "predict without --sparse24-kernel"
@@ -178,22 +195,41 @@ def convert_to_sparse24(run: FinishedRun, model: nn.Module) -> list[str]:
 PREDICT_KEYS = ("csv.", "finetune.max_seq_length", "finetune.pad_to_multiple_of", "finetune.doc_stride",
                 "finetune.max_query_length", "finetune.n_best_size", "finetune.max_answer_length",
                 "finetune.null_score_diff_threshold", "train.eval_batch_size")
+# the config section of each PREDICT_KEYS prefix, whose validate method checks the values --set gives it
+PREDICT_SECTIONS = {"csv": CsvTaskConfig, "finetune": FinetuneConfig, "train": TrainConfig}
 
 
 def with_overrides(config: dict[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
     """The run's config.json with ``--set key=value`` items applied (each key one of ``PREDICT_KEYS``), checked
-    against the experiment schema."""
+    against the experiment schema and, as the registry checks an experiment, by the validate method of each
+    section a key changed (train.eval_batch_size=0 is refused here, not by the DataLoader after featurizing)."""
     from sparsebert.config import ConfigError
     from sparsebert.config.experiment_registry import apply_override
 
     config = copy.deepcopy(config)
+    changed = set()
     for item in overrides:
         key = item.partition("=")[0].strip()
         if not any(key == k or (k.endswith(".") and key.startswith(k)) for k in PREDICT_KEYS):
             raise ConfigError(f"--set {key}: --predict takes only csv.*, {', '.join(PREDICT_KEYS[1:])} (the rest "
                               "is how the run trained)")
         apply_override(config, item)
+        changed.add(key.partition(".")[0])
+    for section in sorted(changed):
+        from_dict(PREDICT_SECTIONS[section], config.get(section) or {}, prefix=section)  # runs its validate
     return config
+
+
+def apply_overrides(run: FinishedRun, overrides: Sequence[str]) -> None:
+    """Give ``run`` its config with ``overrides`` (:func:`with_overrides`). A finetune.max_seq_length raised above
+    the trained one (which fit) is checked against the model's position embeddings as training checks it, before
+    the model loads: a longer input would fail in the forward pass."""
+    from sparsebert.jobs.finetune.job import check_positions
+
+    trained_length = run.finetune.max_seq_length
+    run.config = with_overrides(run.config, overrides)
+    if run.finetune.max_seq_length > trained_length:
+        check_positions(run.model_config_source, run.finetune.max_seq_length)
 
 
 def check_readable(input_file: Path) -> None:
@@ -246,17 +282,33 @@ def check_input_format(run: FinishedRun, input_file: Path) -> None:
         raise SparseBertError(f"--input {input_file}: a JSON file; run {run.path} (task {task}) predicts on {wants}")
 
 
-def check_output(output: Path | None, run: FinishedRun, input_file: Path) -> Path:
-    """The predictions file, ``--output`` or the run's default, checked to be writable: a destination that cannot
-    take the predictions fails before the model loads and the input is featurized, not after."""
+def check_output(output: Path | None, run: FinishedRun, input_file: Path) -> list[Path]:
+    """Every file the prediction writes (:func:`output_paths` of ``--output`` or the run's default), checked: a
+    destination that cannot take one of them fails before the model loads and the input is featurized, not after
+    the first file is written. Returns those paths, for the task's writers."""
     given = output is not None
     output = output if given else default_output(run, input_file)
-    if output.is_dir():
-        raise SparseBertError(f"--output {output} is a directory; name the file to write")
-    if output.resolve() == input_file.resolve():
-        raise SparseBertError(f"--output {output} is the input file; name another file")
-    problem = unwritable_reason(output)
-    if problem is not None:
-        where = f"--output {output}" if given else f"the predictions file {output} (in the run's directory)"
-        raise SparseBertError(f"cannot write {where}: {problem}; pass --output FILE in a writable directory")
-    return output
+    named = f"--output {output}" if given else f"the predictions file {output} (in the run's directory)"
+    paths = output_paths(run, output)
+    for path in paths:
+        # a companion file is named with the output that places it: another --output is the fix for both
+        subject, other = (named, "file") if path == output else (f"{path} (written beside {named})", "--output")
+        if path.is_dir():
+            raise SparseBertError(f"{subject} is a directory; name another {other}")
+        if path.resolve() == input_file.resolve():
+            raise SparseBertError(f"{subject} is the input file; name another {other}")
+        if overwrites_run(path, run):
+            raise SparseBertError(f"{subject} is inside the run directory {run.path}, whose files it would replace; "
+                                  f"write under {run.path / 'predict'} (the default) or outside the run")
+        problem = unwritable_reason(path)
+        if problem is not None:
+            raise SparseBertError(f"cannot write {subject}: {problem}; pass --output FILE in a writable directory")
+    return paths
+
+
+def overwrites_run(path: Path, run: FinishedRun) -> bool:
+    """``path`` lies inside the run directory but not in its ``predict/`` folder (where predictions go by default):
+    a prediction written there would replace, or sit among, the files the run wrote (config.json, model/, ...).
+    Symlinks and relative parts are resolved, so no other spelling of the run's files gets past."""
+    resolved = path.resolve()
+    return run.path.resolve() in resolved.parents and (run.path / "predict").resolve() not in resolved.parents

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +47,7 @@ from sparsebert.jobs.finetune.gap import (
 )
 from sparsebert.jobs.finetune.glue import glue_metrics, write_glue_test_predictions
 from sparsebert.jobs.finetune.squad import squad_features, squad_metrics, write_predictions_json
-from sparsebert.predict.finished_run import FinishedRun, sibling
+from sparsebert.predict.finished_run import FinishedRun
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,17 @@ def infer(model, dataset, collator: Callable, batch_size: int, columns: Sequence
     return [np.concatenate(p) if p else np.zeros((0,)) for p in parts]
 
 
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Around the write of ``path``: an OSError there becomes a one-line error naming the file. The check before the
+    model ran (check_output) cannot foresee every failure (a full disk, a directory such as /proc that takes no new
+    files even from root), and a traceback after a long prediction would hide which file it was."""
+    try:
+        yield
+    except OSError as e:
+        raise SparseBertError(f"--predict: cannot write {path}: {e.strerror or e}") from None
+
+
 CLASSIFIER_INPUTS = ["input_ids", "attention_mask", "token_type_ids"]
 
 
@@ -90,22 +102,25 @@ def _padding_collator(run: FinishedRun, tokenizer):
     return DataCollatorWithPadding(tokenizer, pad_to_multiple_of=run.finetune.pad_to_multiple_of)
 
 
-def predict_glue(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
+def predict_glue(run: FinishedRun, input_file: Path, outputs: list[Path]) -> Prediction:
     """A GLUE TSV in the task's test (or dev) layout -> the leaderboard TSV ``index<TAB>prediction``."""
+    (output,) = outputs
     rows = read_glue_file(input_file, run.glue_task, labeled=False)
     labeled = rows[0]["label"] is not None  # the reader gives every row a label or none
     tokenizer = run.tokenizer()
     features = featurize_glue(glue_dataset(run.glue_task, rows), tokenizer, run.finetune.max_seq_length)
     (logits,) = infer(run.prepare(_classifier(run)), features, _padding_collator(run, tokenizer), run.eval_batch_size,
                       CLASSIFIER_INPUTS)
-    write_glue_test_predictions(run.glue_task, [r["idx"] for r in rows], logits, output)
+    with writing(output):
+        write_glue_test_predictions(run.glue_task, [r["idx"] for r in rows], logits, output)
     metrics = glue_metrics(run.glue_task, logits, [r["label"] for r in rows]) if labeled else None
-    return Prediction([output], metrics)
+    return Prediction(outputs, metrics)
 
 
-def predict_csv(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
+def predict_csv(run: FinishedRun, input_file: Path, outputs: list[Path]) -> Prediction:
     """A CSV/TSV with the run's text column (label optional) -> row_id, [truth,] prediction, prob_<label>;
     texts longer than the run's sequence length are folded as in training and their chunks averaged back."""
+    (output,) = outputs
     cfg = from_dict(CsvTaskConfig, run.config.get("csv") or {}, prefix="csv")
     label_names = _label_names(run)
     data = read_csv_task(input_file, cfg, label_names=label_names)
@@ -124,8 +139,9 @@ def predict_csv(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
         truth = np.array([label_of[r] for r in row_ids])
         metrics = classification_metrics(truth, predicted, len(label_names))
         metrics.update({"rows": len(row_ids), "chunks": len(folded)})
-    write_csv_predictions(output, row_ids, truth, predicted, probs, label_names)
-    return Prediction([output], metrics)
+    with writing(output):
+        write_csv_predictions(output, row_ids, truth, predicted, probs, label_names)
+    return Prediction(outputs, metrics)
 
 
 def _label_names(run: FinishedRun) -> list[str]:
@@ -137,9 +153,10 @@ def _label_names(run: FinishedRun) -> list[str]:
     return [str(n) for n in names]
 
 
-def predict_squad(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
+def predict_squad(run: FinishedRun, input_file: Path, outputs: list[Path]) -> Prediction:
     """A SQuAD JSON (answers optional) -> ``{id: answer}`` JSON and ``<stem>_nbest_predictions.json``; for a
-    v2 run also ``<stem>_null_odds.json``."""
+    v2 run also ``<stem>_null_odds.json`` (``outputs``, in that order)."""
+    output, nbest_file, *null_odds_file = outputs
     fcfg = run.finetune
     version_2 = run.kind == "squad_v2"
     examples = read_squad(input_file, answers_optional=True)
@@ -156,22 +173,24 @@ def predict_squad(run: FinishedRun, input_file: Path, output: Path) -> Predictio
     predictions, null_odds = postprocess_predictions(
         examples, features, start, end, n_best_size=fcfg.n_best_size, max_answer_length=fcfg.max_answer_length,
         version_2=version_2, null_score_diff_threshold=fcfg.null_score_diff_threshold, nbest=nbest)
-    written = [output, sibling(output, "nbest_predictions.json")]
-    write_predictions_json(output, predictions)
-    atomic_write_json(written[1], nbest)
-    if version_2:
-        written.append(sibling(output, "null_odds.json"))
-        atomic_write_json(written[2], null_odds)
+    with writing(output):
+        write_predictions_json(output, predictions)
+    with writing(nbest_file):
+        atomic_write_json(nbest_file, nbest)
+    for path in null_odds_file:  # a v2 run's
+        with writing(path):
+            atomic_write_json(path, null_odds)
     labeled = all(ex["answers"] is not None for ex in examples)
-    return Prediction(written, squad_metrics(examples, predictions, version_2) if labeled else None)
+    return Prediction(outputs, squad_metrics(examples, predictions, version_2) if labeled else None)
 
 
-def predict_gap(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
+def predict_gap(run: FinishedRun, input_file: Path, outputs: list[Path]) -> Prediction:
     """A GAP TSV (the 11 labelled columns, or the Kaggle test file's 9) -> the Kaggle submission CSV and the GAP
-    scorer's system file ``<stem>_gap_system.tsv``.
+    scorer's system file ``<stem>_gap_system.tsv`` (``outputs``, in that order).
 
     A row whose pronoun, A and B do not fit one window of the run's sequence length is, by ``run.long_rows``:
     truncated around them (the default: a submission lists every ID), left out (skip), or refused (error)."""
+    output, system = outputs
     fcfg = run.finetune
     # every row must be predicted (a submission lists every ID), so a bad row is an error, never skipped
     examples = read_gap(input_file, allow_unlabelled=True)
@@ -200,14 +219,16 @@ def predict_gap(run: FinishedRun, input_file: Path, output: Path) -> Prediction:
     (logits,) = infer(model, features, default_data_collator, run.eval_batch_size, inputs)
     probs = softmax(logits)
     ids = [ex.id for ex in examples]
-    system = sibling(output, "gap_system.tsv")
-    write_kaggle_submission(output, ids, probs)
-    write_gap_system_file(system, ids, probs)
+    with writing(output):
+        write_kaggle_submission(output, ids, probs)
+    with writing(system):
+        write_gap_system_file(system, ids, probs)
     metrics = gap_metrics(probs, examples) if all(ex.labelled for ex in examples) else None
-    return Prediction([output, system], metrics)
+    return Prediction(outputs, metrics)
 
 
-PREDICTORS: dict[str, Callable[[FinishedRun, Path, Path], Prediction]] = {
+# each predictor writes the files output_paths lists for its task (check_output has checked them), in that order
+PREDICTORS: dict[str, Callable[[FinishedRun, Path, list[Path]], Prediction]] = {
     "glue": predict_glue, "csv": predict_csv, "squad_v1": predict_squad, "squad_v2": predict_squad,
     "gap": predict_gap,
 }

@@ -5,8 +5,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_path
 from sparsebert.sparsity.report import module_label
+
+
+def _pyplot():
+    """matplotlib's pyplot on the headless Agg backend, or the one-line error that names the extra to install
+    (matplotlib is the optional ``plots`` extra: without it ``--plot`` would end in an import traceback)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SparseBertError("--plot needs matplotlib: pip install 'sparsebert[plots]'")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def run_colors(n: int) -> list:
@@ -25,11 +41,7 @@ def plot_loss_curves(histories: dict[str, list[dict]], path: str | os.PathLike, 
                      x: str = "step") -> None:
     """Training loss (thin) and eval loss (markers) against ``x`` (``"step"``: optimizer steps, or ``"epoch"``:
     a finetuning run's epochs.json rows), one colour per run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
     for color, (name, history) in zip(run_colors(len(histories)), histories.items()):
         train = [(h[x], h["loss"]) for h in history if "loss" in h and x in h]
@@ -54,11 +66,7 @@ def plot_density_per_layer(reports: dict[str, dict], path: str | os.PathLike,
     """
     import re
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.2), dpi=120)
     for color, (name, report) in zip(run_colors(len(reports)), reports.items()):
         ax.plot(range(len(report["layers"])), [1.0 - layer["sparsity"] for layer in report["layers"]],
