@@ -522,6 +522,18 @@ def test_a_swallowed_sigterm_stops_the_run_and_the_next_is_not_started(tmp_path,
     assert capsys.readouterr().err.strip().splitlines()[-1] == "error: terminated by SIGTERM"
 
 
+def test_ctrl_c_ends_in_one_line_with_the_status_of_sigint(monkeypatch, capsys):
+    import sparsebert.cli as cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_main", interrupted)
+    assert main([EXPERIMENT]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: interrupted (Ctrl-C)") and "\n" not in err
+
+
 def _closed_pipe() -> int:
     """The write end of a pipe whose reader is already gone: every write to it fails with EPIPE."""
     read_end, write_end = os.pipe()

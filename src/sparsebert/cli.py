@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line ``argv`` (without the program name; default ``sys.argv[1:]``); returns the exit status.
 
     A reader that closes the pipe early (``run.py --list | head -1``) ends the output quietly, with the status a
-    process killed by SIGPIPE has (as ``yes | head`` does), instead of a BrokenPipeError traceback."""
+    process killed by SIGPIPE has (as ``yes | head`` does), instead of a BrokenPipeError traceback; Ctrl-C ends
+    with one line and the status of SIGINT."""
     try:
         status = _main(argv)
         sys.stdout.flush()  # here, not at interpreter exit: a closed pipe fails this write where it is caught
@@ -137,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _discard_stdout()
         return 128 + signal.SIGPIPE
+    except KeyboardInterrupt:  # Ctrl-C: the run has recorded itself interrupted; a traceback would add nothing
+        print("\nerror: interrupted (Ctrl-C)", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 def _discard_stdout() -> None:
@@ -498,6 +502,7 @@ def export(args: argparse.Namespace) -> int:
         raise SparseBertError("--export RUN and --to DIR go together (--compressed and --onnx only with them)")
     from sparsebert.console import quiet_progress_bars
     from sparsebert.export import export_run
+    from sparsebert.export.model_dir import against_plain_export
 
     quiet_progress_bars()  # transformers' weight-loading bar, not a run's
     summary = export_run(args.export, output_root(args.output_dir), args.to, args.compressed, args.onnx)
@@ -506,8 +511,9 @@ def export(args: argparse.Namespace) -> int:
         print(f"exported {summary['run']} -> {args.to} ({len(summary['compressed_tensors'])} of "
               f"{summary['tensors']} tensors compressed, weights {summary['dense_bytes'] / 1e6:.2f} MB -> "
               f"{summary['packed_bytes'] / 1e6:.2f} MB; whole directory {summary['plain_dir_bytes'] / 1e6:.2f} MB "
-              f"-> {summary['dir_bytes'] / 1e6:.2f} MB, {summary['plain_dir_bytes'] / summary['dir_bytes']:.2f}x "
-              "smaller than the plain export; load with from_pretrained(DIR, trust_remote_code=True))")
+              f"-> {summary['dir_bytes'] / 1e6:.2f} MB, "
+              f"{against_plain_export(summary['plain_dir_bytes'], summary['dir_bytes'])}; load with "
+              "from_pretrained(DIR, trust_remote_code=True))")
     else:
         onnx = (f"; model.onnx matches PyTorch in ONNX Runtime to {summary['onnx_max_abs_diff']:.1e}"
                 if "onnx_max_abs_diff" in summary else "")

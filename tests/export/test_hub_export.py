@@ -20,6 +20,7 @@ from transformers import (
 
 from sparsebert.cli import main as cli_main
 from sparsebert.export import onnx as onnx_export
+from sparsebert.export.model_dir import against_plain_export
 from sparsebert.io import _UMASK
 from sparsebert.jobs.finetune.glue import load_classifier
 
@@ -151,6 +152,11 @@ def test_compressed_export_reports_whole_directory_sizes(sst2_run, plain_export,
     assert 1.0 < ratio < 4.0  # the embeddings and the tokenizer are not sparse: far below the tensors' 4.3x
     assert json.loads((out / "config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
     assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o666 & ~_UMASK}
+
+
+def test_a_compressed_export_that_grew_does_not_say_smaller():
+    assert against_plain_export(2_000, 1_000) == "2.00x smaller than the plain export"
+    assert against_plain_export(18_390_000, 18_400_000) == "not smaller than the plain export (+10,000 bytes)"
 
 
 def test_from_pretrained_loads_the_compressed_export_bit_for_bit(sst2_run, plain_export, tmp_path, data_dir,

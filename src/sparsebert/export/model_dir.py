@@ -70,8 +70,16 @@ transformers once loaded by itself). Load the model, bit for bit, with
 ```
 
 {compressed} of {tensors} tensors compressed: weights {dense_mb:.2f} MB -> {packed_mb:.2f} MB; the whole directory
-{plain_dir_mb:.2f} MB -> {dir_mb:.2f} MB ({ratio:.2f}x smaller than the plain export).
+{plain_dir_mb:.2f} MB -> {dir_mb:.2f} MB ({against_plain}).
 """
+
+
+def against_plain_export(plain_bytes: int, dir_bytes: int) -> str:
+    """How a compressed export's directory compares with the plain export's: ``2.31x smaller than the plain
+    export``, or, where nothing compressed enough to pay for the bitmasks and loader, ``not smaller than ...``."""
+    if dir_bytes < plain_bytes:
+        return f"{plain_bytes / dir_bytes:.2f}x smaller than the plain export"
+    return f"not smaller than the plain export ({dir_bytes - plain_bytes:+,} bytes)"
 
 
 def resolve_run(run: str, root: Path) -> Path:
@@ -192,7 +200,8 @@ def _write(model_dir: Path, out: Path, compressed: bool, run_dir: Path, name: st
         atomic_write_text(out / "README.md", model_card(run_dir, labels, architecture, COMPRESSED_USAGE.format(
             weights=WEIGHTS_NAME, format=FORMAT, load=load, compressed=len(shapes), tensors=len(state),
             dense_mb=dense_bytes / 1e6, packed_mb=packed_bytes / 1e6, plain_dir_mb=summary["plain_dir_bytes"] / 1e6,
-            dir_mb=summary["dir_bytes"] / 1e6, ratio=summary["plain_dir_bytes"] / max(summary["dir_bytes"], 1))))
+            dir_mb=summary["dir_bytes"] / 1e6,
+            against_plain=against_plain_export(summary["plain_dir_bytes"], summary["dir_bytes"]))))
         atomic_write_json(out / COMPRESSION_FILE, summary)
     return summary
 
