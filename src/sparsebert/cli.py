@@ -278,8 +278,8 @@ SEARCH_FLAGS = ("space", "trials", "metric", "direction", "parallel", "study")
 def check_run_name_flag(name: str) -> None:
     """``--run-name NAME``: a search trial's run name, or one a run directory of its own may have (see
     :func:`~sparsebert.config.experiment_registry.check_run_name`: ``--overwrite`` deletes that directory)."""
-    from sparsebert.config.experiment_registry import check_run_name
-    from sparsebert.search.plan import TRIAL_RUN_NAME
+    # (not from search/: that imports optuna, which a run needs not have)
+    from sparsebert.config.experiment_registry import TRIAL_RUN_NAME, check_run_name
 
     if not TRIAL_RUN_NAME.fullmatch(name):
         check_run_name(name, f"--run-name {name}")

@@ -40,6 +40,9 @@ RESERVED_RUN_NAMES = {"search": "its search studies",
 # one path component: a letter, digit or _ first (so no ".", "..", hidden name or option-like "-x"), then those
 # and . ~ + - (no / or \, which would reach into another folder), or = as a NAME=RUN run's glue_from=bert_100k has
 RUN_NAME = re.compile(r"\w[\w.=~+-]*")
+STUDY_NAME = r"[\w.=+-]+"  # --study: one directory under the output root's search/ (search/plan.py)
+# a search trial's run name (SearchPlan.run_name): the one run name that reaches into search/
+TRIAL_RUN_NAME = re.compile(rf"search/(?!\.\.?/){STUDY_NAME}/trial\d+")
 
 
 def check_run_name(name: object, what: str) -> None:

@@ -11,15 +11,13 @@ from typing import Any
 from optuna.distributions import BaseDistribution
 
 from sparsebert.config import ExperimentRegistry
+from sparsebert.config.experiment_registry import STUDY_NAME
 from sparsebert.distributed.gpus import visible_gpus
 from sparsebert.errors import SparseBertError
 from sparsebert.search.metrics import check_metric, default_direction, default_metric
 from sparsebert.search.space import check_space_keys, parse_space, set_item
 
 DIRECTIONS = {"max": "maximize", "min": "minimize"}
-STUDY_NAME = r"[\w.=+-]+"  # --study: one directory under the output root's search/
-# a trial's run name (SearchPlan.run_name): the one run name that reaches into search/
-TRIAL_RUN_NAME = re.compile(rf"search/(?!\.\.?/){STUDY_NAME}/trial\d+")
 
 
 @dataclass
