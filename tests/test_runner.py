@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 
 from sparsebert import runner
+from sparsebert.cli import main
 from sparsebert.config import ExperimentRegistry, to_dict
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json
+from sparsebert.results import RunRecord, RunRegistry
 from sparsebert.runner import DONE, RunOptions, run_experiment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,6 +64,123 @@ def test_overwrite_trains_a_finished_run_again_in_an_emptied_directory(tmp_path,
     metrics = run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=tmp_path, overwrite=True))
     assert trained == [(tmp_path / cfg.name, False)]  # trained once, in the emptied directory
     assert metrics["eval_loss"] == 1.0 and (tmp_path / cfg.name / "DONE").read_text() != "2026-11-26\n"
+
+
+class FakeJob:
+    """What make_job returns, without the model and data (training itself is tested elsewhere): ``train`` calls
+    ``during`` with the run directory, then returns a metric."""
+
+    def __init__(self, during=lambda run_dir: None) -> None:
+        self.during = during
+
+    def prepare(self) -> None:
+        pass
+
+    def train(self, run_dir: Path, resume: bool) -> dict:
+        self.during(run_dir)
+        return {"eval_loss": 1.0}
+
+
+def fake_training(monkeypatch, during=lambda run_dir: None) -> None:
+    monkeypatch.setattr(runner, "make_job", lambda cfg, opts, callbacks=None: FakeJob(during))
+    monkeypatch.setattr(runner, "check_train_settings", lambda cfg: None)
+
+
+def test_overwrite_forgets_the_runs_it_deletes_before_it_trains(tmp_path, monkeypatch):
+    """The registry rows of the runs in a directory --overwrite deletes (the experiment's own, a finetuning job's
+    task runs) are gone before training starts: a run killed then leaves none behind, and a smaller set of tasks
+    does not keep the old ones in the tables. Other experiments' rows stay; the new row starts at its own time."""
+    cfg = finished_run(tmp_path, ["train.max_steps=20"])
+    run_dir = (tmp_path / cfg.name).resolve()
+    registry = RunRegistry.in_output_root(tmp_path)
+    old_start = "2020-01-01T00:00:00+00:00"
+    for run in ["", "/glue_rte/run0", "/glue_stsb/run0", "_sparse", "_sparse/glue_rte/run0"]:
+        registry.record(RunRecord(run_dir=f"{run_dir}{run}", experiment=cfg.name, task="glue:rte", model="m", seed=0,
+                                  status="done", created_at=old_start))
+    while_training = []
+    fake_training(monkeypatch, lambda run_dir: while_training.extend(registry.runs(status=None)))
+    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=tmp_path, overwrite=True))
+    assert sorted((r.run_dir, r.status) for r in while_training) == [
+        (str(run_dir), "running"), (f"{run_dir}_sparse", "done"), (f"{run_dir}_sparse/glue_rte/run0", "done")]
+    (running,) = [r for r in while_training if r.run_dir == str(run_dir)]
+    (now,) = [r for r in registry.runs() if r.run_dir == str(run_dir)]
+    assert now.created_at == running.created_at != old_start and now.metrics["eval_loss"] == 1.0
+
+
+def test_a_new_run_directory_forgets_rows_left_by_a_deleted_one(tmp_path, monkeypatch):
+    """Rows whose run directory is gone (deleted by hand, or by an --overwrite of an older sparsebert that was
+    killed) are dropped when the experiment starts afresh there."""
+    registry = RunRegistry.in_output_root(tmp_path)
+    stale = tmp_path.resolve() / "bert_tiny_quick" / "glue_stsb" / "run0"
+    registry.record(RunRecord(run_dir=str(stale), experiment="bert_tiny_quick", task="glue:stsb", model="m", seed=0,
+                              status="done"))
+    fake_training(monkeypatch)
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", ["train.max_steps=20"])
+    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=tmp_path))
+    assert [r.run_dir for r in registry.runs(status=None)] == [str(tmp_path.resolve() / "bert_tiny_quick")]
+
+
+@pytest.mark.slow
+def test_the_glue_table_forgets_a_task_an_overwrite_dropped(tmp_path, data_dir, capsys):
+    """The reviewer's case through the CLI: tiny_glue on RTE and STS-B, then --overwrite with RTE alone; the table
+    and --runs show the runs that exist, and glue_from the finished experiment names a run to start from."""
+    out = str(tmp_path / "runs")
+    small = ["--set", "finetune.runs_per_task={}", "--set", "finetune.max_train_samples=8", "--set",
+             "finetune.max_eval_samples=8", "--set", "train.report_to=[]", "--data-dir", str(data_dir)]
+    assert main(["tiny_glue", "--output-dir", out, "--set", 'finetune.glue_tasks=["rte","stsb"]', *small]) == 0
+    assert main(["tiny_glue", "--output-dir", out, "--set", 'finetune.glue_tasks=["rte"]', *small, "--overwrite"]) == 0
+    capsys.readouterr()
+    assert main(["--table", "glue", "--output-dir", out, "--format", "csv"]) == 0
+    header, row = capsys.readouterr().out.strip().splitlines()
+    table = dict(zip(header.split(","), row.split(","), strict=True))
+    assert table["stsb_pearson"] == "" and table["average_glue_tasks"] == "rte"
+    assert main(["--runs", "--output-dir", out, "--format", "csv"]) == 0
+    assert [line.split(",")[0] for line in capsys.readouterr().out.strip().splitlines()[1:]] == ["tiny_glue/glue_rte/run0"]
+    assert refused(["glue_from=tiny_glue", "--output-dir", out, *small], capsys) == (
+        f"error: model.init_from tiny_glue: {out}/tiny_glue is a finetuning experiment, whose models are those of its "
+        "runs: name one, e.g. tiny_glue/glue_rte/run0")
+
+
+def refused(argv: list[str], capsys) -> str:
+    """The one error line of a refused ``sparsebert`` command."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("flags", [[], ["--resume"]])
+def test_a_damaged_config_json_is_a_one_line_error_naming_it(tmp_path, capsys, flags):
+    finished_run(tmp_path, ["train.max_steps=20"])
+    config = tmp_path / "bert_tiny_quick" / "config.json"
+    with open(config, "r+") as f:  # as `truncate -s 100` leaves it
+        f.truncate(100)
+    line = refused(["bert_tiny_quick", "--output-dir", str(tmp_path), "--set", "train.max_steps=20", *flags], capsys)
+    assert line == (f"error: {config} is damaged (not a JSON object of settings), so its settings cannot be compared "
+                    "with these: pass --overwrite to start over, or use another --output-dir")
+
+
+def test_resume_refuses_a_run_without_its_config_json_and_takes_an_empty_directory(tmp_path, capsys, monkeypatch):
+    """config.json is the first file a run writes: a directory with a checkpoint but no config.json has lost it (its
+    settings cannot be compared), while an empty one (a run stopped before it wrote it) has nothing to compare."""
+    run_dir = tmp_path / "bert_tiny_quick"
+    (run_dir / "checkpoint-10").mkdir(parents=True)
+    argv = ["bert_tiny_quick", "--output-dir", str(tmp_path), "--set", "train.max_steps=20", "--resume"]
+    assert refused(argv, capsys) == (f"error: {run_dir} holds a run without its config.json, so its settings cannot be "
+                                     "compared with these: pass --overwrite to start over, or use another --output-dir")
+    (run_dir / "checkpoint-10").rmdir()
+    fake_training(monkeypatch)
+    assert main(argv) == 0 and (run_dir / DONE).is_file()
+
+
+@pytest.mark.parametrize("flags", [[], ["--resume"], ["--overwrite"]])
+def test_a_file_where_the_run_directory_goes_is_a_one_line_error_and_is_left_alone(tmp_path, capsys, flags):
+    in_the_way = tmp_path / "bert_tiny_quick"
+    in_the_way.write_text("notes")
+    line = refused(["bert_tiny_quick", "--output-dir", str(tmp_path), *flags], capsys)
+    assert line == (f"error: a file is in the way of the run directory: {in_the_way} is not a directory; move it "
+                    "away, or use another --output-dir")
+    assert in_the_way.read_text() == "notes"
 
 
 @pytest.mark.parametrize("experiment, section, key", [("bert_tiny_quick", "train", "stop_after_steps"),

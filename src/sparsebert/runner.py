@@ -4,6 +4,8 @@ Order matters for honesty: the settings are resolved for this machine (``finetun
 and data and model are prepared first (bad input fails before any run directory exists), then ``config.json``
 (what runs) and ``env.json`` are written, training runs, ``metrics.json``
 follows, and ``DONE`` is written last. A directory without ``DONE`` is never a finished run; ``--resume`` continues it.
+A run directory started afresh (new, or deleted by ``--overwrite``) first loses the registry rows of the runs it held,
+so the results tables never report a run whose directory is gone.
 
 One writer per run directory: from the first check to ``DONE``, the main process holds ``<output root>/.<name>.lock``
 (:mod:`sparsebert.locks`), so a second process on the same experiment and output root (a double-submitted job,
@@ -15,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -32,7 +36,7 @@ from sparsebert.io import atomic_write_json, atomic_write_text
 from sparsebert.jobs.finetune.fast_path import gpu_runs_at_once, trains_on_gpu, with_gpu_fast_path
 from sparsebert.locks import FileLock, LockHeld
 from sparsebert.results import RunRegistry
-from sparsebert.results.recording import finished, recorded_run, run_record
+from sparsebert.results.recording import finished, recorded_run, run_key, run_record
 from sparsebert.results.runs import resolve_pretrained
 
 log = logging.getLogger(__name__)
@@ -109,6 +113,9 @@ def run_lock(run_dir: Path) -> Iterator[None]:
 
 def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list | None) -> dict[str, Any] | None:
     state = process_state()
+    if os.path.lexists(run_dir) and not run_dir.is_dir():  # --overwrite deletes run directories, not other files
+        raise SparseBertError(f"a file is in the way of the run directory: {run_dir} is not a directory; move it "
+                              "away, or use another --output-dir")
     # what a finetuning experiment trains with on this machine: checked against a finished run and written as such
     cfg = with_gpu_fast_path(cfg, *gpu_and_runs_at_once(cfg, callbacks or []))
     if is_finished(run_dir) and not opts.overwrite:
@@ -132,6 +139,8 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
     job.prepare()
 
     if state.is_main_process:
+        if opts.overwrite or not run_dir.exists():
+            forget_runs(opts.output_root, run_dir)
         if opts.overwrite and run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -154,6 +163,16 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
             atomic_write_text(run_dir / DONE, time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
     state.wait_for_everyone()
     return metrics
+
+
+def forget_runs(output_root: Path, run_dir: Path) -> None:
+    """Drop the registry rows of every run in ``run_dir`` (the experiment's own, a finetuning job's task runs) as it
+    starts afresh: the runs there are deleted (--overwrite) or already gone. First, in one transaction: a table never
+    reports a deleted run, nor one a smaller ``finetune.runs_per_task`` no longer makes, even if this process dies
+    before the new runs are recorded."""
+    removed = RunRegistry.in_output_root(output_root).forget_tree(run_key(run_dir))
+    if removed:
+        log.info("removed %d run(s) under %s from the registry", removed, run_dir)
 
 
 def gpu_and_runs_at_once(cfg: ExperimentConfig, callbacks: list) -> tuple[bool, int]:
@@ -187,12 +206,9 @@ SCHEDULING_KEYS = {"finetune.parallel_runs"}
 def _check_same_config(run_dir: Path, cfg: ExperimentConfig, problem: str) -> None:
     """Resuming with different settings would silently mix two experiments in one run directory, and skipping
     a finished run with different settings would silently produce nothing for the new ones."""
-    import json
-
-    saved_path = run_dir / "config.json"
-    if not saved_path.is_file():
+    saved = saved_config(run_dir)
+    if saved is None:
         return
-    saved = json.loads(saved_path.read_text())
     current = json.loads(json.dumps(to_dict(cfg)))
     # a key missing from the saved config (a setting added since the run was made) stands for that setting's
     # default, which the older code ran with: no difference unless the current value differs from it
@@ -200,6 +216,29 @@ def _check_same_config(run_dir: Path, cfg: ExperimentConfig, problem: str) -> No
     diff = sorted(set(_diff_keys(saved, current, defaults)) - SCHEDULING_KEYS)
     if diff:
         raise SparseBertError(f"{problem} ({', '.join(diff[:5])}); use --overwrite or another --output-dir")
+
+
+def saved_config(run_dir: Path) -> dict | None:
+    """The settings the run in ``run_dir`` started with (its ``config.json``), or None where the directory holds
+    nothing yet (a run stopped before it wrote it: ``config.json`` is the first file a run writes, so nothing ran).
+    A directory that holds anything else without a readable ``config.json`` (damaged, deleted) is refused: its
+    settings cannot be compared with these, and resuming it or skipping it as finished would be blind."""
+    path = run_dir / "config.json"
+    cannot_compare = "so its settings cannot be compared with these: pass --overwrite to start over, or use " \
+                     "another --output-dir"
+    if not path.exists():
+        if not any(not p.name.startswith(".") for p in run_dir.iterdir()):  # dot files: temp files of a write
+            return None
+        raise SparseBertError(f"{run_dir} holds a run without its config.json, {cannot_compare}")
+    try:
+        saved = json.loads(path.read_text())
+    except OSError as e:
+        raise SparseBertError(f"{path} cannot be read ({e.strerror}), {cannot_compare}") from None
+    except ValueError:  # not JSON, or not text
+        saved = None
+    if not isinstance(saved, dict):
+        raise SparseBertError(f"{path} is damaged (not a JSON object of settings), {cannot_compare}")
+    return saved
 
 
 def _field_defaults(obj: Any) -> dict:

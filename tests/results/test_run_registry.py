@@ -98,6 +98,33 @@ def test_upsert_by_run_dir_keeps_created_at(tmp_path: Path) -> None:
     assert len(reg.runs(status=None)) == 1
 
 
+def test_a_run_recorded_as_running_again_starts_at_its_own_time(tmp_path: Path) -> None:
+    """A re-run (--resume of a failed run, a finetuning run redone) is recorded as running when it starts: its start
+    time is that one, not the earlier attempt's; its done row keeps it."""
+    reg = RunRegistry(tmp_path / "reg.sqlite")
+    reg.record(_rec("r1", status="running", metrics={}))
+    reg.record(_rec("r1", status="failed", metrics={}, error="boom"))
+    first_start = reg.get("r1").created_at
+    reg.record(_rec("r1", status="running", metrics={}))
+    restarted = reg.get("r1").created_at
+    assert restarted > first_start
+    reg.record(_rec("r1", status="done"))
+    assert reg.get("r1").created_at == restarted
+
+
+def test_forget_tree_deletes_a_run_and_the_runs_below_it_only(tmp_path: Path) -> None:
+    """What --overwrite deletes with a run directory: its row and those of the runs inside it, not those of a
+    sibling whose name starts the same, nor a name that LIKE's wildcards would match."""
+    reg = RunRegistry(tmp_path / "reg.sqlite")
+    gone = ["/out/tiny_glue", "/out/tiny_glue/glue_rte/run0", "/out/tiny_glue/glue_stsb/run1"]
+    kept = ["/out/tiny_glue_sparse/glue_rte/run0", "/out/tiny_glue2", "/out/tinyxglue/glue_rte/run0", "/out"]
+    for run_dir in gone + kept:
+        reg.record(_rec(run_dir))
+    assert reg.forget_tree("/out/tiny_glue") == 3
+    assert sorted(r.run_dir for r in reg.runs(status=None)) == sorted(kept)
+    assert reg.forget_tree("/out/tiny_glue/") == 0  # nothing left there; a trailing slash names the same directory
+
+
 def test_filters(tmp_path: Path) -> None:
     reg = RunRegistry(tmp_path / "reg.sqlite")
     reg.record(_rec("a1", experiment="a", task="glue:rte"))

@@ -33,6 +33,7 @@ GLUE_TASK_NAMES = ("cola", "sst2", "mrpc", "qqp", "stsb", "mnli", "qnli", "rte",
 PRETRAINING_TASKS = ("mlm", "upstream")
 TASKS = (*PRETRAINING_TASKS, "glue", *(f"glue:{t}" for t in GLUE_TASK_NAMES), "squad_v1", "squad_v2", "gap", "csv")
 DEFAULT_SEED = 42
+SEEDS = 2**32  # transformers' set_seed seeds numpy, whose seeds are 0 .. 2**32 - 1
 
 
 def glue_task_key(task: str) -> str:
@@ -76,9 +77,18 @@ class ExperimentConfig:
         if self.finetune.epochs_per_task and self.train.epochs is None:
             raise ConfigError("finetune.epochs_per_task needs train.epochs (an epoch-counted run)")
 
+    def _check_seeds(self) -> None:
+        """The seed, and a finetuning job's last run's (seed + runs - 1), are seeds set_seed takes: refused now,
+        not with a traceback once the run directory exists."""
+        runs = max([self.finetune.num_runs, *self.finetune.runs_per_task.values()]) if self.is_finetuning else 1
+        if not 0 <= self.seed <= SEEDS - runs:
+            runs_seeds = f" (its {runs} runs per task take seeds seed .. seed + {runs - 1})" if runs > 1 else ""
+            raise ConfigError(f"seed must be in [0, 2**32 - {runs}]{runs_seeds}, got {self.seed}")
+
     def validate(self) -> None:
         if self.task not in TASKS:
             raise ConfigError(f"task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        self._check_seeds()
         if self.data.max_seq_length > self.model.max_position_embeddings:
             raise ConfigError(
                 f"data.max_seq_length={self.data.max_seq_length} is beyond the model's "

@@ -345,6 +345,9 @@ class FinetuneConfig:
             raise ValueError("finetune.num_runs and finetune.runs_per_task values must be >= 1")
         if self.parallel_runs is not None and self.parallel_runs < 1:
             raise ValueError(f"finetune.parallel_runs must be >= 1, got {self.parallel_runs}")
+        for key in ("max_train_samples", "max_eval_samples"):  # 0 would read as no limit, a negative one crash late
+            if getattr(self, key) is not None and getattr(self, key) < 1:
+                raise ValueError(f"finetune.{key} must be >= 1 or null (no limit), got {getattr(self, key)}")
         if any(isinstance(v, bool) or not isinstance(v, int | float) or v <= 0 for v in self.epochs_per_task.values()):
             raise ValueError(f"finetune.epochs_per_task values must be > 0, got {self.epochs_per_task}")
         if self.gap_head not in GAP_HEADS:

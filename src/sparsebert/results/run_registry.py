@@ -77,13 +77,15 @@ _COLUMNS = (
     "created_at", "updated_at", "error",
 )  # fmt: skip
 
-# Upsert keyed on run_dir.  created_at keeps the first recording's time unless the caller set one explicitly,
-# so a run recorded as "running" and later as "done" keeps its start time.
+# Upsert keyed on run_dir.  A row recorded as "running" is the run starting (again: --resume, --overwrite), so
+# created_at becomes this recording's time; a run recorded later as "done" or "failed" keeps its start time. A
+# created_at the caller set explicitly always wins.
 _UPSERT_SQL = (
     f"INSERT INTO runs ({', '.join(_COLUMNS)}) VALUES ({', '.join(':' + c for c in _COLUMNS)}) "
     "ON CONFLICT (run_dir) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in _COLUMNS if c not in ("run_dir", "created_at"))
-    + ", created_at = CASE WHEN :created_at_given THEN excluded.created_at ELSE runs.created_at END"
+    + ", created_at = CASE WHEN :created_at_given OR excluded.status = 'running' THEN excluded.created_at "
+    "ELSE runs.created_at END"
 )
 
 
@@ -154,6 +156,16 @@ class RunRegistry:
         """Insert the run, or update it when its ``run_dir`` is already recorded."""
         params = _to_params(rec)  # validate before touching the database
         self._with_retry(lambda conn: conn.execute(_UPSERT_SQL, params))
+
+    def forget_tree(self, run_dir: str | os.PathLike) -> int:
+        """Delete the rows of ``run_dir`` and of every run recorded below it (``<run_dir>/...``), in one statement
+        (one transaction): before a run directory is deleted to start over, so that no table reports a run whose
+        directory is gone, even if the process dies before the new runs are recorded. Returns how many rows went."""
+        key = str(run_dir).rstrip("/") or "/"
+        below = key.rstrip("/") + "/"
+        # substr instead of LIKE: directory names contain "_" and may contain "%", which LIKE would treat as wildcards
+        sql = "DELETE FROM runs WHERE run_dir = ? OR substr(run_dir, 1, ?) = ?"
+        return self._with_retry(lambda conn: conn.execute(sql, (key, len(below), below)).rowcount)
 
     def runs(
         self,

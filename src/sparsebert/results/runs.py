@@ -4,9 +4,11 @@ exported ``model/``), a directory, a hub name."""
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from pathlib import Path
 
+from sparsebert.config import PRETRAINING_TASKS
 from sparsebert.errors import SparseBertError
 
 MINILM = "minilm"
@@ -40,6 +42,8 @@ def resolve_pretrained(name: str, output_root: Path | None = None, what: str = "
             if not (path / "DONE").exists():
                 raise SparseBertError(f"run {path} has not finished (no DONE marker); resume it first")
             return str(path / "model")
+        if finetuning_experiment(path):  # finished or not, it has no model/ of its own
+            raise SparseBertError(f"{what} {name}: {path} is a finetuning experiment, {_its_models(path, name)}")
         if (path / "env.json").is_file():  # one of our run directories, but without an exported model/
             raise SparseBertError(f"run {path} has not finished (no model/ exported yet); resume it first")
         if (path / "config.json").is_file():
@@ -55,6 +59,25 @@ def resolve_pretrained(name: str, output_root: Path | None = None, what: str = "
     close = _close_runs(name, output_root)
     raise SparseBertError(f"{what} {name}: no run {name} exists {where}"
                           + (f" (close: {', '.join(close)})" if close else "") + ", nor a model directory of that name")
+
+
+def finetuning_experiment(path: Path) -> bool:
+    """Whether ``path`` is one of our finetuning experiments (its models are per task and run, not model/)."""
+    try:
+        return json.loads((path / "config.json").read_text()).get("task") not in (None, *PRETRAINING_TASKS)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _its_models(experiment: Path, name: str) -> str:
+    """Where a finetuning experiment's models are, for a message: its finished runs' exported ``model/``, one named
+    as ``name`` continues (``tiny_glue/glue_rte/run0``)."""
+    runs = sorted(m.parent.parent for m in experiment.glob("*/run*/model/config.json")
+                  if (m.parent.parent / "DONE").is_file())
+    if not runs:
+        return ("whose models are those of its runs (<task>/run<k>), and none of them has finished with its model "
+                "exported (finetune.save_model)")
+    return f"whose models are those of its runs: name one, e.g. {name.rstrip('/')}/{runs[0].relative_to(experiment)}"
 
 
 def _in_hub_cache(name: str) -> bool:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase, TrainerCallback
 
-from sparsebert.config import PRETRAINING_TASKS, ExperimentConfig, to_dict
+from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.distributed import world_size
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text, publish_tree
@@ -21,7 +21,7 @@ from sparsebert.models.prepare import prepare_model
 from sparsebert.models.pretrained import pretrained_kwargs
 from sparsebert.results import RunRegistry
 from sparsebert.results.recording import finished, run_record
-from sparsebert.results.runs import resolve_pretrained
+from sparsebert.results.runs import finetuning_experiment, resolve_pretrained
 from sparsebert.trainer.arguments import batch_layout, training_arguments
 from sparsebert.trainer.hooks import build_hooks
 from sparsebert.trainer.trainer import SparseBertTrainer
@@ -63,21 +63,14 @@ class FinetuneContext:
             if not (run / "DONE").is_file():
                 raise SparseBertError(f"teacher run {run} has not finished")
             return str(run / "model")
-        if _finetuning_experiment(self.output_root / teacher):
+        if finetuning_experiment(self.output_root / teacher):
             raise SparseBertError(f"kd.teacher {teacher}: {run} holds no model; run {teacher} on this task first")
         return resolve_pretrained(teacher, self.output_root, "kd.teacher")
 
 
-def _finetuning_experiment(path: Path) -> bool:
-    """Whether ``path`` is one of our finetuning experiments (its models are per task and run, not model/)."""
-    try:
-        return json.loads((path / "config.json").read_text()).get("task") not in (None, *PRETRAINING_TASKS)
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def limit(dataset, n: int | None):
-    return dataset.select(range(min(n, len(dataset)))) if n else dataset
+    """The first ``n`` rows of ``dataset``; None: all of them (config validation refuses an ``n`` below 1)."""
+    return dataset if n is None else dataset.select(range(min(n, len(dataset))))
 
 
 def _micro_batch_rows(cfg: ExperimentConfig) -> tuple[int, int]:

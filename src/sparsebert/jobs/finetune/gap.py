@@ -44,9 +44,9 @@ def load_gap(ctx: FinetuneContext, task: str) -> GapInputs:
     teacher = ctx.teacher_source("gap")
     train_ex = read_gap(ctx.data_file(fcfg.gap_train_file), on_bad_row=fcfg.gap_bad_rows)
     eval_ex = read_gap(ctx.data_file(fcfg.gap_eval_file), on_bad_row=fcfg.gap_bad_rows)
-    if fcfg.max_train_samples:
+    if fcfg.max_train_samples is not None:
         train_ex = train_ex[:fcfg.max_train_samples]
-    if fcfg.max_eval_samples:
+    if fcfg.max_eval_samples is not None:
         eval_ex = eval_ex[:fcfg.max_eval_samples]
     train_features = gap_features(train_ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head)
     eval_features = gap_features(eval_ex, ctx.tokenizer, fcfg.max_seq_length, fcfg.gap_head)

@@ -43,9 +43,9 @@ def squad_examples(ctx: FinetuneContext) -> tuple[list[dict], list[dict]]:
     else:
         train, evaluation = split_by_article(read_squad(ctx.data_file(fcfg.squad_file)),
                                              fcfg.squad_eval_fraction, ctx.cfg.seed)
-    if fcfg.max_train_samples:
+    if fcfg.max_train_samples is not None:
         train = train[:fcfg.max_train_samples]
-    if fcfg.max_eval_samples:
+    if fcfg.max_eval_samples is not None:
         evaluation = evaluation[:fcfg.max_eval_samples]
     return train, evaluation
 
