@@ -36,3 +36,13 @@ def test_a_finetuning_sample_limit_below_one_is_refused(key, value, capsys):
     """0 used to mean no limit at all, and a negative one crashed after the run directory was written."""
     line = refusal(["--show", "tiny_glue", "--set", f"finetune.{key}={value}"], capsys)
     assert line.endswith(f"finetune.{key} must be >= 1 or null (no limit), got {value}")
+
+
+def test_an_empty_glue_task_list_is_refused_rather_than_read_as_every_task(capsys):
+    line = refusal(["--show", "tiny_glue", "--set", "finetune.glue_tasks=[]"], capsys)
+    assert line.endswith("finetune.glue_tasks=[] names no task; name some, or leave it unset for every task present")
+
+
+def test_name_equals_nothing_is_refused_rather_than_starting_from_the_default_model(capsys):
+    assert refusal(["--show", "glue_from="], capsys) == \
+        "error: glue_from=: name the run to start from after '=', e.g. glue_from=bert_100k"

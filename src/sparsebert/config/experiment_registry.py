@@ -243,7 +243,9 @@ class ExperimentRegistry:
         ``NAME=<run>`` is experiment NAME starting from ``<run>`` (``model.init_from``), e.g.
         ``glue_from=sparse_80_rigl``: one finetuning entry serves every pretraining run.
         """
-        base, _, start = name.partition("=")
+        base, equals, start = name.partition("=")
+        if equals and not start:  # glue_from= alone would finetune the experiment's default model unnoticed
+            raise ConfigError(f"{name}: name the run to start from after '=', e.g. {base}=bert_100k")
         data = self.resolve(base)
         if start:
             data.setdefault("model", {})["init_from"] = start

@@ -341,6 +341,8 @@ class FinetuneConfig:
     def validate(self) -> None:
         if not 16 <= self.max_seq_length <= 4096:
             raise ValueError(f"finetune.max_seq_length must be in [16, 4096], got {self.max_seq_length}")
+        if self.glue_tasks is not None and not self.glue_tasks:  # [] is not None: it would read as every task
+            raise ValueError("finetune.glue_tasks=[] names no task; name some, or leave it unset for every task present")
         if self.num_runs < 1 or any(v < 1 for v in self.runs_per_task.values()):
             raise ValueError("finetune.num_runs and finetune.runs_per_task values must be >= 1")
         if self.parallel_runs is not None and self.parallel_runs < 1:
