@@ -662,3 +662,14 @@ def test_run_names_of_search_trials_and_scripts_pass(tmp_path, capsys, run_name)
     code, _, err = run_main([EXPERIMENT, "--run-name", run_name, "--output-dir", str(tmp_path / "out"),
                              "--data-dir", str(tmp_path / "no_data")], capsys)
     assert code == 2 and "no_data (from --data-dir) does not exist" in one_line_error(err)
+
+
+def test_checking_a_run_name_imports_no_optuna():
+    """A pretraining or GLUE process of a study passes --run-name; the GPU image has no optuna (a --search
+    dependency), so the check must not import sparsebert.search. In a fresh process: here it may be imported."""
+    code = ("import sys; sys.modules['optuna'] = None\n"
+            "from sparsebert.cli import check_run_name_flag\n"
+            "check_run_name_flag('glue_from=bert_small_wiki~rte~lr1e-4'); check_run_name_flag('search/s/trial001')\n"
+            "print('optuna' in sys.modules and sys.modules['optuna'] is not None)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
