@@ -363,10 +363,10 @@ def test_trackers_write_locally_and_wandb_never_blocks(registry, data_dir, tmp_p
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
     monkeypatch.setattr(sparsebert.trainer.tracking, "USER_WANDB_PROJECT", None)
+    monkeypatch.setattr(sparsebert.trainer.tracking, "USER_WANDB_DIR", None)
     monkeypatch.setenv("NETRC", str(tmp_path / "no.netrc"))  # nor a `wandb login` of whoever runs the tests
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb"))
-    monkeypatch.setenv("WANDB_PROJECT", "")  # restored after the test: training_arguments sets it
-    (tmp_path / "wandb").mkdir()
+    for name in ("WANDB_DIR", "WANDB_PROJECT"):  # restored after the test: training_arguments sets them
+        monkeypatch.setenv(name, "")
     run(registry, "sparse_tiny_rigl", tmp_path, data_dir, extra=["train.report_to=tensorboard,wandb",
                                                                  "train.max_steps=4", "train.logging_steps=2",
                                                                  "rigl.update_freq=2"])
@@ -377,7 +377,7 @@ def test_trackers_write_locally_and_wandb_never_blocks(registry, data_dir, tmp_p
     config, summary = dict(wandb.run.config), dict(wandb.run.summary)
     names = (wandb.run.project, wandb.run.name)
     wandb.finish()  # what the process's exit, or the next run's Trainer, does
-    (offline,) = (tmp_path / "wandb").rglob("offline-run-*")
+    (offline,) = (tmp_path / "sparse_tiny_rigl").rglob("offline-run-*")  # W&B's files in the run's directory
     experiment = config["experiment"]
     assert experiment["name"] == "sparse_tiny_rigl" and experiment["sparsity"]["sparsity"] == 0.8
     assert experiment["rigl"]["update_freq"] == 2
