@@ -40,3 +40,24 @@ def test_atomic_path_keeps_the_suffix_for_format_sniffing_writers(tmp_path):
         assert tmp.suffix == ".png" and tmp.parent == tmp_path
         tmp.write_bytes(b"png")
     assert (tmp_path / "plot.png").read_bytes() == b"png"
+
+
+def test_a_directory_appears_whole_with_default_permissions_or_not_at_all(tmp_path, monkeypatch):
+    import sparsebert.io as sio
+    from sparsebert.errors import SparseBertError
+
+    monkeypatch.setattr(sio, "_UMASK", 0o022)
+    out = tmp_path / "export"
+    with pytest.raises(RuntimeError), sio.atomic_dir(out, f"--to {out}") as tmp:
+        (tmp / "half.json").write_text("{")
+        raise RuntimeError("the export failed halfway")
+    assert list(tmp_path.iterdir()) == []  # neither the directory nor its temporary one
+
+    out.mkdir()  # an empty directory is taken over; one with files in it is refused
+    with sio.atomic_dir(out, f"--to {out}") as tmp:
+        (tmp / "config.json").write_text("{}")
+        os.chmod(tmp / "config.json", 0o600)  # as safetensors writes its files
+    assert [p.name for p in tmp_path.iterdir()] == ["export"] and mode(out) == 0o755
+    assert mode(out / "config.json") == 0o644
+    with pytest.raises(SparseBertError, match=f"--to {out} exists and is not an empty directory"):
+        sio.check_new_dir(out, f"--to {out}")

@@ -1,4 +1,4 @@
-"""Atomic file writes: a reader never sees a half-written file (temp file in the same directory + rename).
+"""Atomic writes: a reader never sees a half-written file or directory (a temp one beside it + rename).
 
 Temp files and directories from ``tempfile`` are private to their owner (0600 / 0700); what is renamed into
 place gets the permissions a plain ``open()`` or ``mkdir()`` would have given, so results on a shared file
@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from sparsebert.errors import SparseBertError
 
 # read once at import (os.umask can only be read by setting it; doing that later could race other threads)
 _UMASK = os.umask(0)
@@ -65,6 +68,43 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def check_new_dir(path: str | os.PathLike, what: str) -> None:
+    """Refuse a destination directory that is taken: a file, or a directory with anything in it (an exported model's
+    files would be overwritten or mixed with ours). ``what`` names it in the one-line error (``--to DIR``)."""
+    path = Path(path)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise SparseBertError(f"{what} exists and is not an empty directory; choose a new one")
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
+    """Yields a new temporary directory beside ``path`` for the caller to fill; on success its tree gets the
+    permissions of a plain ``mkdir`` and ``open`` and it is renamed to ``path`` (an empty directory there is
+    replaced: a POSIX rename), on any error removed. So ``path`` holds the whole result or nothing.
+
+    Args:
+        path: the directory to make (see :func:`check_new_dir`, to refuse a taken one before long work).
+        what: how the one-line errors name it, e.g. ``--to DIR``.
+    """
+    parent = Path(path).absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{Path(path).name}."))
+    except OSError as e:
+        raise SparseBertError(f"{what}: cannot write in {parent}: {e.strerror}") from None
+    try:
+        yield tmp
+        publish_tree(tmp)  # mkdtemp made it 0700, and libraries write some files 0600 (safetensors)
+        try:
+            os.replace(tmp, path)
+        except OSError as e:  # e.g. something else filled it meanwhile: what is there stays
+            raise SparseBertError(f"{what}: cannot move the result there ({e.strerror}); choose a new "
+                                  "directory") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 

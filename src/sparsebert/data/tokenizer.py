@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from sparsebert.errors import SparseBertError
-from sparsebert.io import publish_tree
+from sparsebert.io import atomic_dir, check_new_dir
 from sparsebert.results.runs import resolve_pretrained
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # BERT's, in the ids 0-4 BERT gives them
@@ -53,13 +48,14 @@ def train_wordpiece(files: list[Path], fmt: str, out_dir: Path, vocab_size: int 
 
     out_dir = Path(out_dir)
     _check_vocab_size(vocab_size)
-    _check_new_dir(out_dir)
+    check_new_dir(out_dir, f"--train-tokenizer {out_dir}")
 
     def texts():
         for doc in iter_documents([str(f) for f in files], fmt):
             yield from doc["text"].split("\n")
 
-    with _new_dir(out_dir) as tmp:  # made before training: an unwritable place fails at once
+    # made before training: an unwritable place fails at once
+    with atomic_dir(out_dir, f"--train-tokenizer {out_dir}") as tmp:
         trainer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)
         trainer.train_from_iterator(texts(), vocab_size=vocab_size, min_frequency=min_frequency,
                                     special_tokens=list(SPECIAL_TOKENS))
@@ -74,32 +70,3 @@ def _check_vocab_size(vocab_size: int) -> None:
     if vocab_size < len(SPECIAL_TOKENS):
         raise SparseBertError(f"--vocab-size {vocab_size}: need at least {len(SPECIAL_TOKENS)}, the special tokens "
                               f"{' '.join(SPECIAL_TOKENS)} (BERT's vocab has 30522)")
-
-
-def _check_new_dir(out_dir: Path) -> None:
-    """Refuse an ``out_dir`` the tokenizer would overwrite or mix with other files (an exported model's)."""
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise SparseBertError(f"--train-tokenizer {out_dir} exists and is not an empty directory; choose a new one")
-
-
-@contextmanager
-def _new_dir(out_dir: Path) -> Iterator[Path]:
-    """A temporary directory beside ``out_dir`` for the caller to fill; on success renamed to ``out_dir`` (an empty
-    directory there is replaced), on any error removed."""
-    parent = out_dir.absolute().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{out_dir.name}."))
-    except OSError as e:
-        raise SparseBertError(f"--train-tokenizer {out_dir}: cannot write in {parent}: {e.strerror}") from None
-    try:
-        yield tmp
-        publish_tree(tmp)  # mkdtemp made it 0700: a shared tokenizer must be readable as a plain mkdir's would be
-        try:
-            os.replace(tmp, out_dir)
-        except OSError as e:  # e.g. something else filled out_dir while this trained: what it wrote stays
-            raise SparseBertError(f"--train-tokenizer {out_dir}: cannot move the trained tokenizer there "
-                                  f"({e.strerror}); choose a new directory") from None
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +34,7 @@ from sparsebert.export import bitmask_loader
 from sparsebert.export.bitmask_loader import AUTO_MAP, FORMAT, WEIGHTS_NAME
 from sparsebert.export.compressed import read_compressed, save_compressed
 from sparsebert.export.model_card import label_names, model_card, set_labels
-from sparsebert.io import atomic_write_json, atomic_write_text, publish_tree
+from sparsebert.io import atomic_dir, atomic_write_json, atomic_write_text, check_new_dir
 from sparsebert.models.ties import loaded_through_a_tie
 
 COMPRESSION_FILE = "compression.json"
@@ -135,27 +134,14 @@ def export_run(run: str, root: Path, to: Path, compressed: bool, onnx: bool = Fa
 
         require_onnx()
     run_dir = resolve_run(run, root)
-    if to.exists() and (not to.is_dir() or any(to.iterdir())):
-        raise SparseBertError(f"--to {to} exists and is not an empty directory; choose a new one")
-    model_dir = run_dir / "model"
-    parent = to.resolve().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{to.name}."))
-    except OSError as e:
-        raise SparseBertError(f"--to {to}: cannot write in {parent}: {e.strerror}") from None
-    try:
-        summary = _write(model_dir, tmp, compressed, run_dir, to.name)
+    check_new_dir(to, f"--to {to}")
+    with atomic_dir(to, f"--to {to}") as tmp:
+        summary = _write(run_dir / "model", tmp, compressed, run_dir, to.name)
         if onnx:
             from sparsebert.export.onnx import export_onnx
 
             summary["onnx_max_abs_diff"] = export_onnx(tmp)
             summary["dir_bytes"] = _dir_bytes(tmp)
-        publish_tree(tmp)  # the weights, as safetensors and torch.onnx wrote them, are 0600
-        os.replace(tmp, to)  # an empty directory at ``to`` is replaced too (POSIX rename)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return summary
 
 
