@@ -621,6 +621,7 @@ def test_list_with_a_word_no_name_contains_is_one_line_error(capsys):
      "--set train.max_steps=2"),
     (["--list", "--set", "seed=1"], "--list takes no --set"),
     (["--profile", "--list"], "--profile goes with running experiments, not with --list; drop --profile"),
+    (["--gpus", "2", "--table", "glue"], "--gpus goes with running experiments, not with --table; drop --gpus"),
     (["--show", EXPERIMENT, "--overwrite", "--resume"], "--resume and --overwrite go with running experiments"),
     (["--runs", "--table", "glue"], "--runs and --table are separate commands; give one at a time"),
     ([EXPERIMENT, "--resume", "--overwrite"], "--resume continues an unfinished run and --overwrite deletes it"),

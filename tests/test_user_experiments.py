@@ -179,6 +179,13 @@ def test_list_names_an_unknown_parent_and_its_file_before_printing_anything(tmp_
     assert err.strip() == f"error: experiment 'mine' in {tmp_path / 'orphan.yaml'} names an unknown parent 'nowhere'"
 
 
+def test_a_parent_cycle_names_its_file(tmp_path, capsys):
+    (tmp_path / "loop.yaml").write_text("mine: {parent: yours}\nyours: {parent: mine}\n")
+    code, out, err = run_main(["--experiments", str(tmp_path / "loop.yaml"), "--list"], capsys)
+    assert code == 2 and out == ""
+    assert err.strip() == f"error: experiment parents form a cycle: mine -> yours -> mine (in {tmp_path / 'loop.yaml'})"
+
+
 @pytest.mark.parametrize("name,keep", [
     (".", "out/canary.txt"),  # the output root
     ("..", "canary.txt"),  # the output root's parent

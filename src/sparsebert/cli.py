@@ -303,7 +303,8 @@ def _refuse_what_the_command_ignores(args: argparse.Namespace) -> None:
             raise ConfigError("--only goes with --table or --plot; to run experiments, name them without --only")
         return
     run_flags = [flag for flag, value in (("--resume", args.resume), ("--overwrite", args.overwrite),
-                                          ("--profile", args.profile), ("--run-name", args.run_name)) if value]
+                                          ("--profile", args.profile), ("--run-name", args.run_name),
+                                          ("--gpus", args.gpus)) if value]
     if run_flags:
         raise ConfigError(f"{' and '.join(run_flags)} {'goes' if len(run_flags) == 1 else 'go'} with running "
                           f"experiments, not with {command}; drop {' '.join(run_flags)}")

@@ -226,7 +226,9 @@ class ExperimentRegistry:
         """The experiment as one plain dict, its parents merged in (without the ``parent`` key)."""
         self.check_name(name)
         if name in _seen:
-            raise ConfigError(f"experiment parents form a cycle: {' -> '.join((*_seen, name))}")
+            files = sorted({self._origin[n] for n in _seen})
+            raise ConfigError(f"experiment parents form a cycle: {' -> '.join((*_seen, name))} (in "
+                              f"{', '.join(files)})")
         raw = dict(self._raw[name])
         parent = raw.pop("parent", None)
         if parent is None:
