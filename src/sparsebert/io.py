@@ -83,12 +83,14 @@ def check_new_dir(path: str | os.PathLike, what: str) -> None:
 def atomic_dir(path: str | os.PathLike, what: str) -> Iterator[Path]:
     """Yields a new temporary directory beside ``path`` for the caller to fill; on success its tree gets the
     permissions of a plain ``mkdir`` and ``open`` and it is renamed to ``path`` (an empty directory there is
-    replaced: a POSIX rename), on any error removed. So ``path`` holds the whole result or nothing.
+    replaced: a POSIX rename), on any error removed. So ``path`` holds the whole result or nothing. A taken ``path``
+    is refused on entry (:func:`check_new_dir`), before the caller's long work.
 
     Args:
-        path: the directory to make (see :func:`check_new_dir`, to refuse a taken one before long work).
+        path: the directory to make.
         what: how the one-line errors name it, e.g. ``--to DIR``.
     """
+    check_new_dir(path, what)
     parent = Path(path).absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

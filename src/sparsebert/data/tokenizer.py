@@ -7,7 +7,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from sparsebert.errors import SparseBertError
-from sparsebert.io import atomic_dir, check_new_dir
+from sparsebert.io import atomic_dir
 from sparsebert.results.runs import resolve_pretrained
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # BERT's, in the ids 0-4 BERT gives them
@@ -48,13 +48,12 @@ def train_wordpiece(files: list[Path], fmt: str, out_dir: Path, vocab_size: int 
 
     out_dir = Path(out_dir)
     _check_vocab_size(vocab_size)
-    check_new_dir(out_dir, f"--train-tokenizer {out_dir}")
 
     def texts():
         for doc in iter_documents([str(f) for f in files], fmt):
             yield from doc["text"].split("\n")
 
-    # made before training: an unwritable place fails at once
+    # entered before training: a taken or unwritable place fails at once
     with atomic_dir(out_dir, f"--train-tokenizer {out_dir}") as tmp:
         trainer = BertWordPieceTokenizer(lowercase=lowercase, strip_accents=lowercase)
         trainer.train_from_iterator(texts(), vocab_size=vocab_size, min_frequency=min_frequency,

@@ -34,7 +34,7 @@ from sparsebert.export import bitmask_loader
 from sparsebert.export.bitmask_loader import AUTO_MAP, FORMAT, WEIGHTS_NAME
 from sparsebert.export.compressed import read_compressed, save_compressed
 from sparsebert.export.model_card import label_names, model_card, set_labels
-from sparsebert.io import atomic_dir, atomic_write_json, atomic_write_text, check_new_dir
+from sparsebert.io import atomic_dir, atomic_write_json, atomic_write_text
 from sparsebert.models.ties import loaded_through_a_tie
 
 COMPRESSION_FILE = "compression.json"
@@ -134,7 +134,6 @@ def export_run(run: str, root: Path, to: Path, compressed: bool, onnx: bool = Fa
 
         require_onnx()
     run_dir = resolve_run(run, root)
-    check_new_dir(to, f"--to {to}")
     with atomic_dir(to, f"--to {to}") as tmp:
         summary = _write(run_dir / "model", tmp, compressed, run_dir, to.name)
         if onnx:
