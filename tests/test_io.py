@@ -3,12 +3,14 @@ permissions (tempfile's private 0600 would hide them from the rest of a team on 
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+from contextlib import contextmanager
 
 import pytest
 
-from sparsebert.io import atomic_path, atomic_write_json, atomic_write_text
+from sparsebert.io import atomic_path, atomic_write_all, atomic_write_json, atomic_write_text
 
 
 def mode(path) -> int:
@@ -61,3 +63,49 @@ def test_a_directory_appears_whole_with_default_permissions_or_not_at_all(tmp_pa
     assert mode(out / "config.json") == 0o644
     with pytest.raises(SparseBertError, match=f"--to {out} exists and is not an empty directory"):
         sio.check_new_dir(out, f"--to {out}")
+
+
+def _full_disk(path) -> None:
+    path.write_text("half")  # as a writer that got partway
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_files_written_together_appear_all_or_none(tmp_path, monkeypatch):
+    """The first file was left in place when the second failed: half a result that a later reader would trust."""
+    import sparsebert.io as sio
+
+    monkeypatch.setattr(sio, "_UMASK", 0o022)
+    first, second = tmp_path / "out" / "pred.json", tmp_path / "out" / "pred_nbest.json"
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_all([(first, lambda p: p.write_text("new")), (second, _full_disk)])
+    assert list((tmp_path / "out").iterdir()) == []  # neither the first file nor a temporary
+
+    first.write_text("old")
+    second.write_text("old nbest")
+    with pytest.raises(OSError):
+        atomic_write_all([(first, lambda p: p.write_text("new")), (second, _full_disk)])
+    assert first.read_text() == "old" and second.read_text() == "old nbest"
+    assert sorted(p.name for p in first.parent.iterdir()) == ["pred.json", "pred_nbest.json"]
+
+    atomic_write_all([(first, lambda p: atomic_write_text(p, "new")), (second, lambda p: p.write_text("nbest"))])
+    assert first.read_text() == "new" and second.read_text() == "nbest"
+    assert sorted(p.name for p in first.parent.iterdir()) == ["pred.json", "pred_nbest.json"]
+    assert mode(first) == mode(second) == 0o644
+
+
+def test_a_failed_rename_removes_the_files_already_renamed_and_the_guard_names_the_file(tmp_path):
+    from sparsebert.errors import SparseBertError
+
+    @contextmanager
+    def naming(path):
+        try:
+            yield
+        except OSError as e:
+            raise SparseBertError(f"cannot write {path}: {e.strerror}") from None
+
+    first, second = tmp_path / "pred.json", tmp_path / "pred_nbest.json"
+    first.mkdir()  # written to a temporary fine; the rename over a directory fails, after the second's
+    with pytest.raises(SparseBertError, match=f"^cannot write {first}: Is a directory$"):
+        atomic_write_all([(first, lambda p: p.write_text("new")), (second, lambda p: p.write_text("nbest"))],
+                         guard=naming)
+    assert [p.name for p in tmp_path.iterdir()] == ["pred.json"] and first.is_dir()

@@ -1,4 +1,5 @@
-"""Atomic writes: a reader never sees a half-written file or directory (a temp one beside it + rename).
+"""Atomic writes: a reader never sees a half-written file or directory (a temp one beside it + rename), nor
+some of a group of files that belong together without the others (:func:`atomic_write_all`).
 
 Temp files and directories from ``tempfile`` are private to their owner (0600 / 0700); what is renamed into
 place gets the permissions a plain ``open()`` or ``mkdir()`` would have given, so results on a shared file
@@ -11,8 +12,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +60,61 @@ def atomic_path(path: str | os.PathLike, suffix: str = ".tmp") -> Iterator[Path]
     """Yields a temporary path beside ``path`` for the caller to write; on success it is renamed over ``path``,
     on any error removed. ``suffix`` matters to writers that pick a format from the name (matplotlib)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-    os.close(fd)
+    tmp = _temp_beside(path, suffix)
     try:
-        yield Path(tmp)
+        yield tmp
         publish_permissions(tmp)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _temp_beside(path: Path, suffix: str = ".tmp") -> Path:
+    """A new empty temporary file in ``path``'s directory (made if missing): in the same directory, so that renaming
+    it over ``path`` is atomic (one file system)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _no_guard(path: Path) -> AbstractContextManager[object]:
+    return nullcontext()
+
+
+def atomic_write_all(writers: Sequence[tuple[str | os.PathLike, Callable[[Path], object]]],
+                     guard: Callable[[Path], AbstractContextManager[object]] = _no_guard) -> None:
+    """Files that belong together (a prediction and the files beside it) appear all or none. Written one by one,
+    each atomically, a failure of the second (a full disk) left the first in place: half a result that a later
+    reader would trust. Here each writer writes a temporary file beside its destination, and only once every one
+    has succeeded are they renamed into place. On any failure the temporaries are removed, so files that were there
+    keep their old content; a rename that fails (rare: all temporaries are already written) also removes the files
+    already renamed, whose old content is then lost, but no mix of old and new files is left.
+
+    Args:
+        writers: (destination, function that writes the path it is given) pairs, in the order they are written.
+        guard: a context manager around each step of a destination (its temporary, its write, its rename), e.g.
+            one that turns an OSError into an error that names the file.
+    """
+    staged: list[tuple[Path, Path]] = []  # (temporary, destination)
+    placed: list[Path] = []
+    try:
+        for destination, write in writers:
+            destination = Path(destination)
+            with guard(destination):
+                staged.append((_temp_beside(destination), destination))
+                write(staged[-1][0])
+                publish_permissions(staged[-1][0])
+        for tmp, destination in reversed(staged):  # the first file, the one a reader looks for, appears last
+            with guard(destination):
+                os.replace(tmp, destination)
+            placed.append(destination)
+    except BaseException:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+        for destination in placed:
+            destination.unlink(missing_ok=True)
         raise
 
 

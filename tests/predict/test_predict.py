@@ -5,7 +5,9 @@ with labels, and bad requests are one-line refusals that write nothing."""
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -221,6 +223,57 @@ def test_a_write_that_fails_after_the_checks_is_a_one_line_error(rte_run, data_d
     rte.write_text("".join("\t".join(r[:3]) + "\n" for r in _tsv(data_dir / "glue/RTE/dev.tsv")[:5]))
     _refused(capsys, ["--predict", str(rte_run), "--input", str(rte), "--output", "/proc/sparsebert_rte.tsv"],
              "--predict: cannot write /proc/sparsebert_rte.tsv: ")
+
+
+def _few_questions(data_dir: Path, to: Path) -> Path:
+    """The first paragraph of the SQuAD dev file, its questions with their answers."""
+    data = json.loads((data_dir / "squad/dev-v1.1.json").read_text())
+    article = data["data"][0]
+    to.write_text(json.dumps({"version": "1.1", "data": [{**article, "paragraphs": article["paragraphs"][:1]}]}))
+    return to
+
+
+@pytest.mark.parametrize("task, second_writer", [("gap", "write_gap_system_file"), ("squad", "atomic_write_json")])
+def test_a_prediction_whose_second_file_fails_writes_none_of_its_files(data_dir, tmp_path, capsys, monkeypatch,
+                                                                      request, task, second_writer):
+    """A full disk at the second file left the first in place (a prediction without the file beside it, that a
+    later run could take for a whole one); the files of an earlier prediction there were replaced by a mix."""
+    import sparsebert.predict.tasks as predict
+
+    run = request.getfixturevalue(f"{task}_run")
+    capsys.readouterr()  # what training the run printed, if this test was the first to need it
+    if task == "gap":
+        input_file = tmp_path / "gap.tsv"
+        input_file.write_text("".join("\t".join(r) + "\n" for r in _tsv(data_dir / "gap/gap-validation.tsv")[:6]))
+        output = tmp_path / "fresh" / "pred.csv"
+    else:
+        input_file = _few_questions(data_dir, tmp_path / "squad.json")
+        output = tmp_path / "fresh" / "pred.json"
+    companion = output.with_name(f"pred_{'gap_system.tsv' if task == 'gap' else 'nbest_predictions.json'}")
+    argv = ["--predict", str(run), "--input", str(input_file), "--output", str(output)]
+
+    def full_disk(path, *args):
+        Path(path).write_text("half")  # as a write that got partway
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(predict, second_writer, full_disk)
+    _refused(capsys, argv, f"--predict: cannot write {companion}: No space left on device")
+    assert list(output.parent.iterdir()) == []  # not the first file, nor a temporary
+    output.write_text("old\n")  # an earlier prediction's files keep their content
+    companion.write_text("old companion\n")
+    _refused(capsys, argv, f"--predict: cannot write {companion}: No space left on device")
+    assert output.read_text() == "old\n" and companion.read_text() == "old companion\n"
+    assert sorted(output.parent.iterdir()) == sorted([output, companion])
+
+    monkeypatch.undo()  # the disk has room again: every file is written
+    _predict(capsys, run, input_file, "--output", str(output))
+    assert sorted(output.parent.iterdir()) == sorted([output, companion])
+    if task == "gap":
+        assert output.read_text().startswith("ID,A,B,NEITHER\n") and len(output.read_text().splitlines()) == 6
+        assert len(companion.read_text().splitlines()) == 5
+    else:
+        answers, nbest = json.loads(output.read_text()), json.loads(companion.read_text())
+        assert answers and set(nbest) == set(answers)
 
 
 def test_readers_take_files_without_labels(data_dir, tmp_path):

@@ -3,7 +3,8 @@
 Each task reads the file with the reader its runner trains with (labels optional), featurizes it the same way
 (the run's own settings from its config.json) and writes the task's own output format; when the file carries
 labels, the task's metrics come back too. Every check (the run, the file, its columns and rows) happens before
-the model loads and before anything is written; outputs are written atomically.
+the model loads and before anything is written; outputs are written atomically, a prediction's files all or
+none (a failed second file leaves no first one behind).
 
 ``--sparse24-kernel`` runs a 2:4 run's sparse encoder Linears through our CUTLASS kernel
 (:func:`sparsebert.export.to_sparse24_kernel`): the model in bf16 on an sm90 GPU, the library built once with

@@ -34,7 +34,7 @@ from sparsebert.data.gap import gap_features, long_gap_rows, read_gap
 from sparsebert.data.glue import featurize_glue, glue_dataset, read_glue_file
 from sparsebert.data.squad import postprocess_predictions, read_squad
 from sparsebert.errors import SparseBertError
-from sparsebert.io import atomic_write_json
+from sparsebert.io import atomic_write_all, atomic_write_json
 from sparsebert.jobs.finetune.classification_metrics import classification_metrics
 from sparsebert.jobs.finetune.common import softmax
 from sparsebert.jobs.finetune.csv_task import write_csv_predictions
@@ -80,9 +80,10 @@ def infer(model, dataset, collator: Callable, batch_size: int, columns: Sequence
 
 @contextmanager
 def writing(path: Path) -> Iterator[None]:
-    """Around the write of ``path``: an OSError there becomes a one-line error naming the file. The check before the
-    model ran (check_output) cannot foresee every failure (a full disk, a directory such as /proc that takes no new
-    files even from root), and a traceback after a long prediction would hide which file it was."""
+    """Around the write of ``path`` (or each step of it, as atomic_write_all's guard): an OSError there becomes a
+    one-line error naming the file. The check before the model ran (check_output) cannot foresee every failure (a
+    full disk, a directory such as /proc that takes no new files even from root), and a traceback after a long
+    prediction would hide which file it was."""
     try:
         yield
     except OSError as e:
@@ -173,13 +174,11 @@ def predict_squad(run: FinishedRun, input_file: Path, outputs: list[Path]) -> Pr
     predictions, null_odds = postprocess_predictions(
         examples, features, start, end, n_best_size=fcfg.n_best_size, max_answer_length=fcfg.max_answer_length,
         version_2=version_2, null_score_diff_threshold=fcfg.null_score_diff_threshold, nbest=nbest)
-    with writing(output):
-        write_predictions_json(output, predictions)
-    with writing(nbest_file):
-        atomic_write_json(nbest_file, nbest)
-    for path in null_odds_file:  # a v2 run's
-        with writing(path):
-            atomic_write_json(path, null_odds)
+    # all or none: predictions without their nbest file would pass for a whole prediction
+    atomic_write_all([(output, lambda path: write_predictions_json(path, predictions)),
+                      (nbest_file, lambda path: atomic_write_json(path, nbest)),
+                      *((path, lambda tmp: atomic_write_json(tmp, null_odds)) for path in null_odds_file)],
+                     guard=writing)
     labeled = all(ex["answers"] is not None for ex in examples)
     return Prediction(outputs, squad_metrics(examples, predictions, version_2) if labeled else None)
 
@@ -219,15 +218,15 @@ def predict_gap(run: FinishedRun, input_file: Path, outputs: list[Path]) -> Pred
     (logits,) = infer(model, features, default_data_collator, run.eval_batch_size, inputs)
     probs = softmax(logits)
     ids = [ex.id for ex in examples]
-    with writing(output):
-        write_kaggle_submission(output, ids, probs)
-    with writing(system):
-        write_gap_system_file(system, ids, probs)
+    # all or none: a submission without its system file would pass for a whole prediction
+    atomic_write_all([(output, lambda path: write_kaggle_submission(path, ids, probs)),
+                      (system, lambda path: write_gap_system_file(path, ids, probs))], guard=writing)
     metrics = gap_metrics(probs, examples) if all(ex.labelled for ex in examples) else None
     return Prediction(outputs, metrics)
 
 
-# each predictor writes the files output_paths lists for its task (check_output has checked them), in that order
+# each predictor writes the files output_paths lists for its task (check_output has checked them), in that order;
+# a task with several writes them all or none (atomic_write_all)
 PREDICTORS: dict[str, Callable[[FinishedRun, Path, list[Path]], Prediction]] = {
     "glue": predict_glue, "csv": predict_csv, "squad_v1": predict_squad, "squad_v2": predict_squad,
     "gap": predict_gap,
