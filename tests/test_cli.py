@@ -627,6 +627,26 @@ def test_list_with_a_word_no_name_contains_is_one_line_error(capsys):
     (["--runs", "--table", "glue"], "--runs and --table are separate commands; give one at a time"),
     ([EXPERIMENT, "--resume", "--overwrite"], "--resume continues an unfinished run and --overwrite deletes it"),
     ([EXPERIMENT, "--only", "foo"], "--only goes with --table or --plot"),
+    # flags with a default of their own: a value given where nothing reads it (the default would not tell)
+    ([EXPERIMENT, "--vocab-size", "50000"],
+     "error: --vocab-size goes with --train-tokenizer, not with running experiments; drop --vocab-size 50000"),
+    ([EXPERIMENT, "--max-files", "1"], "--max-files goes with --train-tokenizer, not with running experiments"),
+    (["--runs", "--agg", "mean"], "error: --agg goes with --table, not with --runs; drop --agg mean"),
+    (["--status", "done", "--agg", "mean"], "--agg goes with --table, not with --runs; drop --agg mean"),
+    (["--list", "--format", "csv"], "error: --format goes with --table or --runs, not with --list; drop --format csv"),
+    (["--show", EXPERIMENT, "--format", "latex"], "--format goes with --table or --runs, not with --show"),
+    (["--plot", "loss", "--only", "r", "--format", "csv"],
+     "--format goes with --table or --runs, not with --plot (the suffix of --out picks the image format)"),
+    (["--table", "glue", "--corpus", "c", "--corpus-format", "text"],
+     "error: --corpus goes with --train-tokenizer and --corpus-format with --train-tokenizer, not with --table; "
+     "drop --corpus c --corpus-format text"),
+    (["--export", "r", "--to", "d", "--out", "m.png"],
+     "error: --out goes with --plot, not with --export (--export writes to --to DIR); drop --out m.png"),
+    (["--train-tokenizer", "tok", "--status", "done"], "--status goes with --runs, not with --train-tokenizer"),
+    (["--train-tokenizer", "tok", "--compressed"],
+     "error: --compressed goes with --export, not with --train-tokenizer; drop --compressed"),
+    (["--search", EXPERIMENT, "--space", "s", "--trials", "1", "--agg", "mean"],
+     "error: --agg goes with --table, not with --search; drop --agg mean"),
 ])
 def test_arguments_the_command_would_ignore_are_refused(tmp_path, capsys, argv, message):
     """Each would otherwise pass silently: a user would think it filtered (or changed) what the command did."""
@@ -634,6 +654,24 @@ def test_arguments_the_command_would_ignore_are_refused(tmp_path, capsys, argv, 
     assert code == 2 and out == ""
     assert message in one_line_error(err)
     assert not (tmp_path / "out").exists()
+
+
+def test_format_and_agg_still_work_with_table_and_runs(tmp_path, capsys):
+    """The flags refused elsewhere are read where they belong, and left out they are the defaults --help names."""
+    from sparsebert.results import RunRecord, RunRegistry
+
+    registry = RunRegistry.in_output_root(tmp_path)
+    for k, accuracy in enumerate((0.5, 0.75)):  # two seeds: max 75.0, mean 62.5
+        registry.record(RunRecord(run_dir=str(tmp_path / f"exp/glue_rte/run{k}"), task="glue:rte", status="done",
+                                  experiment="exp", model="minilm", seed=42 + k,
+                                  metrics={"accuracy": accuracy, "score": accuracy}))
+    root = ["--output-dir", str(tmp_path)]
+    code, out, err = run_main(["--table", "glue", *root], capsys)
+    assert code == 0 and out.startswith("|") and " 75.0 " in out and "62.5" not in out, err  # md, max
+    code, out, err = run_main(["--table", "glue", "--format", "csv", "--agg", "mean", *root], capsys)
+    assert code == 0 and "|" not in out and ",62.5," in out and "75.0" not in out, err
+    code, out, err = run_main(["--runs", "--format", "csv", *root], capsys)
+    assert code == 0 and out.startswith("run,experiment,task,") and len(out.strip().splitlines()) == 3, err
 
 
 @pytest.mark.parametrize("run_name,problem", [

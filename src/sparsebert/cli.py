@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sparsebert.config import ConfigError, ExperimentRegistry
 from sparsebert.console import configure_logging
@@ -19,6 +20,33 @@ from sparsebert.sigterm import terminate_on_sigterm
 
 OUTPUT_ENV = "SPARSEBERT_OUTPUT"
 log = logging.getLogger("sparsebert")
+
+
+# The real defaults of flags that only some commands read. Their argparse default is None, so that one given to a
+# command that ignores it can be told from one left out and refused (_refuse_flags_of_other_commands); the commands
+# read them through flag_value(), which applies these, and --help shows them.
+FLAG_DEFAULTS: dict[str, object] = {"format": "md", "agg": "max", "corpus": "wikipedia-enwiki-2015-wikiextractor",
+                                    "corpus_format": "wikiextractor", "vocab_size": 30522}
+# every flag that only some commands read (those above and others) -> those commands; given to another, refused
+FLAG_COMMANDS: dict[str, tuple[str, ...]] = {
+    "--format": ("--table", "--runs"), "--agg": ("--table",), "--out": ("--plot",),
+    "--corpus": ("--train-tokenizer",), "--corpus-format": ("--train-tokenizer",),
+    "--vocab-size": ("--train-tokenizer",), "--max-files": ("--train-tokenizer",),
+    "--status": ("--runs",), "--to": ("--export",), "--compressed": ("--export",), "--onnx": ("--export",)}
+# flags that, given without their command, lead to it (main's dispatch, in its order), which says what else it
+# needs: the flags beside them are checked against that command, not against running experiments
+LEADING_FLAGS = {"input": "--predict", "output": "--predict", "long_rows": "--predict", "sparse24_kernel": "--predict",
+                 "to": "--export", "compressed": "--export", "onnx": "--export", "status": "--runs"}
+# where a refused flag is likely taken for another one
+FLAG_HINTS = {("--out", "--export"): " (--export writes to --to DIR)",
+              ("--out", "--predict"): " (--predict writes to --output FILE)",
+              ("--format", "--plot"): " (the suffix of --out picks the image format)"}
+
+
+def flag_value(args: argparse.Namespace, dest: str) -> Any:
+    """The value of a flag of FLAG_DEFAULTS (``dest`` as argparse names it): as given, else its real default."""
+    value = getattr(args, dest)
+    return FLAG_DEFAULTS[dest] if value is None else value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -61,9 +89,11 @@ def parser() -> argparse.ArgumentParser:
                         "log_history.json (a finetuning run's epochs.json), or density per tensor from sparsity.json; "
                         "written to --out")
     p.add_argument("--out", type=Path, default=None, help="with --plot: the image file (default <kind>.png)")
-    p.add_argument("--format", choices=["md", "csv", "latex"], default="md", help="with --table or --runs")
-    p.add_argument("--agg", choices=["max", "mean"], default="max",
-                   help="with --table: how runs of one task with different seeds combine")
+    p.add_argument("--format", choices=["md", "csv", "latex"],
+                   help=f"with --table or --runs (default {FLAG_DEFAULTS['format']})")
+    p.add_argument("--agg", choices=["max", "mean"],
+                   help="with --table: how runs of one task with different seeds combine "
+                        f"(default {FLAG_DEFAULTS['agg']})")
     p.add_argument("--runs", action="store_true",
                    help="list every run in the registry of the output root: status, headline metric, wall time")
     p.add_argument("--status", choices=["running", "done", "failed"], help="with --runs: only runs in this status")
@@ -82,10 +112,14 @@ def parser() -> argparse.ArgumentParser:
                         "one, sparsebert restarts under torchrun with one process per GPU")
     p.add_argument("--train-tokenizer", type=Path, metavar="OUT_DIR",
                    help="train a WordPiece vocab on the corpus of --corpus (under --data-dir) and save it to OUT_DIR")
-    p.add_argument("--corpus", default="wikipedia-enwiki-2015-wikiextractor",
-                   help="with --train-tokenizer: corpus path under the data directory (or absolute)")
-    p.add_argument("--corpus-format", choices=["wikiextractor", "text"], default="wikiextractor")
-    p.add_argument("--vocab-size", type=int, default=30522, help="with --train-tokenizer")
+    p.add_argument("--corpus",
+                   help="with --train-tokenizer: corpus path under the data directory (or absolute; default "
+                        f"{FLAG_DEFAULTS['corpus']})")
+    p.add_argument("--corpus-format", choices=["wikiextractor", "text"],
+                   help="with --train-tokenizer: WikiExtractor <doc> files, or plain text with blank lines between "
+                        f"documents (default {FLAG_DEFAULTS['corpus_format']})")
+    p.add_argument("--vocab-size", type=int,
+                   help=f"with --train-tokenizer (default {FLAG_DEFAULTS['vocab_size']})")
     p.add_argument("--max-files", type=int, default=None, help="with --train-tokenizer: read only N files")
     p.add_argument("--search", metavar="NAME",
                    help="hyperparameter search over experiment NAME with --space and --trials; run again to resume "
@@ -182,7 +216,8 @@ def _main(argv: list[str] | None) -> int:
         if args.runs or args.status:
             return list_runs(args)
         if args.table:
-            return print_table(output_root(args.output_dir), args.table_experiments, args.format, args.agg)
+            return print_table(output_root(args.output_dir), args.table_experiments, flag_value(args, "format"),
+                               flag_value(args, "agg"))
         if args.plot:
             return make_plot(output_root(args.output_dir), args.plot, args.table_experiments,
                              args.out or Path(f"{args.plot}.png"))
@@ -295,6 +330,7 @@ def _refuse_what_the_command_ignores(args: argparse.Namespace) -> None:
     if len(given) > 1:
         raise ConfigError(f"{' and '.join(given)} are separate commands; give one at a time")
     command = given[0] if given else None
+    _refuse_flags_of_other_commands(args, command)
     if command is None:
         if args.resume and args.overwrite:
             raise ConfigError("--resume continues an unfinished run and --overwrite deletes it to start over; "
@@ -317,6 +353,22 @@ def _refuse_what_the_command_ignores(args: argparse.Namespace) -> None:
     if args.experiments and command in ("--train-tokenizer", "--export", "--runs", "--table", "--plot"):
         hint = {"--table": " (--only NAME ... picks its rows)", "--plot": " (--only RUN ... names the runs to plot)"}
         raise ConfigError(f"{command} runs no experiment; drop {' '.join(args.experiments)}{hint.get(command, '')}")
+
+
+def _refuse_flags_of_other_commands(args: argparse.Namespace, command: str | None) -> None:
+    """Refuse a flag of FLAG_COMMANDS given to a command that does not read it (None: running experiments), e.g.
+    ``--vocab-size`` without --train-tokenizer: it would change nothing, silently."""
+    if command is None:
+        command = next((led for dest, led in LEADING_FLAGS.items() if getattr(args, dest)), None)
+    ignored = [(flag, value) for flag, commands in FLAG_COMMANDS.items()
+               if (value := getattr(args, flag[2:].replace("-", "_"))) not in (None, False) and command not in commands]
+    if not ignored:
+        return
+    goes = " and ".join(f"{flag} {'goes ' if i == 0 else ''}with {' or '.join(FLAG_COMMANDS[flag])}"
+                        for i, (flag, _) in enumerate(ignored))
+    hint = "".join(FLAG_HINTS.get((flag, command), "") for flag, _ in ignored)
+    raise ConfigError(f"{goes}, not with {command or 'running experiments'}{hint}; "
+                      f"drop {' '.join(flag if value is True else f'{flag} {value}' for flag, value in ignored)}")
 
 
 def _refuse_search_flags(args: argparse.Namespace) -> None:
@@ -423,6 +475,7 @@ def search(args: argparse.Namespace, registry: ExperimentRegistry, raise_if_term
                                          ("--train-tokenizer", args.train_tokenizer)) if given]
     if clashing:  # --resume needs no refusal: a search always resumes
         raise ConfigError(f"{', '.join(clashing)} cannot be combined with --search")
+    _refuse_flags_of_other_commands(args, "--search")
     if args.space is None or args.trials is None:
         raise ConfigError("--search needs --space SPACE and --trials N")
     if args.gpus:
@@ -484,14 +537,15 @@ def train_tokenizer(args: argparse.Namespace) -> int:
     from sparsebert.data.paths import HOW_TO_POINT, resolve_data_dir
     from sparsebert.data.tokenizer import train_wordpiece
 
-    corpus = Path(args.corpus)
+    corpus = Path(flag_value(args, "corpus"))
     if not corpus.is_absolute():
         data_dir = resolve_data_dir(args.data_dir)
         if data_dir is None:
-            raise SparseBertError(f"no data directory for corpus '{args.corpus}'; {HOW_TO_POINT}")
+            raise SparseBertError(f"no data directory for corpus '{corpus}'; {HOW_TO_POINT}")
         corpus = data_dir / corpus
     files = corpus_files(corpus, args.max_files)
-    tok = train_wordpiece(files, args.corpus_format, args.train_tokenizer, vocab_size=args.vocab_size)
+    tok = train_wordpiece(files, flag_value(args, "corpus_format"), args.train_tokenizer,
+                          vocab_size=flag_value(args, "vocab_size"))
     print(f"trained a {len(tok)}-token WordPiece vocab on {len(files)} files -> {args.train_tokenizer} "
           f"(use it with --set model.tokenizer={args.train_tokenizer})")
     return 0
@@ -535,7 +589,7 @@ def list_runs(args: argparse.Namespace) -> int:
         raise SparseBertError(f"no results registry at {root / REGISTRY_FILENAME}: run an experiment first, or "
                               "point --output-dir at the output root that holds it")
     records = RunRegistry.in_output_root(root, read_only=True).runs(status=args.status)
-    print(runs_table(records, root, args.format))
+    print(runs_table(records, root, flag_value(args, "format")))
     return 0
 
 

@@ -83,6 +83,25 @@ def test_bad_sizes_are_one_line_errors(corpus, tmp_path, capsys, extra, words):
     assert not (tmp_path / "tok").exists()
 
 
+def test_vocab_size_and_corpus_format_given_or_left_at_their_defaults(tmp_path, capsys):
+    """--vocab-size is honoured, left out it is 30522 (more than this corpus yields), and --corpus-format left out is
+    wikiextractor: the flags default to None in argparse, so the defaults are applied where they are read."""
+    import itertools
+
+    words = ["".join(chars) for chars in itertools.product("abcdefghij", "klmnopqrst", "uvwxyz")]  # 600 words
+    corpus = tmp_path / "corpus" / "a.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("\n".join(" ".join(words[i:i + 10]) for i in range(0, len(words), 10)) * 2 + "\n")
+    assert _train(tmp_path / "tok80", corpus, "--vocab-size", "80") == 0
+    assert len(load_tokenizer(str(tmp_path / "tok80"))) == 80
+    assert cli_main(["--train-tokenizer", str(tmp_path / "tok"), "--corpus", str(corpus), "--corpus-format",
+                     "text"]) == 0
+    assert len(load_tokenizer(str(tmp_path / "tok"))) > 80  # not capped: every merge the corpus has
+    capsys.readouterr()
+    assert cli_main(["--train-tokenizer", str(tmp_path / "wiki"), "--corpus", str(corpus)]) == 2
+    assert "a.txt:1: text outside a <doc> element" in _one_error_line(capsys)  # read as WikiExtractor files
+
+
 def test_the_tokenizer_appears_whole_or_not_at_all(corpus, tmp_path, capsys):
     empty = tmp_path / "empty"  # an empty directory is fine: it is replaced by the trained tokenizer
     empty.mkdir()
