@@ -392,6 +392,12 @@ def test_set_without_equals_is_an_error(registry):
     (["train.report_to=tensorboard,mlflow"], ["train.report_to", "mlflow"]),
     (["train.learning_rate=0"], ["train.learning_rate"]),
     (["train.learning_rate=nan"], ["train.learning_rate", "finite"]),
+    # adam_epsilon 0 makes every masked weight NaN (0 / 0 in the Adam update); torch accepts it
+    (["train.adam_epsilon=0"], ["train.adam_epsilon", "> 0"]),
+    (["train.adam_beta2=1"], ["train.adam_beta2", "[0, 1)"]),
+    (["train.adam_beta1=-0.1"], ["train.adam_beta1"]),
+    (["train.weight_decay=-0.01"], ["train.weight_decay", ">= 0"]),
+    (["train.max_grad_norm=inf"], ["train.max_grad_norm", "finite"]),
     (["task=glue", "train.epochs=inf"], ["train.epochs", "finite"]),
     (["task=squad_v1", "finetune.n_best_size=0"], ["finetune.n_best_size"]),
     (["task=squad_v1", "finetune.max_answer_length=0"], ["finetune.max_answer_length"]),

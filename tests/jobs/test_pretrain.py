@@ -432,6 +432,20 @@ def test_stop_after_steps_ends_early_on_the_full_runs_schedule(registry, data_di
     assert metrics["train_samples_per_second"] == pytest.approx(7 * 8 / metrics["train_runtime_s"])
 
 
+def test_a_gmp_run_stopped_early_exports_the_sparsity_it_was_evaluated_at(registry, data_dir, tmp_path):
+    """train.stop_after_steps ends GMP (0 -> 80 % at steps 4, 8, 12 of 20) at step 9: the model keeps the sparsity
+    of its last prune (step 8), the one the evaluation at step 9 saw, not the target without the recovery steps."""
+    extra = ["rigl=null", "gmp.begin_step=4", "gmp.end_step=12", "gmp.frequency=4", "train.stop_after_steps=9"]
+    metrics = run(registry, "sparse_tiny_rigl", tmp_path, data_dir, extra=extra)
+    assert metrics["global_step"] == 9
+    at_step_8 = 0.8 * (1 - 0.5**3)
+    assert metrics["sparsity"] == pytest.approx(at_step_8, abs=1e-3)
+    report = json.loads((tmp_path / "sparse_tiny_rigl" / "sparsity.json").read_text())
+    assert report["selected"]["sparsity"] == pytest.approx(at_step_8, abs=1e-3)
+    for name, w in sparse_layers(model_weights(tmp_path / "sparse_tiny_rigl")).items():  # the exported model too
+        assert (w == 0).float().mean().item() == pytest.approx(at_step_8, abs=5e-3), name
+
+
 def test_resume_of_a_stopped_run_never_trains_past_the_stop(registry, data_dir, tmp_path):
     """A checkpoint saved at the stop step is not resumed from: the stop can only act after a step."""
     stop = ["train.stop_after_steps=10"]  # FAST saves at step 10 too

@@ -13,9 +13,9 @@ PRUNES = (10, 20, 30, 40)  # GMP every 10 steps from 10 (which prunes nothing: t
 MOVES = tuple(range(3, 60, 3))  # RigL every 3 steps until 60: with GMP at one step only, 30
 
 
-def _mlp_gmp_rigl(gmp_score: str = "magnitude", rigl_global: bool = False):
+def _mlp_gmp_rigl(gmp_score: str = "magnitude", rigl_global: bool = False, **gmp_settings):
     model = make_mlp()
-    gmp = GMPConfig(begin_step=10, end_step=40, frequency=10, score=gmp_score)
+    gmp = GMPConfig(begin_step=10, end_step=40, frequency=10, score=gmp_score, **gmp_settings)
     rigl = RigLConfig(update_freq=3, end_step=60, drop_fraction=0.3, global_ranking=rigl_global)
     config = SparsityConfig(sparsity=0.8, include=["weight$"], init="magnitude")
     controller = SparsityController(model, config, rigl=rigl, gmp=gmp)
@@ -85,6 +85,16 @@ def test_global_rigl_with_per_layer_gmp_is_refused():
     # RigL would move weights between layers and the per-layer prunes could not refill a layer left sparser
     with pytest.raises(ValueError, match=r"^rigl\.global_ranking=true with gmp\.global_ranking=false"):
         _mlp_gmp_rigl(rigl_global=True)
+
+
+def test_global_rigl_with_a_tensor_sparsity_cap_is_refused():
+    # the cap holds when GMP prunes; a global RigL move between prunes could still empty a layer, and the next
+    # prune could then not keep the cap's weights in it
+    with pytest.raises(ValueError, match=r"^rigl\.global_ranking=true moves weights between layers without "
+                                         r"gmp\.max_tensor_sparsity's floor"):
+        _mlp_gmp_rigl(rigl_global=True, global_ranking=True, max_tensor_sparsity=0.9)
+    _mlp_gmp_rigl(rigl_global=True, global_ranking=True)  # without the cap: allowed
+    _mlp_gmp_rigl(global_ranking=True, max_tensor_sparsity=0.9)  # per-layer RigL keeps each layer's count
 
 
 def test_rigl_must_update_after_pruning_begins():

@@ -104,6 +104,25 @@ def test_a_tensor_sparsity_cap_keeps_each_tensors_best_and_ranks_the_rest_global
     assert_masked_weights_zero(capped)
 
 
+def test_a_tensor_already_sparser_than_the_cap_keeps_every_weight_it_has():
+    # masks read from a pruned model (sparsity.init zeros): the third layer has 1 weight left, fewer than the 2 the
+    # cap keeps per tensor, so it keeps that one and the prune goes on (it used to fail: "cannot pick 2 of 1")
+    model = _three_layers()
+    with torch.no_grad():
+        model[2].weight.copy_(torch.tensor([[0.0, 0.04], [0.0, 0.0]]))
+    config = SparsityConfig(sparsity=0.5, include=["weight$"], init="zeros")
+    controller = SparsityController(model, config, gmp=GMPConfig(end_step=1, frequency=1, global_ranking=True,
+                                                                  max_tensor_sparsity=0.6))
+    controller.attach_optimizer(torch.optim.SGD(model.parameters(), lr=0.0))
+    controller.on_optimizer_step()
+    # kept per tensor: 4 of the first (6, 5, 0.6, 0.5), 2 of the second (4, 3), the third's one; the 8th kept
+    # weight is the largest of the rest, 2.0
+    assert controller.masks["0.weight"].tolist() == [[False, False, False, False], [True, True, True, True]]
+    assert controller.masks["1.weight"].tolist() == [[False, True], [True, True]]
+    assert controller.masks["2.weight"].tolist() == [[False, True], [False, False]]
+    assert controller.report()["selected"]["sparsity"] == pytest.approx(0.5)
+
+
 @pytest.mark.parametrize("gmp, message", [
     ({"global_ranking": True, "max_tensor_sparsity": 0.5}, "must exceed the target sparsity"),
     ({"max_tensor_sparsity": 0.9}, "set gmp.global_ranking=true"),

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.state import AcceleratorState
 
-from sparsebert.sparsity import RigLConfig, SparsityConfig, SparsityController
+from sparsebert.sparsity import GMPConfig, RigLConfig, SparsityConfig, SparsityController
 from sparsebert.trainer.sparse_training import SparsityCallback
 from sparsebert.trainer.trainer import PendingLogs, SkippedSteps
 
@@ -78,3 +79,44 @@ def test_the_sparsity_callback_does_not_count_a_skipped_step():
     masks = {n: m.clone() for n, m in controller.masks.items()}
     callback.on_optimizer_step(None, None, None, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     assert controller.step == 0 and all(torch.equal(masks[n], controller.masks[n]) for n in masks)
+
+
+def _gmp_callback(skipped_steps: int) -> tuple[SparsityController, SparsityCallback, PendingLogs]:
+    """A GMP schedule ending at step 10 of 10, of which ``skipped_steps`` the fp16 scaler skipped."""
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Linear(16, 4))
+    controller = SparsityController(model, SparsityConfig(sparsity=0.8, include=["weight$"], init="magnitude"),
+                                    gmp=GMPConfig(begin_step=0, end_step=10, frequency=2))
+    controller.attach_optimizer(torch.optim.AdamW(model.parameters()))
+    verdicts = iter([True] * skipped_steps + [False] * (10 - skipped_steps))
+    pending = PendingLogs()
+    callback = SparsityCallback(controller, SimpleNamespace(
+        skipped_steps=SimpleNamespace(last_step_skipped=lambda: next(verdicts)), pending_logs=pending))
+    return controller, callback, pending
+
+
+def _run_steps(callback: SparsityCallback, steps: int, max_steps: int) -> None:
+    for step in range(1, steps + 1):
+        callback.on_optimizer_step(None, None, None)
+        callback.on_step_end(None, SimpleNamespace(global_step=step, max_steps=max_steps), None)
+
+
+def test_gmp_short_of_its_end_after_skipped_steps_reaches_its_target_at_the_last_step():
+    controller, callback, pending = _gmp_callback(skipped_steps=3)
+    _run_steps(callback, 9, max_steps=10)
+    assert controller.report()["selected"]["sparsity"] < 0.78  # 6 schedule steps so far (0.75): short of the target
+    pending.drain()
+    callback.on_optimizer_step(None, None, None)
+    callback.on_step_end(None, SimpleNamespace(global_step=10, max_steps=10), None)  # the last step, before its eval
+    assert controller.step == 7
+    assert controller.report()["selected"]["sparsity"] == pytest.approx(0.8, abs=1e-2)
+    assert pending.drain()["gmp/sparsity"] == pytest.approx(0.8, abs=1e-2)  # logged with the last step
+
+
+def test_a_run_stopped_before_max_steps_keeps_the_sparsity_its_schedule_had_reached():
+    # train.stop_after_steps (or a termination) ends the run early on purpose: the schedule spans max_steps, and
+    # jumping to its target without the recovery steps would export a different model than the one evaluated
+    controller, callback, _ = _gmp_callback(skipped_steps=0)
+    _run_steps(callback, 4, max_steps=10)
+    reached = controller.report()["selected"]["sparsity"]
+    callback.on_train_end(SimpleNamespace(output_dir=None), SimpleNamespace(is_world_process_zero=False), None)
+    assert controller.report()["selected"]["sparsity"] == reached < 0.7

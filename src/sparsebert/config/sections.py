@@ -244,6 +244,7 @@ class TrainConfig:
             raise ValueError(f"train.learning_rate must be > 0 and finite, got {self.learning_rate}")
         if self.warmup_steps < 0:
             raise ValueError(f"train.warmup_steps must be >= 0, got {self.warmup_steps}")
+        self._check_optimizer_numbers()
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.fp8_recipe not in FP8_RECIPES:
@@ -272,6 +273,19 @@ class TrainConfig:
             raise ValueError(f"train.torch_compile_scope must be model or layers, got {self.torch_compile_scope!r}")
         if self.torch_compile_tune_kernels and not self.torch_compile:
             raise ValueError("train.torch_compile_tune_kernels tunes compiled kernels: it needs train.torch_compile=true")
+
+    def _check_optimizer_numbers(self) -> None:
+        """torch refuses some of these only when the optimizer is built, after the run directory exists, and
+        accepts adam_epsilon=0, which turns every masked weight into NaN: the update of a weight whose gradient and
+        moments are all 0 is 0 / (0 + eps), and the mask cannot zero a NaN."""
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:  # also refuses nan
+                raise ValueError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        if not 0.0 < self.adam_epsilon < math.inf:
+            raise ValueError(f"train.adam_epsilon must be > 0 and finite, got {self.adam_epsilon}")
+        for name in ("weight_decay", "max_grad_norm"):  # max_grad_norm 0: no clipping
+            if not 0.0 <= getattr(self, name) < math.inf:
+                raise ValueError(f"train.{name} must be >= 0 and finite, got {getattr(self, name)}")
 
 
 # names every supported transformers accepts (a test checks them against the installed one): a config that uses

@@ -256,6 +256,11 @@ def check_mask_evolution(sparsity: SparsityConfig | None, rigl: RigLConfig | Non
             raise ValueError("rigl.global_ranking=true with gmp.global_ranking=false would overshoot the sparsity "
                              "target (RigL moves weights between layers, the per-layer prunes cannot refill one): "
                              "set gmp.global_ranking=true or rigl.global_ranking=false")
+        if rigl.global_ranking and gmp.max_tensor_sparsity is not None:
+            # the floor is applied when GMP prunes; a global RigL move between prunes ignores it and can empty a layer
+            raise ValueError("rigl.global_ranking=true moves weights between layers without gmp.max_tensor_sparsity's "
+                             "floor, so a layer could lose all its weights: set rigl.global_ranking=false (each layer "
+                             "keeps its count) or drop gmp.max_tensor_sparsity")
     if sparsity is not None and sparsity.pattern == "2:4" and (rigl is not None or gmp is not None):
         raise ValueError('rigl/gmp cannot be used with sparsity.pattern "2:4": RigL/GMP change the number of weights '
                          "per group; 2:4 masks stay fixed")

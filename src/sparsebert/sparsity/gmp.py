@@ -61,13 +61,15 @@ def gmp_prune_global(
 ) -> dict[str, torch.Tensor]:
     """``gmp_prune`` over all layers at once: the ``n_keep`` largest scores of all of them remain, so a layer whose
     scores are small ends sparser than one whose scores are large. ``min_keep``: per layer, that many of its
-    best-scored active entries stay whatever the others score (``gmp.max_tensor_sparsity``). Returns each layer's
-    dropped entries."""
+    best-scored active entries stay whatever the others score (``gmp.max_tensor_sparsity``); a layer that has
+    fewer (pruned before the run: ``sparsity.init`` zeros) keeps every one it has. Returns each layer's dropped
+    entries."""
     names = list(masks)
     scores = {n: scores[n].detach().float() for n in names}
     for name, count in (min_keep or {}).items():
-        if count > 0:  # the layer's own best stay: ranked above every other score
-            protected = top_k_indices(scores[name], masks[name], count, generator)
+        active = int(masks[name].sum())
+        if min(count, active) > 0:  # the layer's own best stay: ranked above every other score
+            protected = top_k_indices(scores[name], masks[name], min(count, active), generator, n_eligible=active)
             scores[name] = scores[name].reshape(-1).index_fill(0, protected, torch.inf).view(masks[name].shape)
     flat_scores = torch.cat([scores[n].reshape(-1) for n in names])
     flat_mask = torch.cat([masks[n].reshape(-1) for n in names])

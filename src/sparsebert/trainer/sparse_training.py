@@ -56,12 +56,22 @@ class SparsityCallback(TrainerCallback):
             if checkpoint.is_dir():
                 self.controller.save(checkpoint)
 
-    def on_train_end(self, args, state, control, **kwargs):
-        # on every rank (the masks must stay identical): GMP short of its target after skipped fp16 steps
+    def on_step_end(self, args, state, control, **kwargs):
+        # GMP short of its target at the last step, after steps the fp16 scaler skipped (they count towards
+        # max_steps, not towards the schedule): prune to the target here, before this step's evaluation and
+        # checkpoint, so that they see the model the run exports. Not at a stop before max_steps
+        # (train.stop_after_steps, a termination): the schedule spans max_steps, and its target without the
+        # recovery steps would be a different model. On every rank: the masks must stay identical.
+        if state.global_step < state.max_steps:
+            return
+        short = self.controller.gmp_end_step - self.controller.step if self.controller.gmp is not None else 0
         stats = self.controller.finish_schedule()
         if stats:
             log.warning("GMP ended %d optimizer steps short of its end step (skipped fp16 steps): pruned to the "
-                        "target now (%s)", self.controller.gmp_end_step - self.controller.step, stats)
+                        "target at the last step, before its evaluation (%s)", short, stats)
+            self.trainer.pending_logs.add(stats)
+
+    def on_train_end(self, args, state, control, **kwargs):
         if state.is_world_process_zero:
             write_sparsity_report(self.controller, Path(args.output_dir))
 

@@ -18,7 +18,8 @@ The Trainer's loop runs the step; SparseBertTrainer (trainer.py) hands each stag
 6. after it, callbacks in the order of ``AFTER_OPTIMIZER_STEP`` (trainer.py, which adds them in that order; a
    test holds it): the fp16 skipped-step verdict (``SkippedSteps``), the clip factor taken off the optimizer
    (``StepCallback``), mask upkeep (``SparsityCallback``, sparse_training.py: masked weights kept at 0, RigL /
-   GMP on schedule, never on a skipped step);
+   GMP on schedule, never on a skipped step); at the last step, before its evaluation, GMP pruned to its target
+   if skipped steps left it short (``SparsityCallback.on_step_end``);
 7. logging: stages add their values to ``PendingLogs``; the next training log carries them with throughput.
 
 Each stage takes what it needs as arguments and returns what the next one needs: nothing sets a flag on
