@@ -183,6 +183,55 @@ def test_from_pretrained_loads_the_compressed_export_bit_for_bit(sst2_run, plain
     assert "trust_remote_code=True" in (out / "README.md").read_text()
 
 
+def _as_hub_cache(export: Path, cache: Path, repo: str) -> None:
+    """``export`` laid out as huggingface_hub caches the repo ``repo`` after a download (offline here)."""
+    commit = "0" * 40
+    repo_dir = cache / f"models--{repo.replace('/', '--')}"
+    (repo_dir / "refs").mkdir(parents=True)
+    (repo_dir / "refs" / "main").write_text(commit)
+    snapshot = repo_dir / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for f in export.iterdir():
+        (snapshot / f.name).write_bytes(f.read_bytes())
+
+
+def test_a_compressed_export_loads_from_the_hub_with_its_from_pretrained_arguments(sst2_run, plain_export,
+                                                                                   tmp_path, monkeypatch):
+    """The card's load line names a Hub repo: the weights come through transformers' cache (cache_dir, revision),
+    dtype casts, and an argument the loader cannot honour is refused rather than ignored."""
+    out = tmp_path / "compressed"
+    assert cli_main(["--export", str(sst2_run), "--to", str(out), "--compressed"]) == 0
+    _as_hub_cache(out, tmp_path / "cache", "user/sst2-sparse80")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    load = AutoModelForSequenceClassification.from_pretrained
+    loaded = load("user/sst2-sparse80", cache_dir=tmp_path / "cache", revision="main", trust_remote_code=True)
+    plain = load(plain_export[0])
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), loaded.state_dict().values(),
+                                                  strict=True))
+    half = load(out, trust_remote_code=True, dtype=torch.float16)
+    assert {p.dtype for p in half.parameters()} == {torch.float16}
+    with pytest.raises(TypeError, match="takes no .*output_loading_info"):
+        load(out, trust_remote_code=True, output_loading_info=True)
+    with pytest.raises(TypeError, match="not a map of modules to devices"):
+        load(out, trust_remote_code=True, device_map={"": "cpu"})
+
+
+def test_a_damaged_compressed_file_is_refused_naming_what_is_wrong(tmp_path):
+    from safetensors.torch import save_file
+
+    from sparsebert.export.bitmask_loader import FORMAT, read_bitmask_file
+
+    parts = {"w.__mask__": torch.tensor([0b10100000], dtype=torch.uint8), "w.__values__": torch.ones(2)}
+    for meta, message in (({"sparsebert_format": FORMAT}, "no readable 'shapes'"),
+                          ({"sparsebert_format": FORMAT, "shapes": '{"w": 8}'}, "not a mapping"),
+                          ({"sparsebert_format": FORMAT, "shapes": "{}"}, r"no shape for the compressed tensor")):
+        save_file(parts, tmp_path / "m.safetensors", metadata=meta)
+        with pytest.raises(ValueError, match=message):
+            read_bitmask_file(tmp_path / "m.safetensors")
+    save_file(parts, tmp_path / "m.safetensors", metadata={"sparsebert_format": FORMAT, "shapes": '{"w": [2, 4]}'})
+    assert read_bitmask_file(tmp_path / "m.safetensors")["w"].tolist() == [[1, 0, 1, 0], [0, 0, 0, 0]]
+
+
 def test_a_classifier_for_a_task_saves_its_label_names(sst2_run, tmp_path):
     """A run saves the labels itself (a run from before this export still gets them: the tests above)."""
     model = load_classifier(str(sst2_run / "model"), 2, False, ("entailment", "not_entailment"))
