@@ -240,6 +240,22 @@ def test_changed_corpus_file_is_read_again(hf_cache, tmp_path):
     assert load_documents(cfg, tmp_path / "data")["text"] == ["a changed document, longer than before"]
 
 
+def test_an_edit_of_the_same_length_with_its_mtime_kept_is_read_again(hf_cache, tmp_path):
+    """cp -p, rsync -a and tar x keep a file's mtime: the document cache follows the bytes, not size and mtime."""
+    import os
+
+    corpus = tmp_path / "data" / "corpus.txt"
+    corpus.parent.mkdir()
+    corpus.write_text("alpha document\n\nsecond document\n")
+    cfg = DataConfig(corpus="corpus.txt", format="text")
+    assert load_documents(cfg, tmp_path / "data")["text"] == ["alpha document", "second document"]
+    stat = corpus.stat()
+    corpus.write_text("omega document\n\nsecond document\n")
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert corpus.stat().st_size == stat.st_size and corpus.stat().st_mtime_ns == stat.st_mtime_ns
+    assert load_documents(cfg, tmp_path / "data")["text"] == ["omega document", "second document"]
+
+
 def test_edited_reader_reads_the_corpus_again(hf_cache, tmp_path, monkeypatch):
     """The document cache follows the reader code (corpus.py), as the packing cache key does: an edit of the
     readers is simulated by another reader and another digest of the readers' source."""

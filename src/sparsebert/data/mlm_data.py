@@ -36,11 +36,11 @@ class PretrainData:
     eval_documents: int
 
 
-def _generate(files: tuple[str, ...], fmt: str, max_documents: int | None, signature: tuple[Any, ...],
+def _generate(files: tuple[str, ...], fmt: str, max_documents: int | None, contents: str,
               reader_source: str | None):
-    # ``signature`` (file sizes and mtimes) and ``reader_source`` (a digest of the readers' module) are unused
-    # here: they are in gen_kwargs so that the datasets cache fingerprint changes when a corpus file changes, not
-    # only when its path does, and when the reader code changes (datasets hashes this function by its
+    # ``contents`` (a digest of the corpus files' bytes) and ``reader_source`` (a digest of the readers' module)
+    # are unused here: they are in gen_kwargs so that the datasets cache fingerprint changes when a corpus file
+    # changes, not only when its path does, and when the reader code changes (datasets hashes this function by its
     # module and name, not its code, let alone the readers' code).
     yield from iter_documents(list(files), fmt, max_documents)
 
@@ -55,22 +55,30 @@ def local_corpus_files(cfg: DataConfig, data_dir: Path | None) -> list[Path] | N
     return corpus_files(root, cfg.max_files)
 
 
-def load_documents(cfg: DataConfig, data_dir: Path | None, files: list[Path] | None = None):
-    """The corpus as a ``datasets.Dataset`` of whole documents (columns id, title, text)."""
+def load_documents(cfg: DataConfig, data_dir: Path | None, files: list[Path] | None = None,
+                   contents: str | None = None):
+    """The corpus as a ``datasets.Dataset`` of whole documents (columns id, title, text).
+
+    Args:
+        files: the corpus files (default: ``local_corpus_files``).
+        contents: ``files_digest(files)`` where the caller has it (the digest reads every byte).
+    """
     import datasets
 
     if cfg.format == "hub" or data_dir is None:
         return _load_hub_documents(cfg, data_dir)
     root = data_dir / cfg.corpus
     files = files or local_corpus_files(cfg, data_dir)
-    signature = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    # the documents are cached under the files' contents: size and mtime missed an edit of the same length whose
+    # mtime was kept (cp -p, rsync -a, tar x), and the stale documents were then packed under the new contents' key
+    contents = contents or files_digest(files)
     try:
         docs = datasets.Dataset.from_generator(
             _generate,
             # tuples, not lists: datasets treats list arguments as shards and would call the generator once
             # per file, applying max_documents per file instead of to the whole corpus
             gen_kwargs={"files": tuple(str(p) for p in files), "fmt": cfg.format,
-                        "max_documents": cfg.max_documents, "signature": signature,
+                        "max_documents": cfg.max_documents, "contents": contents,
                         "reader_source": source_digest(iter_documents)},
         )
     except Exception as e:  # datasets wraps reader errors in DatasetGenerationError
@@ -214,15 +222,15 @@ def build_pretrain_data(cfg: DataConfig, tokenizer: PreTrainedTokenizerBase, dat
                         seed: int, cache_dir: str | Path | None = None, mask_eval: bool = True) -> PretrainData:
     """Packed train and eval blocks; ``mask_eval``: the eval blocks masked once for MLM (else as they are)."""
     files = local_corpus_files(cfg, data_dir)
-    docs = load_documents(cfg, data_dir, files)
+    # the input's identity: the corpus files' bytes and how they are read and split (a hub dataset: its
+    # fingerprint, which names the cached hub files and every step applied to them)
+    corpus = files_digest(files) if files is not None else None
+    docs = load_documents(cfg, data_dir, files, contents=corpus)
     if len(docs) <= cfg.eval_documents:
         raise SparseBertError(f"the corpus has {len(docs)} documents; data.eval_documents={cfg.eval_documents} "
                               "would leave none for training")
     split = docs.train_test_split(test_size=cfg.eval_documents, seed=seed, shuffle=True)
     num_proc = default_num_proc(cfg.num_proc)
-    # the input's identity: the corpus files' bytes and how they are read and split (a hub dataset: its
-    # fingerprint, which names the cached hub files and every step applied to them)
-    corpus = files_digest(files) if files is not None else None
     blocks = {}
     for side, name in (("train", "pretrain-pack-train"), ("test", "pretrain-pack-eval")):
         key_parts = {"format": cfg.format, "max_documents": cfg.max_documents, "eval_documents": cfg.eval_documents,
