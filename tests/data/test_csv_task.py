@@ -82,6 +82,8 @@ def test_labels_sorted_as_strings(tmp_path):
     ([["x", "1"], ["y", ""]], {}, r"t\.csv: line 3: missing label in column 'label'"),
     ([["x", "1"], ["y", "1"]], {}, r"t\.csv: column 'label' has only the value '1'; need at least 2 classes"),
     ([["x", "1"], ["y"]], {}, r"t\.csv: line 3: expected 2 fields, found 1"),
+    # a line of delimiters only is a row with empty fields, not a blank line
+    ([["x", "1"], ["", ""], ["y", "0"]], {}, r"t\.csv: line 3: empty text in column 'text'"),
 ])
 def test_bad_input_errors(tmp_path, rows, cfg_kw, pattern):
     path = _write_csv(tmp_path / "t.csv", ["text", "label"], rows)
@@ -109,15 +111,82 @@ def test_non_utf8_csv_names_file_and_line(tmp_path, sst2_slice):
 
 
 def test_unterminated_quote_names_file_and_line(tmp_path):
-    """A quote that is never closed swallows the rest of the file into one field: past csv's field limit
-    (128 KiB) that is a csv.Error, reported at the line where the record starts."""
+    """A quote that is never closed would swallow the rest of the file (here more than csv's default field limit)
+    into one field: strict reading makes it an error at the line where the record starts, with what to set."""
     rows = "".join(f"review number {i} of many,{i % 2}\n" for i in range(6000))
     assert len(rows) > 1 << 17
     path = tmp_path / "t.csv"
     path.write_text('text,label\nfine,1\n"no closing quote,0\n' + rows, encoding="utf-8")
-    with pytest.raises(SparseBertError, match=r"t\.csv: line 3: field larger than field limit") as err:
+    with pytest.raises(SparseBertError, match=r"t\.csv: line 3: unexpected end of data .*csv\.quoting: none") as err:
         read_csv_task(path, CsvTaskConfig(path="t.csv"))
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["long.csv", "long.tsv"])
+def test_text_longer_than_csv_field_limit(tmp_path, sst2_slice, name):
+    """A text past csv's default field limit (131,072 characters) is read whole: the CSV task folds long texts."""
+    sentences = [t for t, _ in sst2_slice]
+    long_text = ""
+    while len(long_text) < 200_000:
+        long_text += " ".join(sentences)
+    long_text = long_text[:200_000]
+    rows = [[long_text, "1"], *([t, lab] for t, lab in sst2_slice[:20])]
+    path = _write_csv(tmp_path / name, ["text", "label"], rows, delimiter="\t" if name.endswith(".tsv") else ",")
+    data = read_csv_task(path, CsvTaskConfig(path=name))
+    assert len(data.texts[0]) == 200_000 and data.texts == [r[0] for r in rows]
+
+
+def _quoted_rows(sst2_slice) -> list[list[str]]:
+    """Real rows plus the texts a writer must quote: quotes, a leading quote, a line break, a tab, a comma."""
+    return [[t, lab] for t, lab in sst2_slice[:30]] + [
+        ['He said "hi" to me', "1"],
+        ['" The foodservice pie business does not fit our long-term growth strategy .', "0"],
+        ["a first line\nand a second, after a line break", "1"],
+        ["a windows line\r\nbreak and a\ttab", "0"],
+    ]
+
+
+@pytest.mark.parametrize("writer", ["csv.writer", "pandas"])
+def test_quoted_tsv_reads_back_to_the_original_texts(tmp_path, sst2_slice, writer):
+    """A .tsv from csv.writer(delimiter="\\t") or pandas' to_csv(sep="\\t") quotes fields as a .csv does."""
+    rows = _quoted_rows(sst2_slice)
+    path = tmp_path / "q.tsv"
+    if writer == "pandas":
+        import pandas as pd  # a dependency (--table)
+        pd.DataFrame(rows, columns=["text", "label"]).to_csv(path, sep="\t", index=False)
+    else:
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            csv.writer(f, delimiter="\t").writerows([["text", "label"], *rows])
+    assert '"He said ""hi"" to me"' in path.read_text(encoding="utf-8")
+    data = read_csv_task(path, CsvTaskConfig(path="q.tsv"))
+    assert data.texts == [t for t, _ in rows]
+    assert data.labels == [int(lab) for _, lab in rows]
+
+
+def test_quoting_none_reads_quotes_as_text(tmp_path, sst2_slice):
+    """A hand-joined TSV whose text starts with a bare quote (as in GLUE's MRPC): standard quoting refuses it and
+    names the setting; csv.quoting: none reads it as written."""
+    rows = [[t, lab] for t, lab in sst2_slice[:30]] + [['" I have nothing to hide , " he said .', "1"],
+                                                        ['" The foodservice pie business does not fit .', "0"]]
+    path = _write_csv(tmp_path / "bare.tsv", ["text", "label"], rows, delimiter="\t")
+    with pytest.raises(SparseBertError, match=r"bare\.tsv: line 32: '\\t' expected after '\"' .*csv\.quoting: none"
+                       ) as err:
+        read_csv_task(path, CsvTaskConfig(path="bare.tsv"))
+    assert "\t" not in str(err.value)  # csv's raw tab is shown as \t
+    path.write_text(path.read_text(encoding="utf-8").replace(rows[30][0], "He said so .", 1), encoding="utf-8")
+    with pytest.raises(SparseBertError, match=r"bare\.tsv: line 33: unexpected end of data .*csv\.quoting: none"):
+        read_csv_task(path, CsvTaskConfig(path="bare.tsv"))
+    data = read_csv_task(path, CsvTaskConfig(path="bare.tsv", quoting="none"))
+    assert data.texts == [t for t, _ in rows[:30]] + ["He said so .", rows[31][0]]
+
+
+@pytest.mark.parametrize("line_end", ["\n", "\r\n"])
+def test_blank_lines_are_skipped(tmp_path, sst2_slice, line_end):
+    rows = [[t, lab] for t, lab in sst2_slice[:10]]
+    lines = ["text\tlabel", *("\t".join(r) for r in rows)]
+    path = tmp_path / "b.tsv"
+    path.write_bytes((line_end.join(lines[:4] + ["", "  "] + lines[4:]) + line_end * 2).encode("utf-8"))
+    assert read_csv_task(path, CsvTaskConfig(path="b.tsv")).texts == [t for t, _ in rows]
 
 
 @pytest.mark.parametrize("kw,key", [
@@ -130,6 +199,7 @@ def test_unterminated_quote_names_file_and_line(tmp_path):
     ({"val_fraction": 0.5, "test_fraction": 0.5}, "csv.val_fraction \\+ csv.test_fraction"),
     ({"fold_stride": -1}, "csv.fold_stride"),
     ({"delimiter": "::"}, "csv.delimiter"),
+    ({"quoting": "QUOTE_NONE"}, "csv.quoting must be one of standard, none"),
 ])
 def test_config_validate(kw, key):
     CsvTaskConfig(path="x.csv").validate()

@@ -169,6 +169,35 @@ def test_non_utf8_file_names_file_and_line(tmp_path, data_dir, on_bad_row):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("line_end", ["\n", "\r\n"])
+def test_blank_lines_are_skipped(tmp_path, gap_assets, line_end):
+    """A trailing empty line (or a CRLF file's extra line break), here after the Kaggle test file's 9 columns
+    that --predict reads, is no row of zero fields."""
+    header, *rows = _raw_rows(gap_assets / "gap-validation.tsv")[:4]
+    keep = [i for i, c in enumerate(COLUMNS) if not c.endswith("-coref")]
+    lines = ["\t".join(header[i] for i in keep), *("\t".join(r[i] for i in keep) for r in rows)]
+    path = tmp_path / "test_stage_1.tsv"
+    path.write_bytes((line_end.join(lines[:2] + [""] + lines[2:]) + line_end * 2).encode("utf-8"))
+    examples = read_gap(path, allow_unlabelled=True)
+    assert [ex.id for ex in examples] == [r[0] for r in rows]
+    assert not any(ex.labelled for ex in examples)
+    # labelled: the same rows as without the blank lines
+    _write_rows(path, [header, *rows])
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n", encoding="utf-8")
+    assert read_gap(path) == read_gap(gap_assets / "gap-validation.tsv")[:3]
+
+
+def test_row_of_empty_fields_is_an_error_named_by_its_line(tmp_path, gap_assets):
+    # a line of tabs is not blank: 11 empty fields; after a skipped blank line the message still names its line
+    rows = _raw_rows(gap_assets / "gap-development.tsv")[:3]
+    path = tmp_path / "x.tsv"
+    path.write_text("\n".join(["\t".join(rows[0]), "\t".join(rows[1]), "", "\t" * 10, "\t".join(rows[2])]) + "\n",
+                    encoding="utf-8")
+    with pytest.raises(SparseBertError, match=r"x\.tsv: row \(line 4\): Pronoun-offset '' is not an integer"):
+        read_gap(path)
+    assert [ex.id for ex in read_gap(path, on_bad_row="skip")] == [rows[1][0], rows[2][0]]
+
+
 def test_both_coref_true_is_an_error(tmp_path, gap_assets):
     rows = _raw_rows(gap_assets / "gap-development.tsv")[:2]
     rows[1][COLUMNS.index("A-coref")] = rows[1][COLUMNS.index("B-coref")] = "TRUE"

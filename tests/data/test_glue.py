@@ -183,6 +183,39 @@ def test_malformed_stsb_score_and_missing_header(tmp_path):
         read_glue_split(tmp_path, "rte", "train")
 
 
+def _real_rte_dev_head(data_dir: Path, n: int) -> list[str]:
+    """The header and first ``n`` rows of the real RTE dev file, as lines without their line breaks."""
+    return (data_dir / "glue" / "RTE" / "dev.tsv").read_text(encoding="utf-8").splitlines()[:n + 1]
+
+
+@pytest.mark.parametrize("layout", ["trailing_empty_line", "crlf_trailing_empty_line", "blank_lines_inside"])
+def test_blank_lines_are_skipped(tmp_path, data_dir, layout):
+    """An empty line (an editor's trailing newline, a CRLF file's extra line break) is no row of zero columns."""
+    header, first, second = _real_rte_dev_head(data_dir, 2)
+    text = {
+        "trailing_empty_line": f"{header}\n{first}\n{second}\n\n",
+        "crlf_trailing_empty_line": f"{header}\r\n{first}\r\n{second}\r\n\r\n",
+        "blank_lines_inside": f"{header}\n\n{first}\n   \n{second}\n\n",
+    }[layout]
+    (tmp_path / "RTE").mkdir()
+    (tmp_path / "RTE" / "dev.tsv").write_bytes(text.encode("utf-8"))
+    rows = read_glue_split(tmp_path, "rte", "dev")
+    assert rows == read_glue_split(data_dir, "rte", "dev")[:2]
+
+
+def test_blank_line_keeps_line_numbers_and_empty_fields_stay_errors(tmp_path, data_dir):
+    header, first, second = _real_rte_dev_head(data_dir, 2)
+    # a line of tabs is a row with four empty fields, not a blank line; after a skipped line, the error still
+    # names the line of the file
+    _write(tmp_path / "RTE" / "dev.tsv", [header, first, "", second, "\t\t\t"])
+    with pytest.raises(SparseBertError, match=r"RTE/dev.tsv: line 5: empty text"):
+        read_glue_split(tmp_path, "rte", "dev")
+    # headerless CoLA: after a blank first line, the first data row is line 2
+    _write(tmp_path / "CoLA" / "dev.tsv", ["", "gj04\t1\t\t ", "gj04\t0\t*\tThey drank the pub."])
+    with pytest.raises(SparseBertError, match=r"CoLA/dev.tsv: line 2: empty text"):
+        read_glue_split(tmp_path, "cola", "dev")
+
+
 def test_header_only_file_is_a_one_line_error(tmp_path):
     """A split without data rows would reach datasets as an untyped empty list ("Keys mismatch")."""
     _write(tmp_path / "glue" / "RTE" / "train.tsv", [RTE_HEADER])

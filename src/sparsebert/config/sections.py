@@ -25,6 +25,7 @@ PRECISIONS = ("auto", "bf16", "fp16", "fp32", "fp8")
 FP8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp", "tensorwise_with_gw_hp")
 FP8_LAYERS = ("encoder", "auto")  # every encoder Linear, or those torchao's shape heuristic picks (models/fp8.py)
 CORPUS_FORMATS = ("wikiextractor", "text", "hub")
+CSV_QUOTING = ("standard", "none")  # csv.quoting: how the CSV task reads quotes (CsvTaskConfig.quoting)
 
 
 @dataclass
@@ -389,6 +390,11 @@ class CsvTaskConfig:
     label_column: str = "label"
     id_column: str | None = None  # row id column; default: the row number
     delimiter: str | None = None  # None: by extension (.tsv -> tab, else comma)
+    # how double quotes are read, in .csv and .tsv files alike. "standard" (pandas' read_csv default, and what
+    # csv.writer and to_csv write): a field may be enclosed in quotes, holding delimiters, line breaks and "" for
+    # a quote; an unclosed quote is an error. "none": quotes are plain text and no field holds a delimiter or line
+    # break, for files joined by hand whose texts may start with a bare quote (like GLUE's TSVs).
+    quoting: str = "standard"
     val_fraction: float = 0.1
     test_fraction: float = 0.1
     fold_stride: int = 0  # token overlap between consecutive chunks of a folded text
@@ -401,6 +407,8 @@ class CsvTaskConfig:
             raise ValueError("csv.id_column must be a column name or null")
         if self.delimiter is not None and len(self.delimiter) != 1:
             raise ValueError(f"csv.delimiter must be one character or null, got {self.delimiter!r}")
+        if self.quoting not in CSV_QUOTING:
+            raise ValueError(f"csv.quoting must be one of {', '.join(CSV_QUOTING)}, got {self.quoting!r}")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"csv.val_fraction must be in [0, 1), got {self.val_fraction}")
         if not 0.0 < self.test_fraction < 1.0:  # the task's metrics are measured on the test rows

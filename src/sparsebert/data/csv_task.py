@@ -35,21 +35,18 @@ def read_csv_task(path: str | Path, cfg: CsvTaskConfig, label_names: Sequence[st
 
     Args:
         path: the CSV/TSV file.
-        cfg: the experiment's ``csv`` section (columns, delimiter).
+        cfg: the experiment's ``csv`` section (columns, delimiter, quoting).
         label_names: a trained model's classes: the file is one to predict, its label column is optional and
             its labels must be among these (their ids are the model's).
     """
     path = Path(path)
     if not path.is_file():
         raise SparseBertError(f"CSV file not found: {path}" + ("" if label_names is not None else " (csv.path)"))
-    delimiter = cfg.resolve_delimiter(path)
-    # TSVs are read like GLUE files (texts may contain bare quotes); CSVs use standard quoting.
-    quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
     ids: list[str] = []
     texts: list[str] = []
     raw_labels: list[str] = []
     with open(path, encoding="utf-8-sig", newline="") as f:
-        rows = csv_rows(path, f, delimiter=delimiter, quoting=quoting)
+        rows = csv_rows(path, f, **_reader_format(cfg, path))
         header = [h.strip() for h in next(rows, (1, []))[1]]
         if not header:
             raise SparseBertError(f"{path}: file is empty")
@@ -66,9 +63,7 @@ def read_csv_task(path: str | Path, cfg: CsvTaskConfig, label_names: Sequence[st
         label_col = header.index(cfg.label_column) if labeled else None
         id_col = header.index(cfg.id_column) if cfg.id_column else None
         seen_ids: set[str] = set()
-        for line, row in rows:
-            if not any(cell.strip() for cell in row):
-                continue  # blank line
+        for line, row in rows:  # blank lines are already left out
             where = f"{path}: line {line}"
             if len(row) != len(header):
                 raise SparseBertError(f"{where}: expected {len(header)} fields, found {len(row)}")
@@ -102,6 +97,18 @@ def read_csv_task(path: str | Path, cfg: CsvTaskConfig, label_names: Sequence[st
         raise SparseBertError(f"{path}: column {cfg.label_column!r} has {found}; need at least 2 classes")
     to_id = {name: i for i, name in enumerate(label_names)}
     return CsvData(ids, texts, [to_id[label] for label in raw_labels], label_names)
+
+
+def _reader_format(cfg: CsvTaskConfig, path: Path) -> dict[str, Any]:
+    """csv_rows' settings for the file: its delimiter, and quoting by ``csv.quoting`` whatever the delimiter (a
+    .tsv from csv.writer or pandas quotes fields as a .csv does)."""
+    if cfg.quoting == "none":
+        return {"delimiter": cfg.resolve_delimiter(path), "quoting": csv.QUOTE_NONE}
+    # strict: an unclosed quote is an error instead of a field that swallows the rest of the file, and so is text
+    # after a closing quote (a hand-joined text that starts with a quote), instead of quietly losing that quote
+    hint = (" (a field that starts with a double quote is quoted up to the next one; csv.quoting: none reads "
+            "quotes as text)")
+    return {"delimiter": cfg.resolve_delimiter(path), "quoting": csv.QUOTE_MINIMAL, "strict": True, "hint": hint}
 
 
 def stratified_split(labels: Sequence[int], val_fraction: float, test_fraction: float,

@@ -127,17 +127,19 @@ def read_gap(path: str | os.PathLike, on_bad_row: str = "error", allow_unlabelle
         raise SparseBertError(f"read_gap: on_bad_row must be 'error' or 'skip', got {on_bad_row!r}")
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:  # a byte-order mark is not part of "ID"
-            # csv_rows: a file in another encoding or with a runaway line is a one-line error, not a bad row
-            rows = [row for _, row in csv_rows(path, f, delimiter="\t", quoting=csv.QUOTE_NONE)]
+            # csv_rows: a file in another encoding is a one-line error, not a bad row; blank lines are left out,
+            # so rows keep their file line numbers
+            rows = list(csv_rows(path, f, delimiter="\t", quoting=csv.QUOTE_NONE))
     except OSError as e:
         raise SparseBertError(f"{path}: cannot read: {e.strerror}") from None
-    labelled = bool(rows) and rows[0] == COLUMNS
-    if not labelled and not (allow_unlabelled and rows and rows[0] == UNLABELLED_COLUMNS):
+    header = rows[0][1] if rows else []
+    labelled = header == COLUMNS
+    if not labelled and not (allow_unlabelled and header == UNLABELLED_COLUMNS):
         also = f", nor the test file's {'<TAB>'.join(UNLABELLED_COLUMNS)}" if allow_unlabelled else ""
         raise SparseBertError(f"{path}: header is not the GAP header {'<TAB>'.join(COLUMNS)}{also}")
     examples: list[GapExample] = []
     seen: set[str] = set()
-    for line_no, row in enumerate(rows[1:], start=2):
+    for line_no, row in rows[1:]:
         rid = row[0] if row and row[0] else f"(line {line_no})"
         try:
             if rid in seen:

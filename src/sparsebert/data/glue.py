@@ -156,13 +156,14 @@ def read_glue_file(path: str | Path, task: str | GlueTask, labeled: bool) -> lis
     t = get_glue_task(task)
     path = Path(path)
     # utf-8-sig strips the BOM at the start of the MRPC files; QUOTE_NONE because texts contain bare quotes.
+    # csv_rows leaves out blank lines (a trailing empty line), so the first row is the header or first data row.
     with open(path, encoding="utf-8-sig", newline="") as f:
         lines = csv_rows(path, f, delimiter="\t", quoting=csv.QUOTE_NONE)
-        _, first = next(lines, (1, None))
+        first_line, first = next(lines, (1, None))
         if first is None:
             raise SparseBertError(f"{path}: file is empty")
         cols, has_header = _locate_columns(t, path, first, labeled=labeled)
-        rows = [] if has_header else [_parse_row(t, path, 1, first, cols, 0)]
+        rows = [] if has_header else [_parse_row(t, path, first_line, first, cols, 0)]
         for line, row in lines:
             rows.append(_parse_row(t, path, line, row, cols, len(rows)))
     if not rows:  # an empty split would only fail later, inside datasets, without naming the file
