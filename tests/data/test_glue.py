@@ -216,6 +216,15 @@ def test_blank_line_keeps_line_numbers_and_empty_fields_stay_errors(tmp_path, da
         read_glue_split(tmp_path, "cola", "dev")
 
 
+def test_a_headerless_cola_file_too_narrow_for_its_layout_is_a_one_line_error(tmp_path):
+    """The row width is taken from the first row: one of 2 columns was an IndexError, not a message."""
+    _write(tmp_path / "CoLA" / "dev.tsv", ["gj04\tThey drank the pub.", "gj04\t0"])
+    with pytest.raises(SparseBertError, match=r"CoLA/dev.tsv: first row has 2 tab-separated columns; a file without "
+                                              r"a header has cola's original layout \(the label in column 2, the text "
+                                              r"in column 4\)"):
+        read_glue_split(tmp_path, "cola", "dev")
+
+
 def test_header_only_file_is_a_one_line_error(tmp_path):
     """A split without data rows would reach datasets as an untyped empty list ("Keys mismatch")."""
     _write(tmp_path / "glue" / "RTE" / "train.tsv", [RTE_HEADER])

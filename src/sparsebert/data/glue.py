@@ -175,6 +175,10 @@ def _locate_columns(t: GlueTask, path: Path, first: list[str], labeled: bool) ->
     """Column positions for text_a/text_b/label/idx (label None for a test file without labels)."""
     if t.text_a_column not in first and t.headerless is not None:
         label_col, text_col = t.headerless
+        if len(first) <= max(label_col, text_col):  # the width every row must have is taken from this one
+            raise SparseBertError(f"{path}: first row has {len(first)} tab-separated columns; a file without a header "
+                                  f"has {t.name}'s original layout (the label in column {label_col + 1}, the text in "
+                                  f"column {text_col + 1})")
         return {"a": text_col, "b": None, "label": label_col, "idx": None, "width": len(first)}, False
 
     def find(name: str) -> int:
