@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -105,6 +106,31 @@ def test_overwrite_forgets_the_runs_it_deletes_before_it_trains(tmp_path, monkey
     (running,) = [r for r in while_training if r.run_dir == str(run_dir)]
     (now,) = [r for r in registry.runs() if r.run_dir == str(run_dir)]
     assert now.created_at == running.created_at != old_start and now.metrics["eval_loss"] == 1.0
+
+
+def test_a_resume_is_added_to_env_json_beside_the_environment_that_started_the_run(tmp_path, monkeypatch):
+    """--resume rewrote env.json, so the run looked as if the resume's command and commit had made all of it (and
+    the model card of a finetuning run trained before the resume named them)."""
+    fake_training(monkeypatch)
+    cfg = ExperimentRegistry.builtin().build("bert_tiny_quick", ["train.max_steps=20"])
+    env_file = tmp_path / cfg.name / "env.json"
+    for commit, flags in (("aaaaaaa", []), ("bbbbbbb", ["--resume"]), ("ccccccc", ["--resume", "--gpus", "1"])):
+        monkeypatch.setenv("SPARSEBERT_COMMIT", commit)
+        monkeypatch.setattr(sys, "argv", ["run.py", cfg.name, *flags])
+        (tmp_path / cfg.name / DONE).unlink(missing_ok=True)
+        run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=tmp_path, resume=bool(flags)))
+    env = json.loads(env_file.read_text())
+    # the start on top, as readers of env.json have always read it
+    assert (env["git_commit"], env["argv"], env["seed"]) == ("aaaaaaa", ["run.py", cfg.name], cfg.seed)
+    assert "world_size" in env["hardware"]
+    assert [(r["git_commit"], r["argv"][2:]) for r in env["resumes"]] == [
+        ("bbbbbbb", ["--resume"]), ("ccccccc", ["--resume", "--gpus", "1"])]
+    assert all(r["resumed_at"] and "hardware" in r for r in env["resumes"])
+    # the run's registry row names the invocation that finished it, the last one
+    assert RunRegistry.in_output_root(tmp_path).get(str(env_file.parent.resolve())).git_commit == "ccccccc"
+    monkeypatch.setattr(sys, "argv", ["run.py", cfg.name, "--overwrite"])
+    run_experiment(cfg, RunOptions(output_root=tmp_path, data_dir=tmp_path, overwrite=True))
+    assert "resumes" not in json.loads(env_file.read_text())  # a run started over is a new run
 
 
 def test_a_new_run_directory_forgets_rows_left_by_a_deleted_one(tmp_path, monkeypatch):

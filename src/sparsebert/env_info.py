@@ -1,4 +1,11 @@
-"""What ``env.json`` records: seed, package versions, git commit, hardware, command line."""
+"""What ``env.json`` records: seed, package versions, git commit, hardware, command line.
+
+A run directory's ``env.json`` is the environment of the invocation that started the run; each ``--resume`` of it
+adds its own environment to the list under ``resumes``, so the run's origin is never overwritten and the invocation
+that finished it is the last one (:func:`invocations`). A finetuning run (``<task>/run<k>/``) is trained whole by
+one invocation, which writes its own ``env.json`` beside its model: an experiment resumed at another commit holds
+runs of both, and each run's file names the one that trained it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +64,7 @@ def hardware() -> dict[str, Any]:
 
 
 def environment(seed: int) -> dict[str, Any]:
+    """This process's environment, as ``env.json`` records it."""
     return {
         "seed": seed,
         "python": sys.version.split()[0],
@@ -64,3 +73,20 @@ def environment(seed: int) -> dict[str, Any]:
         "hardware": hardware(),
         "argv": sys.argv,
     }
+
+
+def with_resume(started: dict[str, Any], resumed: dict[str, Any]) -> dict[str, Any]:
+    """``env.json`` once ``resumed`` (an :func:`environment`) continues the run ``started`` describes: the start stays
+    on top (what the run began with; readers of ``env.json`` keep reading it there) and the resume is appended, in
+    order, with the time it began."""
+    earlier = started.get("resumes") if isinstance(started.get("resumes"), list) else []
+    entry = {**resumed, "resumed_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {**started, "resumes": [*earlier, entry]}
+
+
+def invocations(env: dict[str, Any]) -> list[dict[str, Any]]:
+    """The invocations an ``env.json`` records, first to last: the one that started the run, then each resume.
+    The last one is the one that wrote the run's latest files (its ``DONE``, once finished)."""
+    start = {k: v for k, v in env.items() if k != "resumes"}
+    resumes = env.get("resumes") if isinstance(env.get("resumes"), list) else []
+    return [start, *(r for r in resumes if isinstance(r, dict))]

@@ -2,7 +2,7 @@
 
 Order matters for honesty: the settings are resolved for this machine (``finetune.gpu_fast_path``) and checked,
 and data and model are prepared first (bad input fails before any run directory exists), then ``config.json``
-(what runs) and ``env.json`` are written, training runs, ``metrics.json``
+(what runs) and ``env.json`` (what runs it; a resume is added to it) are written, training runs, ``metrics.json``
 follows, and ``DONE`` is written last. A directory without ``DONE`` is never a finished run; ``--resume`` continues it.
 A run directory started afresh (new, or deleted by ``--overwrite``) first loses the registry rows of the runs it held,
 so the results tables never report a run whose directory is gone.
@@ -30,7 +30,7 @@ from typing import Any
 
 from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.distributed import process_state, world_size
-from sparsebert.env_info import environment
+from sparsebert.env_info import environment, with_resume
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text
 from sparsebert.jobs.finetune.fast_path import gpu_runs_at_once, trains_on_gpu, with_gpu_fast_path
@@ -145,7 +145,7 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run_dir / "config.json", to_dict(cfg))
-        atomic_write_json(run_dir / "env.json", environment(cfg.seed))
+        write_environment(run_dir, cfg.seed)
     state.wait_for_everyone()
 
     # a pretraining run is one registry row (running, then done or failed); a finetuning job records each of
@@ -163,6 +163,19 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
             atomic_write_text(run_dir / DONE, time.strftime("%Y-%m-%dT%H:%M:%S%z") + "\n")
     state.wait_for_everyone()
     return metrics
+
+
+def write_environment(run_dir: Path, seed: int) -> None:
+    """``env.json``: this invocation's environment for a run it starts; for one it resumes, this invocation is added
+    to the environment that started it (:func:`sparsebert.env_info.with_resume`). Rewriting it would make the run
+    look as if the resume's command and commit had made all of it."""
+    path = run_dir / "env.json"
+    try:
+        started = json.loads(path.read_text())
+    except (OSError, ValueError):  # none yet (a new run, or one stopped before it wrote it), or damaged
+        started = None
+    now = environment(seed)
+    atomic_write_json(path, with_resume(started, now) if isinstance(started, dict) and started else now)
 
 
 def forget_runs(output_root: Path, run_dir: Path) -> None:

@@ -4,15 +4,19 @@ command and commit of the run).
 
 Everything comes from the run directory: its ``config.json`` (the experiment, plus ``task`` and ``model_source``
 for a finetuning run), ``metrics.json``, ``sparsity.json``, and the ``env.json`` of the run or of the experiment
-directory above it (the command line and git commit).
+directory above it (the command line and git commit of the invocation that finished the run, checked against the
+commit the results registry recorded for it). A dense run (a baseline, a KD teacher) is called dense.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from pathlib import Path
 from typing import Any
+
+from sparsebert.env_info import invocations
 
 # model.init_from -> the Hub model it is a copy of (the package ships sentence-transformers' MiniLM)
 HUB_NAMES = {"minilm": "sentence-transformers/all-MiniLM-L6-v2"}
@@ -68,13 +72,48 @@ def set_labels(config: dict[str, Any], names: list[str] | None, check_size: bool
             "label2id": {n: i for i, n in enumerate(names)}}
 
 
-def run_environment(run_dir: Path) -> dict[str, Any]:
-    """The ``env.json`` of the run, or of the experiment directory above it (a finetuning run's)."""
-    for directory in (run_dir, *run_dir.resolve().parents[:2]):
-        env = read_json(directory / "env.json")
-        if env:
-            return env
-    return {}
+def run_invocations(run_dir: Path) -> list[dict[str, Any]]:
+    """The invocations (``env.json`` environments) that made the run in ``run_dir``, first to last: the last one
+    finished it, and its command and commit are the card's.
+
+    A run's own ``env.json`` (a pretraining run's, with its resumes; a finetuning run's since they write one) names
+    them; an older finetuning run has only its experiment's (which older versions rewrote on each start), so the
+    results registry's commit for the run picks the invocation there (:func:`at_commit`).
+    """
+    own, commit = read_json(run_dir / "env.json"), registry_commit(run_dir)
+    if own:
+        return at_commit(invocations(own), commit)
+    experiment = next((env for d in run_dir.resolve().parents[:2] if (env := read_json(d / "env.json"))), {})
+    # a finetuning run is trained whole by one of its experiment's invocations
+    return at_commit(invocations(experiment) if experiment else [], commit)[-1:]
+
+
+def at_commit(found: list[dict[str, Any]], commit: str | None) -> list[dict[str, Any]]:
+    """``found`` where its last invocation ran at ``commit`` (the registry's, None: unknown), else the last one of
+    them that did, else only the commit: the command that ran it is not on record, and naming another would lie."""
+    if commit is None or (found and found[-1].get("git_commit") == commit):
+        return found
+    matching = [env for env in found if env.get("git_commit") == commit]
+    return matching[-1:] or [{"git_commit": commit}]
+
+
+def registry_commit(run_dir: Path) -> str | None:
+    """The commit the results registry of the output root above ``run_dir`` recorded for the run (that of the
+    invocation that finished it), or None where no registry there knows it."""
+    from sparsebert.errors import SparseBertError
+    from sparsebert.results import REGISTRY_FILENAME, RunRegistry
+    from sparsebert.results.recording import run_key
+
+    for directory in run_dir.resolve().parents[:3]:  # a pretraining run's output root, or a finetuning run's
+        if not (directory / REGISTRY_FILENAME).is_file():
+            continue
+        try:
+            row = RunRegistry(directory / REGISTRY_FILENAME, read_only=True).get(run_key(run_dir))
+        except SparseBertError:  # unreadable: the card says what the files say
+            return None
+        if row is not None:
+            return row.git_commit
+    return None
 
 
 def base_model(run_config: dict[str, Any]) -> str | None:
@@ -92,6 +131,16 @@ def _family(task: str) -> str:
     return "squad" if task.startswith("squad") else task.split(":", 1)[0]
 
 
+def run_sparsity(config: dict[str, Any], metrics: dict[str, Any], report: dict[str, Any]) -> tuple[bool, Any]:
+    """Whether the run's model is sparse, and its measured sparsity (None: not measured). Measured zeros decide; a
+    run without a measure is sparse where it had a sparsity section (a finetuning run from a sparse one gets its
+    own), and a dense baseline or KD teacher has neither."""
+    measured = (report.get("selected") or {}).get("sparsity", metrics.get("sparsity"))
+    if isinstance(measured, bool) or not isinstance(measured, int | float):
+        return bool(config.get("sparsity")), None
+    return measured > 0, measured
+
+
 def model_card(run_dir: Path, labels: list[str] | None, architecture: str | None, usage: str) -> str:
     """The ``README.md`` of an export of the run in ``run_dir``.
 
@@ -103,36 +152,76 @@ def model_card(run_dir: Path, labels: list[str] | None, architecture: str | None
     Returns:
         the card's text: YAML front matter, then the run's facts.
     """
-    config, env = read_json(run_dir / "config.json"), run_environment(run_dir)
+    config, history = read_json(run_dir / "config.json"), run_invocations(run_dir)
     metrics, sparsity_report = read_json(run_dir / "metrics.json"), read_json(run_dir / "sparsity.json")
     task = str(config.get("task") or "unknown")
-    sparsity = (sparsity_report.get("selected") or {}).get("sparsity", metrics.get("sparsity"))
+    sparse, sparsity = run_sparsity(config, metrics, sparsity_report)
     base = base_model(config)
     label_text = f" (labels: {', '.join(labels)})" if labels else ""
-    tags = ["sparsebert", "sparse", "pruned", task.replace(":", "-")]
-    if isinstance(sparsity, int | float):
+    tags = ["sparsebert", *(("sparse", "pruned") if sparse else ()), task.replace(":", "-")]
+    if sparse and sparsity is not None:
         tags.append(f"sparsity-{round(100 * sparsity)}")
     front = {"library_name": "transformers", **({"base_model": base} if base else {}),
              "pipeline_tag": PIPELINE_TAGS.get(_family(task)), "tags": tags}
     lines = ["---", *(f"{k}: {json.dumps(v)}" for k, v in front.items() if v is not None), "---", "",
              f"# {config.get('experiment') or run_dir.name}: {task}", "",
-             f"A sparse {architecture or 'model'} trained by sparsebert.", "",
+             _summary(sparse, architecture), "",
              "| | |", "|---|---|",
              f"| base model | {base or (config.get('model') or {}).get('init_from') or config.get('model_source') or '-'} |",
              f"| task | {task}{label_text} |",
-             f"| sparsity | {_percent(sparsity)} of the pruned weights (sparsity.json) |",
+             f"| sparsity | {_sparsity_text(sparse, sparsity, sparsity_report)} |",
              f"| experiment | {config.get('experiment') or config.get('name') or '-'} (seed {config.get('seed', '-')}) |",
-             f"| command | `{_command(env)}` |",
-             f"| commit | {env.get('git_commit') or '-'} |", ""]
+             *_invocation_rows(history), ""]
     scalars = {k: v for k, v in metrics.items() if isinstance(v, int | float) and not isinstance(v, bool)}
     if scalars:
         lines += ["## Metrics", "", "| metric | value |", "|---|---|",
-                  *(f"| {k} | {v:.4g} |" for k, v in scalars.items()), ""]
+                  *(f"| {k} | {metric_text(v)} |" for k, v in scalars.items()), ""]
     recipe = {k: config[k] for k in ("model", "sparsity", "finetune", "train", "kd") if config.get(k)}
     if recipe:
         lines += ["## Recipe", "", "The run's settings (its `config.json`):", "", "```json",
                   json.dumps(recipe, indent=2, default=str), "```", ""]
     return "\n".join([*lines, usage.strip(), ""])
+
+
+def metric_text(value: int | float) -> str:
+    """A metric as the card prints it. Counts (global_step, train_blocks: ints, or floats after a JSON round trip
+    or a mean) are exact, never ``1.235e+05``; other values keep 4 significant digits, except that from 1e4 up
+    fixed notation with one decimal shows every integer digit (a perplexity of 31410.5, not ``3.141e+04``)."""
+    if isinstance(value, int):
+        return str(value)
+    if not math.isfinite(value):
+        return str(value)  # nan, inf: a diverged run says so
+    if value.is_integer():
+        return str(int(value))
+    return f"{value:.1f}" if abs(value) >= 1e4 else f"{value:.4g}"
+
+
+def _invocation_rows(history: list[dict[str, Any]]) -> list[str]:
+    """The command and commit that finished the run; for a resumed run also the ones that started it, since its
+    weights owe to both."""
+    env = history[-1] if history else {}
+    rows = [f"| command | `{_command(env)}` |", f"| commit | {env.get('git_commit') or '-'} |"]
+    if len(history) > 1:
+        rows += [f"| started by | `{_command(history[0])}` at commit {history[0].get('git_commit') or '-'} |",
+                 f"| resumes | {len(history) - 1} (the last one: the command and commit above) |"]
+    return rows
+
+
+def _summary(sparse: bool, architecture: str | None) -> str:
+    """The card's first sentence: what kind of model this is, which a dense baseline must not be called sparse."""
+    if sparse:
+        return f"A sparse {architecture or 'model'} trained by sparsebert."
+    return f"A dense {architecture or 'model'} (no weights pruned) trained by sparsebert."
+
+
+def _sparsity_text(sparse: bool, sparsity: Any, report: dict[str, Any]) -> str:
+    """The sparsity row, naming the file the measure comes from."""
+    if not sparse:
+        return "dense (no weights pruned)"
+    if sparsity is None:
+        return "sparse (not measured)"
+    source = "sparsity.json" if "sparsity" in (report.get("selected") or {}) else "metrics.json"
+    return f"{_percent(sparsity)} of the pruned layers' weights are zero ({source})"
 
 
 def _percent(value: Any) -> str:

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerBase, TrainerCallback
 
 from sparsebert.config import ExperimentConfig, to_dict
 from sparsebert.distributed import world_size
+from sparsebert.env_info import environment
 from sparsebert.errors import SparseBertError
 from sparsebert.io import atomic_write_json, atomic_write_text, publish_tree
 from sparsebert.models.prepare import prepare_model
@@ -144,7 +145,7 @@ def epoch_stats(trainer) -> list[dict[str, Any]]:
 def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: int, metrics: dict[str, Any],
                started: float, outputs: Sequence[Callable[[], None]] = ()) -> dict[str, Any]:
     """Everything a finished run leaves: model, the task's ``outputs`` (prediction files, plots: written by the
-    main process only, every rank having computed the same gathered predictions), metrics, epochs, config,
+    main process only, every rank having computed the same gathered predictions), metrics, epochs, config, env,
     sparsity; a registry row; DONE last."""
     cfg = ctx.cfg
     train_metrics = next((h for h in reversed(trainer.state.log_history) if "train_runtime" in h), {})
@@ -177,6 +178,8 @@ def finish_run(ctx: FinetuneContext, trainer, run_dir: Path, task: str, seed: in
     run_cfg = to_dict(cfg)
     run_cfg.update({"task": task, "seed": seed, "experiment": cfg.name, "model_source": ctx.model_source})
     atomic_write_json(run_dir / "config.json", run_cfg)
+    # the invocation that trained this run, which a resume of its experiment at another commit would not be
+    atomic_write_json(run_dir / "env.json", environment(seed))
     atomic_write_json(run_dir / "metrics.json", metrics)
     # the registry row first (an upsert by run_dir): a crash before DONE leaves a run that --resume redoes,
     # never a finished run the results table misses

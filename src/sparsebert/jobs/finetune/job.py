@@ -1,6 +1,6 @@
 """Finetuning jobs: every task of an experiment, each run with its own seed and run directory.
 
-``<output root>/<experiment>/<task>/run<k>/`` holds one run (seed = experiment seed + k): metrics.json,
+``<output root>/<experiment>/<task>/run<k>/`` holds one run (seed = experiment seed + k): metrics.json, env.json,
 predictions, config.json, epochs.json, the model and DONE, and a row in the results registry. Finished runs
 are skipped, so ``--resume`` continues an experiment where it stopped. The experiment directory's own
 metrics.json summarizes its runs (mean, std and max per task and metric).
