@@ -353,6 +353,26 @@ def test_sparse_recipe_prunes_the_teacher_and_rewinds_the_learning_rate(registry
     assert len(rises) == 1 and logged.rates[rises[0]] == pytest.approx(cfg.train.learning_rate)  # back to the peak
 
 
+@pytest.mark.parametrize("name", ["up80", "up80/model", "ABS/up80", "ABS/up80/model"])
+def test_a_sparse_run_named_by_its_model_directory_keeps_its_masks(tmp_path, name):
+    """init_from may name the run or the model/ it exported (resolve_pretrained loads the same weights): both
+    finetune with the run's masks fixed, and bring its MLM numbers to the results row."""
+    from sparsebert.jobs.finetune.job import pretrain_metrics_of, sparsity_of_run
+    from sparsebert.results.runs import resolve_pretrained
+
+    run = tmp_path / "up80"
+    (run / "model").mkdir(parents=True)
+    (run / "model" / "config.json").write_text("{}")
+    (run / "config.json").write_text(json.dumps({"task": "mlm", "sparsity": {"sparsity": 0.8}}))
+    (run / "metrics.json").write_text(json.dumps({"eval_loss": 3.1, "perplexity": 22.2}))
+    (run / "DONE").write_text("")
+    name = name.replace("ABS", str(tmp_path))
+    assert resolve_pretrained(name, tmp_path) == str(run / "model")
+    config = sparsity_of_run(name, tmp_path)
+    assert config is not None and (config.sparsity, config.init) == (0.8, "zeros")
+    assert pretrain_metrics_of(name, tmp_path) == {"eval_loss": 3.1, "perplexity": 22.2}
+
+
 def test_finetuning_a_run_pretrained_with_rescale_init_reads_its_masks_from_zeros(tmp_path):
     from sparsebert.jobs.finetune.job import sparsity_of_run
 

@@ -61,12 +61,19 @@ def task_dir(task: str) -> str:
 
 
 def finished_run_file(source_name: str | None, output_root: Path, filename: str) -> dict[str, Any]:
-    """A JSON file of the finished run of ours the model starts from (a path or a run name); {} otherwise."""
+    """A JSON file of the finished run of ours the model starts from; {} otherwise.
+
+    Args:
+        source_name: ``model.init_from``: a run's directory or name, or the ``model/`` directory it exported (which
+            resolve_pretrained loads alike: read from the run above it, its masks would otherwise be lost and the
+            zeros trained away without a word).
+    """
     if not source_name:
         return {}
-    for run in (Path(source_name), output_root / source_name):
-        if (run / "DONE").is_file() and (run / filename).is_file():
-            return json.loads((run / filename).read_text())
+    for path in (Path(source_name), output_root / source_name):
+        for run in (path, path.parent) if path.name == "model" else (path,):
+            if (run / "DONE").is_file() and (run / filename).is_file():
+                return json.loads((run / filename).read_text())
     return {}
 
 
