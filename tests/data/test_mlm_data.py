@@ -230,11 +230,16 @@ def test_other_max_seq_length_is_another_cache_entry(built, hf_cache, wiki_dir, 
     assert {len(ids) for ids in other.train["input_ids"][:50]} == {32}
 
 
-def test_changed_corpus_file_is_read_again(hf_cache, tmp_path):
+def _text_corpus(tmp_path: Path, text: str) -> tuple[Path, DataConfig]:
+    """A one-file plain-text corpus under ``tmp_path/data`` and the data section that reads it."""
     corpus = tmp_path / "data" / "corpus.txt"
     corpus.parent.mkdir()
-    corpus.write_text("first document\n\nsecond document\n")
-    cfg = DataConfig(corpus="corpus.txt", format="text")
+    corpus.write_text(text)
+    return corpus, DataConfig(corpus="corpus.txt", format="text")
+
+
+def test_changed_corpus_file_is_read_again(hf_cache, tmp_path):
+    corpus, cfg = _text_corpus(tmp_path, "first document\n\nsecond document\n")
     assert load_documents(cfg, tmp_path / "data")["text"] == ["first document", "second document"]
     corpus.write_text("a changed document, longer than before\n")
     assert load_documents(cfg, tmp_path / "data")["text"] == ["a changed document, longer than before"]
@@ -244,10 +249,7 @@ def test_an_edit_of_the_same_length_with_its_mtime_kept_is_read_again(hf_cache, 
     """cp -p, rsync -a and tar x keep a file's mtime: the document cache follows the bytes, not size and mtime."""
     import os
 
-    corpus = tmp_path / "data" / "corpus.txt"
-    corpus.parent.mkdir()
-    corpus.write_text("alpha document\n\nsecond document\n")
-    cfg = DataConfig(corpus="corpus.txt", format="text")
+    corpus, cfg = _text_corpus(tmp_path, "alpha document\n\nsecond document\n")
     assert load_documents(cfg, tmp_path / "data")["text"] == ["alpha document", "second document"]
     stat = corpus.stat()
     corpus.write_text("omega document\n\nsecond document\n")
@@ -262,10 +264,7 @@ def test_edited_reader_reads_the_corpus_again(hf_cache, tmp_path, monkeypatch):
     import sparsebert.data.corpus
     import sparsebert.data.mlm_data
 
-    corpus = tmp_path / "data" / "corpus.txt"
-    corpus.parent.mkdir()
-    corpus.write_text("first document\n\nsecond document\n")
-    cfg = DataConfig(corpus="corpus.txt", format="text")
+    _, cfg = _text_corpus(tmp_path, "first document\n\nsecond document\n")
     assert load_documents(cfg, tmp_path / "data")["text"] == ["first document", "second document"]
 
     def shouting(path):

@@ -100,20 +100,10 @@ def at_commit(found: list[dict[str, Any]], commit: str | None) -> list[dict[str,
 def registry_commit(run_dir: Path) -> str | None:
     """The commit the results registry of the output root above ``run_dir`` recorded for the run (that of the
     invocation that finished it), or None where no registry there knows it."""
-    from sparsebert.errors import SparseBertError
-    from sparsebert.results import REGISTRY_FILENAME, RunRegistry
-    from sparsebert.results.recording import run_key
+    from sparsebert.results.recording import find_run_record
 
-    for directory in run_dir.resolve().parents[:3]:  # a pretraining run's output root, or a finetuning run's
-        if not (directory / REGISTRY_FILENAME).is_file():
-            continue
-        try:
-            row = RunRegistry(directory / REGISTRY_FILENAME, read_only=True).get(run_key(run_dir))
-        except SparseBertError:  # unreadable: the card says what the files say
-            return None
-        if row is not None:
-            return row.git_commit
-    return None
+    row = find_run_record(run_dir)
+    return row.git_commit if row is not None else None
 
 
 def base_model(run_config: dict[str, Any]) -> str | None:

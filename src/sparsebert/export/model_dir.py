@@ -108,19 +108,14 @@ def resolve_run(run: str, root: Path) -> Path:
 def why_unfinished(run_dir: Path, root: Path) -> str:
     """What the results registry says about a run without ``DONE``: failed with its error (``terminated by
     SIGTERM``), or running (still training, or killed); "has not finished" where no registry has it."""
-    from sparsebert.results import REGISTRY_FILENAME, RunRegistry
-    from sparsebert.results.recording import run_key
+    from sparsebert.results.recording import find_run_record
 
     # the output root's registry, or the one of the output root the run lies in (a run named by its path)
-    for registry in [root / REGISTRY_FILENAME, *(p / REGISTRY_FILENAME for p in run_dir.resolve().parents)]:
-        try:
-            record = RunRegistry(registry, read_only=True).get(run_key(run_dir)) if registry.is_file() else None
-        except SparseBertError:  # an unreadable registry says nothing about the run
-            continue
-        if record is not None and record.status == "failed":
-            return f"did not finish: {record.error or 'it failed'}"
-        if record is not None and record.status == "running":
-            return "has not finished: the registry has it running (still training, or killed)"
+    record = find_run_record(run_dir, [root])
+    if record is not None and record.status == "failed":
+        return f"did not finish: {record.error or 'it failed'}"
+    if record is not None and record.status == "running":
+        return "has not finished: the registry has it running (still training, or killed)"
     return "has not finished (no DONE file)"
 
 

@@ -61,6 +61,30 @@ def run_key(run_dir: Path) -> str:
     return str(Path(run_dir).resolve())
 
 
+def find_run_record(run_dir: Path, roots: list[Path] | None = None) -> RunRecord | None:
+    """The registry row of the run in ``run_dir``: from the registry of the first of ``roots``, or else of the
+    directories above the run (the output root it lies in), that has one; an unreadable registry says nothing.
+
+    Args:
+        run_dir: the run's directory.
+        roots: output roots to look in first (e.g. ``--output-dir``'s).
+    """
+    from sparsebert.errors import SparseBertError
+    from sparsebert.results import REGISTRY_FILENAME
+
+    for directory in [*(roots or []), *Path(run_dir).resolve().parents]:
+        registry = directory / REGISTRY_FILENAME
+        if not registry.is_file():
+            continue
+        try:
+            record = RunRegistry(registry, read_only=True).get(run_key(run_dir))
+        except SparseBertError:
+            continue
+        if record is not None:
+            return record
+    return None
+
+
 def run_record(run_dir: Path, experiment: str, task: str, seed: int, model: str,
                pretrain_metrics: dict[str, float] | None = None) -> RunRecord:
     """A run's row as it starts (``running``), the same for pretraining and finetuning runs."""
