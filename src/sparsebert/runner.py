@@ -1,9 +1,10 @@
 """Running one experiment into ``<output root>/<name>/``.
 
-Order matters for honesty: the settings are resolved for this machine (``finetune.gpu_fast_path``) and checked,
-and data and model are prepared first (bad input fails before any run directory exists), then ``config.json``
-(what runs) and ``env.json`` (what runs it; a resume is added to it) are written, training runs, ``metrics.json``
-follows, and ``DONE`` is written last. A directory without ``DONE`` is never a finished run; ``--resume`` continues it.
+Order matters for honesty: the settings are resolved (``finetune.gpu_fast_path`` for this machine, the masks of a
+sparse run that pretraining continues) and checked, and data and model are prepared first (bad input fails before any
+run directory exists), then ``config.json`` (what runs) and ``env.json`` (what runs it; a resume is added to it) are
+written, training runs, ``metrics.json`` follows, and ``DONE`` is written last. A directory without ``DONE`` is never a
+finished run; ``--resume`` continues it.
 A run directory started afresh (new, or deleted by ``--overwrite``) first loses the registry rows of the runs it held,
 so the results tables never report a run whose directory is gone.
 
@@ -37,7 +38,7 @@ from sparsebert.jobs.finetune.fast_path import gpu_runs_at_once, trains_on_gpu, 
 from sparsebert.locks import FileLock, LockHeld
 from sparsebert.results import RunRegistry
 from sparsebert.results.recording import finished, recorded_run, run_key, run_record
-from sparsebert.results.runs import resolve_pretrained
+from sparsebert.results.runs import resolve_pretrained, with_masks_of_start
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,7 @@ def _run(cfg: ExperimentConfig, opts: RunOptions, run_dir: Path, callbacks: list
                               "away, or use another --output-dir")
     # what a finetuning experiment trains with on this machine: checked against a finished run and written as such
     cfg = with_gpu_fast_path(cfg, *gpu_and_runs_at_once(cfg, callbacks or []))
+    cfg = with_masks_of_start(cfg, opts.output_root)  # likewise: written as such, checked on --resume
     if is_finished(run_dir) and not opts.overwrite:
         _check_same_config(run_dir, cfg, f"{run_dir} holds a finished run of {cfg.name} with other settings")
         log.warning("%s already finished in %s; skipping (pass --overwrite to run it again)", cfg.name, run_dir)

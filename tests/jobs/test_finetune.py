@@ -357,8 +357,7 @@ def test_sparse_recipe_prunes_the_teacher_and_rewinds_the_learning_rate(registry
 def test_a_sparse_run_named_by_its_model_directory_keeps_its_masks(tmp_path, name):
     """init_from may name the run or the model/ it exported (resolve_pretrained loads the same weights): both
     finetune with the run's masks fixed, and bring its MLM numbers to the results row."""
-    from sparsebert.jobs.finetune.job import pretrain_metrics_of, sparsity_of_run
-    from sparsebert.results.runs import resolve_pretrained
+    from sparsebert.results.runs import pretrain_metrics_of, resolve_pretrained, sparsity_of_run
 
     run = tmp_path / "up80"
     (run / "model").mkdir(parents=True)
@@ -374,7 +373,7 @@ def test_a_sparse_run_named_by_its_model_directory_keeps_its_masks(tmp_path, nam
 
 
 def test_finetuning_a_run_pretrained_with_rescale_init_reads_its_masks_from_zeros(tmp_path):
-    from sparsebert.jobs.finetune.job import sparsity_of_run
+    from sparsebert.results.runs import sparsity_of_run
 
     run = tmp_path / "small_wiki_sparse_80_rigl_rescaled"
     run.mkdir()

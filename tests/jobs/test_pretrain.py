@@ -251,6 +251,23 @@ def test_export_reload_keeps_sparsity(registry, data_dir, tmp_path):
         assert torch.equal(loaded(input_ids=batch).logits, reference(input_ids=batch).logits)
 
 
+def test_pretraining_continued_from_a_sparse_run_keeps_its_masks(registry, data_dir, tmp_path):
+    """A continuation without a sparsity section of its own trains with the sparse run's masks fixed, and says so in
+    its config.json, where a model finetuned from it finds them; trained dense, the zeros would grow back."""
+    run(registry, "sparse_tiny_rigl", tmp_path, data_dir)
+    run(registry, "bert_tiny_quick", tmp_path, data_dir, extra=["model.init_from=sparse_tiny_rigl"])
+    start = sparse_layers(model_weights(tmp_path / "sparse_tiny_rigl"))
+    continued = model_weights(tmp_path / "bert_tiny_quick")
+    assert len(start) == 12
+    for name, weight in start.items():
+        assert torch.equal(continued[name] == 0, weight == 0), name
+        assert not torch.equal(continued[name], weight), name  # trained, on the same mask
+    section = json.loads((tmp_path / "bert_tiny_quick" / "config.json").read_text())["sparsity"]
+    assert (section["sparsity"], section["init"]) == (0.8, "zeros")
+    metrics = json.loads((tmp_path / "bert_tiny_quick" / "metrics.json").read_text())
+    assert metrics["sparsity"] == pytest.approx(0.8, abs=1e-3)
+
+
 @pytest.fixture(scope="module")
 def kd_run(registry, data_dir, dense_run):
     """The sparse KD run, distilled from the dense run, in the same output root."""

@@ -1,15 +1,22 @@
 """Run lookup: what a model or tokenizer starts from, by name: the package MiniLM, a finished run of ours (its
-exported ``model/``), a directory, a hub name."""
+exported ``model/``), a directory, a hub name; and what a finished run of ours hands on to one that starts from it
+(its masks, its MLM numbers)."""
 
 from __future__ import annotations
 
 import difflib
 import json
+import logging
 import re
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
-from sparsebert.config import PRETRAINING_TASKS
+from sparsebert.config import PRETRAINING_TASKS, ExperimentConfig, from_dict
 from sparsebert.errors import SparseBertError
+from sparsebert.sparsity.config import SparsityConfig
+
+log = logging.getLogger(__name__)
 
 MINILM = "minilm"
 HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")  # org/name: a model of the Hugging Face hub
@@ -95,3 +102,52 @@ def _close_runs(name: str, output_root: Path | None) -> list[str]:
         return []
     runs = [p.name for p in output_root.iterdir() if p.is_dir() and not p.name.startswith(".")]
     return difflib.get_close_matches(name, runs, n=3, cutoff=0.6)
+
+
+def finished_run_file(source_name: str | None, output_root: Path, filename: str) -> dict[str, Any]:
+    """A JSON file of the finished run of ours the model starts from; {} otherwise.
+
+    Args:
+        source_name: ``model.init_from``: a run's directory or name, or the ``model/`` directory it exported (which
+            resolve_pretrained loads alike: read from the run above it, its masks would otherwise be lost and the
+            zeros trained away without a word).
+    """
+    if not source_name:
+        return {}
+    for path in (Path(source_name), output_root / source_name):
+        for run in (path, path.parent) if path.name == "model" else (path,):
+            if (run / "DONE").is_file() and (run / filename).is_file():
+                return json.loads((run / filename).read_text())
+    return {}
+
+
+def pretrain_metrics_of(source_name: str | None, output_root: Path) -> dict[str, float]:
+    """MLM eval loss and perplexity of our MLM run the model came from (empty for other models: an upstream
+    run's eval loss is a distance to its teacher, which the GLUE table must not show as an MLM loss)."""
+    if finished_run_file(source_name, output_root, "config.json").get("task", "mlm") != "mlm":
+        return {}
+    metrics = finished_run_file(source_name, output_root, "metrics.json")
+    return {k: metrics[k] for k in ("eval_loss", "perplexity") if k in metrics}
+
+
+def sparsity_of_run(source_name: str | None, output_root: Path) -> SparsityConfig | None:
+    """The sparsity section of our pretraining run, as masks read from its zeros (init "zeros"; how the pretraining
+    run initialized its weights, ``rescale_init``, does not apply to a start from trained ones)."""
+    section = finished_run_file(source_name, output_root, "config.json").get("sparsity")
+    if not section:
+        return None
+    return from_dict(SparsityConfig, {**section, "init": "zeros", "rescale_init": False}, prefix="sparsity")
+
+
+def with_masks_of_start(cfg: ExperimentConfig, output_root: Path) -> ExperimentConfig:
+    """A pretraining experiment continued from a sparse run of ours, with no sparsity section of its own: the run's
+    masks kept fixed (its zeros), as finetuning keeps them. Trained dense, the zeros would grow back without a word.
+    Unlike finetuning, the section is written into the run's config.json: a model finetuned from this run finds
+    its masks there."""
+    if cfg.task != "mlm" or cfg.sparsity is not None or not cfg.model.init_from:
+        return cfg
+    inherited = sparsity_of_run(cfg.model.init_from, output_root)
+    if inherited is None:
+        return cfg
+    log.info("%s continues a sparse run: its masks stay fixed", cfg.model.init_from)
+    return replace(cfg, sparsity=inherited)

@@ -8,7 +8,6 @@ metrics.json summarizes its runs (mean, std and max per task and metric).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
@@ -18,7 +17,7 @@ from typing import Any
 
 from transformers import TrainerCallback, set_seed
 
-from sparsebert.config import ExperimentConfig, from_dict
+from sparsebert.config import ExperimentConfig
 from sparsebert.console import configure_logging, quiet_progress_bars
 from sparsebert.data.glue import available_glue_tasks, get_glue_task
 from sparsebert.data.tokenizer import load_tokenizer
@@ -32,10 +31,9 @@ from sparsebert.jobs.finetune.glue import load_glue_task, run_glue
 from sparsebert.jobs.finetune.parallel import run_in_processes, side_by_side_blocker
 from sparsebert.jobs.finetune.squad import load_squad, run_squad
 from sparsebert.results.recording import recorded_run, run_record
-from sparsebert.results.runs import resolve_pretrained
+from sparsebert.results.runs import pretrain_metrics_of, resolve_pretrained, sparsity_of_run
 from sparsebert.results.stats import sample_std
 from sparsebert.sigterm import terminate_on_sigterm
-from sparsebert.sparsity import SparsityConfig
 from sparsebert.trainer.termination import StopWhenTerminated
 
 log = logging.getLogger(__name__)
@@ -58,41 +56,6 @@ def task_list(cfg: ExperimentConfig, data_dir: Path | None) -> list[str]:
 
 def task_dir(task: str) -> str:
     return task.replace(":", "_")
-
-
-def finished_run_file(source_name: str | None, output_root: Path, filename: str) -> dict[str, Any]:
-    """A JSON file of the finished run of ours the model starts from; {} otherwise.
-
-    Args:
-        source_name: ``model.init_from``: a run's directory or name, or the ``model/`` directory it exported (which
-            resolve_pretrained loads alike: read from the run above it, its masks would otherwise be lost and the
-            zeros trained away without a word).
-    """
-    if not source_name:
-        return {}
-    for path in (Path(source_name), output_root / source_name):
-        for run in (path, path.parent) if path.name == "model" else (path,):
-            if (run / "DONE").is_file() and (run / filename).is_file():
-                return json.loads((run / filename).read_text())
-    return {}
-
-
-def pretrain_metrics_of(source_name: str | None, output_root: Path) -> dict[str, float]:
-    """MLM eval loss and perplexity of our MLM run the model came from (empty for other models: an upstream
-    run's eval loss is a distance to its teacher, which the GLUE table must not show as an MLM loss)."""
-    if finished_run_file(source_name, output_root, "config.json").get("task", "mlm") != "mlm":
-        return {}
-    metrics = finished_run_file(source_name, output_root, "metrics.json")
-    return {k: metrics[k] for k in ("eval_loss", "perplexity") if k in metrics}
-
-
-def sparsity_of_run(source_name: str | None, output_root: Path) -> SparsityConfig | None:
-    """The sparsity section of our pretraining run, as masks read from its zeros (init "zeros"; how the pretraining
-    run initialized its weights, ``rescale_init``, does not apply to a start from trained ones)."""
-    section = finished_run_file(source_name, output_root, "config.json").get("sparsity")
-    if not section:
-        return None
-    return from_dict(SparsityConfig, {**section, "init": "zeros", "rescale_init": False}, prefix="sparsity")
 
 
 def check_positions(source: str, max_seq_length: int) -> None:
